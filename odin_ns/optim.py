@@ -13,8 +13,10 @@ count is the optimizer's global step count, shared by all rows of a parameter.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
+from nerfstudio.engine.optimizers import AdamOptimizerConfig
 from torch import Tensor
 
 
@@ -67,7 +69,8 @@ class SelectiveAdam(torch.optim.Adam):
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, **kwargs):
-        kwargs.pop("weight_decay", None)
+        if kwargs.pop("weight_decay", 0.0):
+            raise ValueError("SelectiveAdam has no weight decay; set weight_decay=0")
         super().__init__(params, lr=lr, betas=betas, eps=eps, **kwargs)
         self.visibility_source: Callable[[], Tensor | None] | None = None
 
@@ -107,3 +110,10 @@ class SelectiveAdam(torch.optim.Adam):
                     step=int(state["step"].item()),
                 )
         return loss
+
+
+@dataclass
+class SelectiveAdamOptimizerConfig(AdamOptimizerConfig):
+    """nerfstudio optimizer config that builds :class:`SelectiveAdam`."""
+
+    _target: type = SelectiveAdam

@@ -1,0 +1,51 @@
+# Two commands that work on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+DEMO_DIR ?= demo_data/street
+DEMO_OUT ?= outputs/demo
+DEMO_STEPS ?= 300
+DEMO_RANKS ?= 2
+SRC := odin_ns method_configs viewer_ext tests
+
+.PHONY: venv test lint demo bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned: the CUDA 13.0 build that pip serves from local disk here.
+	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+lint: venv
+	$(BIN)/ruff check $(SRC)
+	$(BIN)/ruff format --check $(SRC)
+
+test: lint
+	$(PY) -m odin_ns.cuda build
+	$(PY) -m pytest -q
+
+demo: venv
+	$(PY) -m odin_ns.data.synthetic --out $(DEMO_DIR) --layout street
+	rm -rf $(DEMO_OUT)
+	$(BIN)/odin-ns-train --nproc-per-node $(DEMO_RANKS) odin-splatfacto \
+		--data $(DEMO_DIR) --output-dir $(DEMO_OUT) --experiment-name street --timestamp demo \
+		--max-num-iterations $(DEMO_STEPS) --vis tensorboard --steps-per-eval-all-images 0 \
+		--pipeline.model.num-downscales 0 --pipeline.model.warmup-length 100 \
+		--pipeline.model.refine-every 50 --pipeline.model.sh-degree-interval 100 \
+		--pipeline.sync.mode quality-first
+	$(BIN)/ns-eval --load-config $(DEMO_OUT)/street/odin-splatfacto/demo/config.yml \
+		--output-path $(DEMO_OUT)/eval.json
+	$(PY) -m odin_ns.report_eval $(DEMO_OUT)/eval.json
+
+bench: venv
+	$(PY) -m odin_ns.bench.raster --out bench/raster.json
+	$(PY) -m odin_ns.bench.schedule --views 2000 --primitives 200000 --ranks 8 --out bench/schedule.json
+	$(PY) -m odin_ns.bench.ops --out bench/ops.json
+
+clean:
+	rm -rf $(VENV) outputs demo_data

@@ -1,0 +1,1 @@
+"""nerfstudio method specifications provided by odin-ns (installed as ``odin_ns.method_configs``)."""

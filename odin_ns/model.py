@@ -1,0 +1,321 @@
+"""OdinSplatfactoModel: nerfstudio's splatfacto, runnable on CPU, with selective Adam.
+
+What changes against ``SplatfactoModel`` (and nothing else: same parameters, same loss,
+same densification strategy):
+
+- the rasterizer is ``odin_ns.render.rasterize`` with a selectable backend (``gsplat`` on
+  CUDA, ``torch`` on CPU), so training and evaluation run on machines without a GPU;
+- the step's visible primitives (``radii > 0``) feed ``SelectiveAdam``: invisible
+  primitives keep parameters and moments bit-identical (DESIGN 3.2);
+- ``active_rows`` restricts rendering to a primitive subset (the Odin runtime's planned
+  footprint), which makes a rank's read and write set exactly the plan's;
+- LPIPS is built lazily at evaluation and only from weights already on disk, so
+  construction, training and evaluation never touch the network.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from nerfstudio.cameras.cameras import Cameras
+from nerfstudio.engine.optimizers import Optimizers
+from nerfstudio.models.splatfacto import (
+    RGB2SH,
+    SplatfactoModel,
+    SplatfactoModelConfig,
+    num_sh_bases,
+    random_quat_tensor,
+)
+from nerfstudio.utils.rich_utils import CONSOLE
+from torch import Tensor
+
+from odin_ns.errors import OdinInputError
+from odin_ns.optim import SelectiveAdam
+from odin_ns.render import rasterize, resolve_backend
+
+GAUSSIAN_GROUPS = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
+
+
+@dataclass
+class OdinSplatfactoModelConfig(SplatfactoModelConfig):
+    """Splatfacto with a CPU-capable rasterizer and visibility-masked Adam."""
+
+    _target: type = field(default_factory=lambda: OdinSplatfactoModel)
+    rasterizer: Literal["auto", "gsplat", "torch"] = "auto"
+    """Rasterizer backend: gsplat (CUDA), torch (CPU), or auto (gsplat when CUDA is available)."""
+    selective_adam: bool = True
+    """Update only primitives visible in the step's views (False: plain Adam, for comparison)."""
+
+
+def get_viewmat(camera_to_worlds: Tensor) -> Tensor:
+    """OpenGL camera-to-world [C, 3, 4] -> gsplat (OpenCV) world-to-camera [C, 4, 4]."""
+    R = camera_to_worlds[:, :3, :3] * torch.tensor([1.0, -1.0, -1.0], device=camera_to_worlds.device)
+    T = camera_to_worlds[:, :3, 3:4]
+    R_inv = R.transpose(1, 2)
+    viewmat = torch.zeros(R.shape[0], 4, 4, device=R.device, dtype=R.dtype)
+    viewmat[:, 3, 3] = 1.0
+    viewmat[:, :3, :3] = R_inv
+    viewmat[:, :3, 3:4] = -torch.bmm(R_inv, T)
+    return viewmat
+
+
+def cached_lpips():
+    """LPIPS(AlexNet) if its weights are already on disk, else None (never downloads)."""
+    from torchvision.models import AlexNet_Weights
+
+    weights_file = os.path.basename(AlexNet_Weights.IMAGENET1K_V1.url)
+    cached = os.path.join(torch.hub.get_dir(), "checkpoints", weights_file)
+    if not os.path.exists(cached):
+        return None
+    from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
+
+    return LearnedPerceptualImagePatchSimilarity(normalize=True)
+
+
+class OdinSplatfactoModel(SplatfactoModel):
+    """Splatfacto whose rasterizer, optimizer masking and metrics work offline and on CPU."""
+
+    config: OdinSplatfactoModelConfig
+
+    def populate_modules(self):
+        if self.config.rasterizer == "gsplat" and not torch.cuda.is_available():
+            raise OdinInputError(
+                "rasterizer 'gsplat' needs CUDA, which is not available on this machine; "
+                "use --pipeline.model.rasterizer torch (or auto)"
+            )
+        # Same initialisation as splatfacto, without its hard-coded `.cuda()` and without
+        # building LPIPS (which downloads AlexNet weights) in the constructor.
+        dim_sh = num_sh_bases(self.config.sh_degree)
+        if self.seed_points is not None and not self.config.random_init:
+            means = torch.nn.Parameter(self.seed_points[0].float())
+        else:
+            means = torch.nn.Parameter(
+                (torch.rand((self.config.num_random, 3)) - 0.5) * self.config.random_scale
+            )
+        distances, _ = self.k_nearest_sklearn(means.data, 3)
+        avg_dist = torch.from_numpy(distances).mean(dim=-1, keepdim=True).clamp_min(1e-7)
+        num_points = means.shape[0]
+        has_colors = (
+            self.seed_points is not None
+            and not self.config.random_init
+            and self.seed_points[1].shape[0] > 0
+        )
+        if has_colors:
+            rgb = self.seed_points[1].float() / 255
+            shs = torch.zeros((num_points, dim_sh, 3))
+            shs[:, 0, :] = RGB2SH(rgb) if self.config.sh_degree > 0 else torch.logit(rgb, eps=1e-10)
+            features_dc, features_rest = shs[:, 0, :], shs[:, 1:, :]
+        else:
+            features_dc = torch.rand(num_points, 3)
+            features_rest = torch.zeros((num_points, dim_sh - 1, 3))
+        self.gauss_params = torch.nn.ParameterDict(
+            {
+                "means": means,
+                "scales": torch.nn.Parameter(torch.log(avg_dist.repeat(1, 3))),
+                "quats": torch.nn.Parameter(random_quat_tensor(num_points)),
+                "features_dc": torch.nn.Parameter(features_dc),
+                "features_rest": torch.nn.Parameter(features_rest),
+                "opacities": torch.nn.Parameter(torch.logit(0.1 * torch.ones(num_points, 1))),
+            }
+        )
+        self._lpips = None
+        self._lpips_checked = False
+        self.active_rows: Tensor | None = None
+        self.external_densification = False
+        self.visible_rows: Tensor | None = None
+        self.optimizers = {}
+
+        # Everything else (camera optimizer, PSNR/SSIM, background, strategy) as splatfacto,
+        # by running its constructor tail on our parameters.
+        self._populate_shared_modules()
+
+    def _populate_shared_modules(self) -> None:
+        from nerfstudio.model_components.lib_bilagrid import BilateralGrid
+        from nerfstudio.utils.colors import get_color
+        from pytorch_msssim import SSIM
+        from torchmetrics.image import PeakSignalNoiseRatio
+        from gsplat.strategy import DefaultStrategy
+
+        self.camera_optimizer = self.config.camera_optimizer.setup(
+            num_cameras=self.num_train_data, device="cpu"
+        )
+        self.psnr = PeakSignalNoiseRatio(data_range=1.0)
+        self.ssim = SSIM(data_range=1.0, size_average=True, channel=3)
+        self.step = 0
+        self.crop_box = None
+        if self.config.background_color == "random":
+            # Viser's default background; only used when rendering outside training.
+            self.background_color = torch.tensor([0.1490, 0.1647, 0.2157])
+        else:
+            self.background_color = get_color(self.config.background_color)
+        if self.config.use_bilateral_grid:
+            self.bil_grids = BilateralGrid(
+                num=self.num_train_data,
+                grid_X=self.config.grid_shape[0],
+                grid_Y=self.config.grid_shape[1],
+                grid_W=self.config.grid_shape[2],
+            )
+        self.strategy = DefaultStrategy(
+            prune_opa=self.config.cull_alpha_thresh,
+            grow_grad2d=self.config.densify_grad_thresh,
+            grow_scale3d=self.config.densify_size_thresh,
+            grow_scale2d=self.config.split_screen_size,
+            prune_scale3d=self.config.cull_scale_thresh,
+            prune_scale2d=self.config.cull_screen_size,
+            refine_scale2d_stop_iter=self.config.stop_screen_size_at,
+            refine_start_iter=self.config.warmup_length,
+            refine_stop_iter=self.config.stop_split_at,
+            reset_every=self.config.reset_alpha_every * self.config.refine_every,
+            refine_every=self.config.refine_every,
+            pause_refine_after_reset=self.num_train_data + self.config.refine_every,
+            absgrad=self.config.use_absgrad,
+            revised_opacity=False,
+            verbose=False,
+        )
+        self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
+
+    # ------------------------------------------------------------------ training hooks
+
+    def step_cb(self, optimizers: Optimizers, step):
+        super().step_cb(optimizers, step)
+        for name in GAUSSIAN_GROUPS:
+            opt = self.optimizers.get(name)
+            if isinstance(opt, SelectiveAdam):
+                opt.visibility_source = self._visible_for_optimizer
+
+    def step_post_backward(self, step):
+        # Distributed: the pipeline sums statistics across ranks and refines at a drain.
+        if not self.external_densification:
+            super().step_post_backward(step)
+
+    def _visible_for_optimizer(self) -> Tensor | None:
+        return self.visible_rows if self.config.selective_adam else None
+
+    # ------------------------------------------------------------------ rendering
+
+    @property
+    def raster_backend(self) -> str:
+        return resolve_backend(self.config.rasterizer, self.means.device)
+
+    def get_outputs(self, camera: Cameras) -> dict[str, Tensor | list]:
+        if not isinstance(camera, Cameras):
+            raise TypeError(f"get_outputs expects a Cameras object, got {type(camera).__name__}")
+        if self.training:
+            if camera.shape[0] != 1:
+                raise ValueError("splatfacto trains on one camera at a time")
+            camera_to_worlds = self.camera_optimizer.apply_to_camera(camera)
+        else:
+            camera_to_worlds = camera.camera_to_worlds
+
+        rows = self.active_rows
+        if self.crop_box is not None and not self.training:
+            crop = self.crop_box.within(self.means).squeeze(-1)
+            if crop.sum() == 0:
+                return self.get_empty_outputs(
+                    int(camera.width.item()), int(camera.height.item()), self.background_color
+                )
+            rows = crop.nonzero().squeeze(-1)
+
+        def take(t: Tensor) -> Tensor:
+            return t if rows is None else t[rows]
+
+        colors = torch.cat((take(self.features_dc)[:, None, :], take(self.features_rest)), dim=1)
+        scale_fac = self._get_downscale_factor()
+        camera.rescale_output_resolution(1 / scale_fac)
+        viewmat = get_viewmat(camera_to_worlds.to(self.device))
+        K = camera.get_intrinsics_matrices().to(self.device)
+        W, H = int(camera.width.item()), int(camera.height.item())
+        self.last_size = (H, W)
+        camera.rescale_output_resolution(scale_fac)
+
+        render_mode = (
+            "RGB+ED" if self.config.output_depth_during_training or not self.training else "RGB"
+        )
+        if self.config.sh_degree > 0:
+            sh_degree = min(self.step // self.config.sh_degree_interval, self.config.sh_degree)
+        else:
+            colors = torch.sigmoid(colors).squeeze(1)
+            sh_degree = None
+
+        render, alpha, info = rasterize(
+            means=take(self.means),
+            quats=take(self.quats),
+            scales=torch.exp(take(self.scales)),
+            opacities=torch.sigmoid(take(self.opacities)).squeeze(-1),
+            colors=colors,
+            viewmats=viewmat,
+            Ks=K,
+            width=W,
+            height=H,
+            near_plane=0.01,
+            far_plane=1e10,
+            render_mode=render_mode,
+            sh_degree=sh_degree,
+            absgrad=self.strategy.absgrad,
+            rasterize_mode=self.config.rasterize_mode,
+            backend=self.config.rasterizer,
+        )
+        self.info = info
+        if self.training:
+            visible = (info["radii"] > 0).any(dim=0)
+            if rows is not None:
+                full = torch.zeros(self.num_points, dtype=torch.bool, device=visible.device)
+                full[rows] = visible
+                visible = full
+            self.visible_rows = visible
+            if rows is None:
+                self.strategy.step_pre_backward(
+                    self.gauss_params, self.optimizers, self.strategy_state, self.step, info
+                )
+            else:
+                info["means2d"].retain_grad()
+
+        background = self._get_background_color()
+        rgb = torch.clamp(render[..., :3] + (1 - alpha) * background, 0.0, 1.0)
+        if self.config.use_bilateral_grid and self.training:
+            if camera.metadata is not None and "cam_idx" in camera.metadata:
+                rgb = self._apply_bilateral_grid(rgb, camera.metadata["cam_idx"], H, W)
+        depth = None
+        if render_mode == "RGB+ED":
+            depth = render[..., 3:4]
+            depth = torch.where(alpha > 0, depth, depth.detach().max()).squeeze(0)
+        if background.shape[0] == 3 and not self.training:
+            background = background.expand(H, W, 3)
+        return {
+            "rgb": rgb.squeeze(0),
+            "depth": depth,
+            "accumulation": alpha.squeeze(0),
+            "background": background,
+        }
+
+    # ------------------------------------------------------------------ evaluation
+
+    @property
+    def lpips(self):
+        if not self._lpips_checked:
+            self._lpips_checked = True
+            self._lpips = cached_lpips()
+            if self._lpips is None:
+                CONSOLE.print(
+                    "[yellow]LPIPS skipped: AlexNet weights are not in torch's hub cache "
+                    f"({torch.hub.get_dir()}) and odin-ns never downloads them.[/yellow]"
+                )
+            else:
+                self._lpips = self._lpips.to(self.device)
+        return self._lpips
+
+    def get_image_metrics_and_images(self, outputs, batch):
+        gt_rgb = self.composite_with_background(
+            self.get_gt_img(batch["image"]), outputs["background"]
+        )
+        predicted_rgb = outputs["rgb"]
+        combined_rgb = torch.cat([gt_rgb, predicted_rgb], dim=1)
+        gt = torch.moveaxis(gt_rgb, -1, 0)[None, ...]
+        pred = torch.moveaxis(predicted_rgb, -1, 0)[None, ...]
+        metrics = {"psnr": float(self.psnr(gt, pred).item()), "ssim": float(self.ssim(gt, pred))}
+        if self.lpips is not None:
+            metrics["lpips"] = float(self.lpips(gt, pred))
+        return metrics, {"img": combined_rgb}

@@ -1,0 +1,68 @@
+"""OdinTrainer: nerfstudio's Trainer whose step is driven by the Odin pipeline.
+
+With one process it is nerfstudio's Trainer unchanged. With several, the pipeline's
+runtime applies parameter updates (there is no local ``optimizer.step()`` and no DDP
+all-reduce), and every point where someone reads the whole model — checkpoint, evaluation,
+end of training — first drains the runtime, so what is saved or measured is exactly the
+barrier-synchronous state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nerfstudio.engine.trainer import Trainer, TrainerConfig
+from nerfstudio.utils.misc import step_check
+
+from odin_ns.pipeline import OdinPipeline
+
+
+@dataclass
+class OdinTrainerConfig(TrainerConfig):
+    """Trainer config for odin-splatfacto."""
+
+    _target: type = field(default_factory=lambda: OdinTrainer)
+
+
+class OdinTrainer(Trainer):
+    """Trainer that delegates distributed steps to :class:`OdinPipeline`."""
+
+    pipeline: OdinPipeline
+
+    @property
+    def _distributed(self) -> bool:
+        return isinstance(self.pipeline, OdinPipeline) and self.pipeline.distributed
+
+    def train_iteration(self, step: int):
+        if not self._distributed:
+            return super().train_iteration(step)
+        return self.pipeline.distributed_train_iteration(step, self.optimizers)
+
+    def eval_iteration(self, step: int) -> None:
+        enabled = (
+            self.config.is_wandb_enabled()
+            or self.config.is_tensorboard_enabled()
+            or self.config.is_comet_enabled()
+        )
+        due = enabled and any(
+            step_check(step, every)
+            for every in (
+                self.config.steps_per_eval_batch,
+                self.config.steps_per_eval_image,
+                self.config.steps_per_eval_all_images,
+            )
+        )
+        if self._distributed and due:
+            self.pipeline.drain()
+        super().eval_iteration(step)
+
+    def save_checkpoint(self, step: int) -> None:
+        if self._distributed:
+            self.pipeline.drain(sync_optimizer_steps=self.optimizers)
+        super().save_checkpoint(step)
+
+    def _after_train(self) -> None:
+        if self._distributed:
+            self.pipeline.drain(sync_optimizer_steps=self.optimizers)
+            self.pipeline.write_run_summary(self.base_dir)
+        super()._after_train()
