@@ -12,6 +12,8 @@ SRC := odin_ns method_configs viewer_ext tests
 .PHONY: venv test lint demo bench clean
 
 $(VENV)/.installed: pyproject.toml
+	# open3d (nerfstudio's point-cloud loader) needs libusb; Debian machines may lack it.
+	@ldconfig -p | grep -q libusb-1.0 || { apt-get update -qq && apt-get install -y -qq libusb-1.0-0; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned: the CUDA 13.0 build that pip serves from local disk here.

@@ -16,6 +16,7 @@ Several processes, per global step ``s`` on rank ``r`` (DESIGN 3.4):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -354,10 +355,18 @@ class OdinPipeline(VanillaPipeline):
                 for state in opt.state.values():
                     state["step"] = torch.tensor(float(applied))
 
+    def replica_hash(self) -> str:
+        """sha256 of every Gaussian parameter: equal on all ranks after a drain."""
+        digest = hashlib.sha256()
+        for name in GAUSSIAN_GROUPS:
+            digest.update(self.model.gauss_params[name].detach().cpu().contiguous().numpy().tobytes())
+        return digest.hexdigest()
+
     def run_summary(self) -> dict:
         """Per-rank metrics gathered on every rank (call at a drain point)."""
         mine = {
             "rank": self.rank,
+            "replica_hash": self.replica_hash(),
             "engine": self.engine.summary() if self.engine is not None else {},
             "steps": self._step_log,
             "phases": self._phase_log,

@@ -59,6 +59,14 @@ class OdinTrainer(Trainer):
     def save_checkpoint(self, step: int) -> None:
         if self._distributed:
             self.pipeline.drain(sync_optimizer_steps=self.optimizers)
+        # nerfstudio's exponential-decay scheduler leaves numpy floats in the learning rates;
+        # torch >= 2.6 loads checkpoints with weights_only=True and rejects them, which breaks
+        # ns-eval / ns-viewer. Store plain floats.
+        for opt in self.optimizers.optimizers.values():
+            for group in opt.param_groups:
+                group["lr"] = float(group["lr"])
+        for scheduler in self.optimizers.schedulers.values():
+            scheduler._last_lr = [float(lr) for lr in scheduler.get_last_lr()]
         super().save_checkpoint(step)
 
     def _after_train(self) -> None:

@@ -1,1 +1,10 @@
-"""Viser viewer panels for Odin's sync statistics (installed as ``odin_ns.viewer_ext``)."""
+"""Viser viewer panels for Odin's sync statistics (installed as ``odin_ns.viewer_ext``).
+
+Live:  ``attach_to_viewer(viewer_state, source)`` on rank 0, ``source() -> dict`` snapshot.
+Saved: ``python -m odin_ns.viewer_ext --run-json outputs/.../odin_run.json``.
+"""
+
+from .panels import OdinPanels, PanelOptions, attach_to_viewer
+from .snapshot import SNAPSHOT_KEYS, snapshot_from_run
+
+__all__ = ["SNAPSHOT_KEYS", "OdinPanels", "PanelOptions", "attach_to_viewer", "snapshot_from_run"]

@@ -1,0 +1,62 @@
+// CUDA kernel launchers (kernels.cu). Plain pointers and sizes only, so kernels.cu needs no
+// torch headers and compiles in seconds; ops_cuda.cpp does the checks and allocation.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "common.h"
+
+namespace odin {
+namespace cuda {
+
+constexpr int kMaxPackTensors = 16;   // tensors per pack launch (more: several launches)
+constexpr int64_t kCompactPiece = 4096;  // elements per block in the compaction kernels
+
+// One launch's worth of pack_rows sources: columns [col_begin, col_begin + sum(cols)).
+struct PackBatch {
+  const float* src[kMaxPackTensors];  // [N, cols[k]] contiguous
+  int64_t cols[kMaxPackTensors];
+  int count;
+  int64_t col_begin;  // first output column of this batch
+  int64_t width;      // sum(cols) of this batch
+};
+
+// footprint_cull: counts[b] = kept primitives of block b = (view, piece), b < V * pieces.
+cudaError_t cull_count(const float* means2d, const float* radii, const float* depths,
+                       const float* opacities, int64_t V, int64_t N, CullParams params,
+                       int64_t* counts, cudaStream_t stream);
+// footprint_cull: write kept primitive ids, block b starting at offsets[b] (exclusive scan).
+cudaError_t cull_write(const float* means2d, const float* radii, const float* depths,
+                       const float* opacities, int64_t V, int64_t N, CullParams params,
+                       const int64_t* offsets, int64_t* indices, cudaStream_t stream);
+
+cudaError_t pack_rows(const int64_t* ids, int64_t M, int64_t D, const PackBatch& batch,
+                      float* out, cudaStream_t stream);
+
+cudaError_t unpack_accumulate(const float* buffer, const int64_t* ids, int64_t M, int64_t D,
+                              float* accum, int32_t* arrivals, cudaStream_t stream);
+
+cudaError_t ready_mask(const int32_t* arrivals, const int32_t* expected, const bool* blocked,
+                       bool* ready, int64_t N, cudaStream_t stream);
+
+cudaError_t selective_adam_apply(float* param, const float* grad, float* exp_avg,
+                                 float* exp_avg_sq, const bool* mask, int64_t* versions,
+                                 int64_t N, int64_t cols, const AdamScalars<float>& s,
+                                 bool fma, int64_t new_version, cudaStream_t stream);
+cudaError_t selective_adam_apply(double* param, const double* grad, double* exp_avg,
+                                 double* exp_avg_sq, const bool* mask, int64_t* versions,
+                                 int64_t N, int64_t cols, const AdamScalars<double>& s,
+                                 bool fma, int64_t new_version, cudaStream_t stream);
+
+// validate_reads: counts per piece, then write stale ids from offsets (exclusive scan).
+cudaError_t validate_count(const int64_t* read_ids, const int64_t* versions,
+                           const int64_t* required, int64_t M, int64_t* counts,
+                           cudaStream_t stream);
+cudaError_t validate_write(const int64_t* read_ids, const int64_t* versions,
+                           const int64_t* required, int64_t M, const int64_t* offsets,
+                           int64_t* out, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace odin

@@ -1,0 +1,454 @@
+"""Test helpers for the runtime: explicit plans, a toy model, a single-process reference,
+an in-process loopback transport and a 2-process gloo harness.
+
+Kept in the package (not the test file) so spawned processes can import them, and so
+benchmarks can reuse them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from odin_ns.optim import selective_adam_update_
+from odin_ns.runtime.engine import ParamGroupState, PrimitiveSyncEngine, SyncConfig
+from odin_ns.runtime.errors import PeerFailure, SyncError
+from odin_ns.runtime.transport import Arrival
+
+
+class ListPlan:
+    """A ``Plan`` from explicit per-(t, r) footprints; dependency found by brute force.
+
+    Args:
+        footprints: T lists of R primitive-id sequences (rank r's rows at step t).
+        dependency: optional [T, R, R] override (to test a plan with a wrong table).
+    """
+
+    def __init__(self, footprints: Sequence[Sequence[Sequence[int]]], dependency=None):
+        self._fp = [[np.unique(np.asarray(f, dtype=np.int64)) for f in step] for step in footprints]
+        num_steps, world = len(self._fp), len(self._fp[0])
+        if any(len(step) != world for step in self._fp):
+            raise ValueError("every step needs one footprint per rank")
+        self.views = np.arange(num_steps * world, dtype=np.int64).reshape(num_steps, world, 1)
+        self.message_rows = np.array(
+            [[len(f) for f in step] for step in self._fp], dtype=np.int64
+        ).reshape(num_steps, world)
+        dep = np.full((num_steps, world, world), -1, dtype=np.int64)
+        for t in range(num_steps):
+            for r in range(world):
+                for q in range(world):
+                    if q == r:
+                        continue
+                    for s in range(t - 1, -1, -1):
+                        if np.intersect1d(self._fp[s][q], self._fp[t][r]).size:
+                            dep[t, r, q] = s
+                            break
+        self.dependency = dep if dependency is None else np.asarray(dependency, dtype=np.int64)
+        digest = hashlib.sha256()
+        for step in self._fp:
+            for f in step:
+                digest.update(f.tobytes() + b"|")
+        digest.update(self.dependency.tobytes())
+        self.plan_hash = digest.hexdigest()
+
+    def step_footprint(self, t: int, r: int) -> np.ndarray:
+        return self._fp[t][r]
+
+
+def random_footprints(
+    num_rows: int,
+    num_steps: int,
+    world_size: int,
+    seed: int,
+    size: int = 40,
+    spread: float = 0.6,
+) -> list[list[np.ndarray]]:
+    """Footprints where rank r draws from its own window of rows that overlaps its
+    neighbours' windows (``spread`` of the rows per window), so dependencies vary."""
+    rng = np.random.default_rng(seed)
+    win = int(num_rows * spread)
+    starts = np.linspace(0, num_rows - win, world_size).astype(int)
+    out = []
+    for _ in range(num_steps):
+        step = []
+        for r in range(world_size):
+            k = int(rng.integers(0, size + 1))
+            step.append(np.sort(rng.choice(np.arange(starts[r], starts[r] + win), k, False)))
+        out.append(step)
+    return out
+
+
+# ------------------------------------------------------------------- toy model
+def toy_groups(num_rows: int, seed: int = 0) -> list[ParamGroupState]:
+    """Three groups with splatfacto-like row shapes: [N, 3], [N, 4, 3], [N, 1]."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"means": (3,), "features": (4, 3), "opacities": (1,)}
+    lrs = {"means": 0.05, "features": 0.02, "opacities": 0.1}
+    groups = []
+    for name, shape in shapes.items():
+        param = torch.randn(num_rows, *shape, generator=g)
+        groups.append(
+            ParamGroupState(
+                name,
+                param,
+                torch.zeros_like(param),
+                torch.zeros_like(param),
+                lr_at=lambda s, base=lrs[name]: base * 0.97**s,
+                betas=(0.9, 0.99),
+                eps=1e-15,
+            )
+        )
+    return groups
+
+
+def grow_groups(groups: Sequence[ParamGroupState], extra: int, seed: int):
+    """Append ``extra`` rows (new params, zero moments), like a densification step."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for grp in groups:
+        new = torch.randn(extra, *grp.param.shape[1:], generator=g)
+        z = torch.zeros_like(new)
+        out.append(
+            ParamGroupState(
+                grp.name,
+                torch.cat([grp.param, new]),
+                torch.cat([grp.exp_avg, z]),
+                torch.cat([grp.exp_avg_sq, z]),
+                grp.lr_at,
+                grp.betas,
+                grp.eps,
+            )
+        )
+    return out
+
+
+def toy_grads(
+    groups: Sequence[ParamGroupState], view: int, footprint: np.ndarray
+) -> tuple[dict[str, Tensor], Tensor]:
+    """Gradient of a per-view quadratic loss ``w_v * |theta_p - target_v,p|^2`` over the
+    footprint rows (a deterministic function of the rows read), and a visible subset."""
+    n = groups[0].param.shape[0]
+    rows = torch.as_tensor(footprint, dtype=torch.int64)
+    gen = torch.Generator().manual_seed(1000 + int(view))
+    weight = 1.0 + (int(view) % 3)
+    grads = {}
+    for grp in groups:
+        target = torch.randn(rows.numel(), *grp.param.shape[1:], generator=gen)
+        grad = torch.zeros_like(grp.param)
+        grad[rows] = 2.0 * weight * (grp.param[rows] - target)
+        grads[grp.name] = grad
+    visible = torch.zeros(n, dtype=torch.bool)
+    visible[rows[(rows + int(view)) % 4 != 0]] = True
+    return grads, visible
+
+
+@dataclass
+class Phase:
+    """One phase of a toy run: a plan, its first global step, rows appended before it."""
+
+    plan: Any
+    step_offset: int
+    grow: int = 0
+
+
+def reference_train(groups: Sequence[ParamGroupState], phases: Sequence[Phase]):
+    """Synchronous single-process reference: the same sum in rank order, selective Adam.
+
+    Returns (groups, versions [N] int64).
+    """
+    groups = list(groups)
+    versions = torch.full((groups[0].param.shape[0],), -1, dtype=torch.int64)
+    for i, ph in enumerate(phases):
+        if ph.grow:
+            groups = grow_groups(groups, ph.grow, seed=i)
+            versions = torch.cat([versions, torch.full((ph.grow,), -1, dtype=torch.int64)])
+        world = ph.plan.views.shape[1]
+        for t in range(ph.plan.views.shape[0]):
+            step = ph.step_offset + t
+            outs = []
+            for r in range(world):
+                fp = ph.plan.step_footprint(t, r)
+                outs.append((fp, *toy_grads(groups, ph.plan.views[t, r, 0], fp)))
+            touched = torch.zeros(groups[0].param.shape[0], dtype=torch.bool)
+            visible = torch.zeros_like(touched)
+            total = {g.name: torch.zeros_like(g.param) for g in groups}
+            for fp, grads, vis in outs:  # rank order
+                rows = torch.as_tensor(fp, dtype=torch.int64)
+                touched[rows] = True
+                visible |= vis
+                for g in groups:
+                    total[g.name][rows] += grads[g.name][rows]
+            for g in groups:
+                b1, b2 = g.betas
+                selective_adam_update_(
+                    g.param,
+                    total[g.name],
+                    g.exp_avg,
+                    g.exp_avg_sq,
+                    visible,
+                    g.lr_at(step),
+                    b1,
+                    b2,
+                    g.eps,
+                    step=step + 1,
+                )
+            versions[touched] = step
+    return groups, versions
+
+
+@dataclass
+class ToyRun:
+    """Options of one rank's toy training loop (``run_toy_rank``)."""
+
+    phases: list[Phase]
+    config: SyncConfig = field(default_factory=SyncConfig)
+    seed: int = 0
+    num_rows: int = 300
+    sleep_s: dict[int, float] = field(default_factory=dict)  # rank -> sleep per step
+    jitter_s: float = 0.0  # random extra sleep per step, up to this
+    die_at: dict[int, int] = field(default_factory=dict)  # rank -> os._exit(1) at step
+    stall_at: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (step, s)
+
+
+def run_toy_rank(rank: int, world_size: int, run: ToyRun, transport=None, process_group=None):
+    """One rank's loop: validate, toy forward/backward on the footprint, publish, progress;
+    drain + rebind between phases; drain at the end. Returns (groups, engine)."""
+    groups = toy_groups(run.num_rows, run.seed)
+    rng = np.random.default_rng(run.seed * 100 + rank)
+    first = run.phases[0]
+    engine = PrimitiveSyncEngine(
+        groups,
+        first.plan,
+        rank,
+        world_size,
+        run.config,
+        process_group=process_group,
+        step_offset=first.step_offset,
+        transport=transport,
+    )
+    for i, ph in enumerate(run.phases):
+        if i > 0:
+            engine.drain()
+            versions = None
+            if ph.grow:
+                groups = grow_groups(groups, ph.grow, seed=i)
+                fresh = torch.full((ph.grow,), -1, dtype=torch.int64)
+                versions = torch.cat([engine.versions, fresh])
+            engine.rebind(groups, ph.plan, ph.step_offset, versions)
+        for t in range(ph.plan.views.shape[0]):
+            step = ph.step_offset + t
+            engine.validate(step)
+            if run.die_at.get(rank) == step:
+                os._exit(1)
+            if rank in run.stall_at and run.stall_at[rank][0] == step:
+                time.sleep(run.stall_at[rank][1])
+            fp = ph.plan.step_footprint(t, rank)
+            grads, visible = toy_grads(groups, ph.plan.views[t, rank, 0], fp)
+            pause = run.sleep_s.get(rank, 0.0) + run.jitter_s * float(rng.random())
+            if pause:
+                time.sleep(pause)
+            engine.publish(step, grads, visible)
+            engine.progress()
+    engine.drain()
+    return groups, engine
+
+
+def toy_result(groups: Sequence[ParamGroupState], engine: PrimitiveSyncEngine) -> dict:
+    """Picklable outcome of a toy run."""
+    return {
+        "params": {g.name: g.param.clone() for g in groups},
+        "exp_avg": {g.name: g.exp_avg.clone() for g in groups},
+        "versions": engine.versions.clone(),
+        "summary": engine.summary(),
+        "steps": engine.step_metrics(),
+    }
+
+
+def toy_runs_worker(rank: int, world_size: int, runs: Sequence[ToyRun]) -> list[dict]:
+    """Spawned-process entry: several toy runs in a row on the default process group."""
+    out = []
+    for run in runs:
+        groups, engine = run_toy_rank(rank, world_size, run)
+        engine.close()
+        out.append(toy_result(groups, engine))
+    return out
+
+
+# ---------------------------------------------------------- loopback transport
+class LoopbackHub:
+    """In-process transport between R engines in threads (exercises arbitrary
+    interleavings quickly; the real transport is ``P2PTransport``)."""
+
+    def __init__(self, world_size: int):
+        self.lock = threading.Lock()
+        self.ports = [LoopbackTransport(self, r) for r in range(world_size)]
+        self.mail: dict[tuple[int, int, int], tuple[int, Tensor]] = {}
+        self.held: set[tuple[int, int]] = set()
+
+    def transport(self, rank: int) -> LoopbackTransport:
+        return self.ports[rank]
+
+    def hold(self, src: int, dst: int) -> None:
+        """Delay delivery from ``src`` to ``dst`` (to force a cross-peer arrival order)."""
+        with self.lock:
+            self.held.add((src, dst))
+
+    def release(self, src: int, dst: int) -> None:
+        """Deliver what was held from ``src`` to ``dst`` and stop holding."""
+        with self.lock:
+            self.held.discard((src, dst))
+            port = self.ports[dst]
+            for (peer, tag), spec in sorted(port.posted.items(), key=lambda kv: kv[1][0]):
+                msg = self.mail.pop((src, dst, tag), None) if peer == src else None
+                if msg is not None:
+                    del port.posted[(peer, tag)]
+                    port._deliver(peer, spec, *msg)
+
+
+class LoopbackTransport:
+    """One rank's end of a ``LoopbackHub``: matches sends to posted receives by tag."""
+
+    def __init__(self, hub: LoopbackHub, rank: int):
+        self.hub = hub
+        self.rank = rank
+        self.cond = threading.Condition()
+        self.inbox: list[Arrival] = []
+        self.posted: dict[tuple[int, int], tuple[int, int, int]] = {}
+        self.error: SyncError | None = None
+
+    def _deliver(self, peer: int, spec: tuple[int, int, int], step: int, buf: Tensor) -> None:
+        with self.cond:
+            if (spec[0], spec[1], spec[2]) != (step, *buf.shape):
+                self.error = PeerFailure(self.rank, peer, step, "message size mismatch")
+            else:
+                self.inbox.append(Arrival(peer, step, buf.clone()))
+            self.cond.notify_all()
+
+    def post_recv(self, peer: int, step: int, tag: int, rows: int, cols: int) -> None:
+        with self.hub.lock:
+            held = (peer, self.rank) in self.hub.held
+            msg = None if held else self.hub.mail.pop((peer, self.rank, tag), None)
+            if msg is None:
+                self.posted[(peer, tag)] = (step, rows, cols)
+            else:
+                self._deliver(peer, (step, rows, cols), *msg)
+
+    def send(self, peer: int, step: int, tag: int, buf: Tensor) -> None:
+        with self.hub.lock:
+            dst = self.hub.ports[peer]
+            held = (self.rank, peer) in self.hub.held
+            spec = None if held else dst.posted.pop((self.rank, tag), None)
+            if spec is None:
+                self.hub.mail[(self.rank, peer, tag)] = (step, buf.clone())
+            else:
+                dst._deliver(self.rank, spec, step, buf)
+
+    def take(self, timeout: float) -> list[Arrival]:
+        with self.cond:
+            if not self.inbox and self.error is None and timeout > 0:
+                self.cond.wait(timeout)
+            items, self.inbox = self.inbox, []
+        return items
+
+    def oldest_unsent(self) -> tuple[int, int] | None:
+        return None
+
+    def failure(self) -> SyncError | None:
+        return self.error
+
+    def close(self) -> None:
+        pass
+
+
+def run_threads(world_size: int, run: ToyRun) -> list[tuple[list[ParamGroupState], Any]]:
+    """Run ``run_toy_rank`` for every rank in threads over a loopback hub."""
+    hub = LoopbackHub(world_size)
+    results: list[Any] = [None] * world_size
+    errors: list[BaseException] = []
+
+    def target(r: int) -> None:
+        try:
+            results[r] = run_toy_rank(r, world_size, run, transport=hub.transport(r))
+        except BaseException as exc:  # reported to the caller below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=target, args=(r,), daemon=True) for r in range(world_size)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=run.config.timeout_s + 30)
+    if errors:
+        raise errors[0]
+    if any(r is None for r in results):
+        raise RuntimeError("a rank thread did not finish (hang)")
+    return results
+
+
+# ------------------------------------------------------------ process harness
+def _child(rank: int, world_size: int, workdir: str, fn: Callable, args: tuple) -> None:
+    torch.set_num_threads(1)
+    store = dist.FileStore(os.path.join(workdir, "store"), world_size)
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
+    )
+    out = Path(workdir) / f"rank{rank}"
+    try:
+        result = fn(rank, world_size, *args)
+    except BaseException as exc:
+        msg = f"{type(exc).__name__}: {exc}"
+        out.with_suffix(".err").write_text(msg + "\n\n" + traceback.format_exc())
+        raise
+    torch.save(result, out.with_suffix(".pt"))
+    dist.destroy_process_group()
+
+
+def spawn_ranks(
+    fn: Callable, world_size: int, workdir: str | Path, args: tuple = (), timeout_s: float = 60.0
+) -> tuple[list[int | None], list[Any], list[str | None], float]:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` spawned processes over gloo.
+
+    ``fn`` must be importable (module level). Returns (exit codes, per-rank results of
+    ``fn`` or None, per-rank error text or None, seconds until all exited). A process
+    still alive after ``timeout_s`` is killed (exit code None).
+    """
+    import torch.multiprocessing as mp
+
+    workdir = str(workdir)
+    ctx = mp.get_context("spawn")
+    procs = [
+        ctx.Process(target=_child, args=(r, world_size, workdir, fn, args))
+        for r in range(world_size)
+    ]
+    start = time.perf_counter()
+    for p in procs:
+        p.start()
+    codes: list[int | None] = []
+    for p in procs:
+        p.join(max(0.0, timeout_s - (time.perf_counter() - start)))
+        if p.is_alive():
+            p.kill()
+            p.join()
+            codes.append(None)
+        else:
+            codes.append(p.exitcode)
+    elapsed = time.perf_counter() - start
+    results, errors = [], []
+    for r in range(world_size):
+        pt = Path(workdir) / f"rank{r}.pt"
+        err = Path(workdir) / f"rank{r}.err"
+        results.append(torch.load(pt, weights_only=False) if pt.exists() else None)
+        errors.append(err.read_text() if err.exists() else None)
+    return codes, results, errors, elapsed

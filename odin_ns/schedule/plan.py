@@ -1,0 +1,365 @@
+"""Ahead-of-time plan for one phase: who trains which view when, and who waits for whom.
+
+``build_plan`` turns footprints into a ``Plan`` (contract in docs/architecture.md):
+
+- ``strategy="odin"``: views are split once into R spatially coherent groups of equal size
+  (``locality.partition_views`` on the Jaccard locality graph); rank r trains only its
+  group, so ranks running side by side work on different parts of the scene. Inside an
+  epoch each rank's group is shuffled with a per-(seed, epoch) generator; to balance each
+  step's cost across ranks, every rank sorts its epoch's views by cost (random ties), cuts
+  the list into B strata, and stratum position j of every rank goes to the same step
+  (one shared random permutation per stratum). So a step's R ranks get views of the same
+  cost quantile, and step order is random.
+- ``strategy="random"``: the baseline. Each epoch is a global shuffle dealt round-robin.
+
+Epochs: an epoch covers every training view once in ``ceil(V / (R * B))`` steps. When
+``R * B`` does not divide V the missing slots are padded with *repeats*: extra views drawn
+(per epoch, seeded) from the same rank's group (odin) or from the whole epoch (random);
+they are trained twice in that epoch. Steps run through epochs ``epoch, epoch + 1, ...``
+and the plan is cut after ``num_steps`` steps. To continue an unfinished epoch in the next
+phase (new footprints after densification), pass ``**plan.resume(t)``: the views not yet
+trained in that epoch are planned first as a short epoch, then full epochs follow.
+
+Dependency table: one pass over the steps with a per-(primitive, rank) last-write array
+[N, R]; at step t each rank's read set gathers its rows, the max per column is the latest
+step each peer wrote any of them, and the count of rows equal to that max is the
+intersection size. Writes of step t are recorded after all reads of step t.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import scipy.sparse as sp
+
+from odin_ns.schedule.locality import locality_graph, partition_views
+
+Strategy = Literal["odin", "random"]
+
+
+@dataclass
+class PlanOptions:
+    """Knobs of the odin strategy (defaults suit 1k-50k views)."""
+
+    knn: int = 16
+    """Neighbours per view in the locality graph."""
+    max_work: float = 3e7
+    """Budget of the sparse product F @ F.T (primitive sampling above it)."""
+
+
+@dataclass
+class Plan:
+    """One phase's schedule (see docs/architecture.md for the contract)."""
+
+    views: np.ndarray  # int64 [T, R, B]
+    dependency: np.ndarray  # int64 [T, R, R]; -1 where no dependency (and on q == r)
+    dependency_rows: np.ndarray  # int64 [T, R, R]; 0 where no dependency
+    message_rows: np.ndarray  # int64 [T, R]
+    plan_hash: str
+    footprints: sp.csr_matrix  # [V, N] bool
+    step_epoch: np.ndarray  # int64 [T] epoch each step belongs to
+    groups: list[np.ndarray] | None  # odin: view ids of each rank's group (full epochs)
+    strategy: str
+    seed: int
+    epoch: int  # epoch of the first step
+    pending: np.ndarray | None = field(default=None)  # views still due in `epoch`
+
+    @property
+    def num_steps(self) -> int:
+        return self.views.shape[0]
+
+    @property
+    def num_ranks(self) -> int:
+        return self.views.shape[1]
+
+    @property
+    def views_per_rank(self) -> int:
+        return self.views.shape[2]
+
+    def step_footprint(self, t: int, r: int) -> np.ndarray:
+        """Sorted unique int64 primitive ids of the union of footprints of views[t, r]."""
+        F = self.footprints
+        rows = [F.indices[F.indptr[v] : F.indptr[v + 1]] for v in self.views[t, r]]
+        if len(rows) == 1:
+            return rows[0].astype(np.int64)
+        return np.unique(np.concatenate(rows)).astype(np.int64)
+
+    def resume(self, t: int) -> dict:
+        """Arguments (``epoch``, ``pending``) for a plan that continues at local step t."""
+        if not 0 <= t <= self.num_steps:
+            raise ValueError(f"step {t} outside the plan's 0..{self.num_steps}")
+        if t == 0:
+            return {"epoch": self.epoch, "pending": self.pending}
+        e = int(self.step_epoch[t - 1])
+        if e == self.epoch and self.pending is not None:
+            due = self.pending
+        else:
+            due = np.arange(self.footprints.shape[0])
+        first = int(np.searchsorted(self.step_epoch, e))
+        done = np.unique(self.views[first:t])
+        rest = np.setdiff1d(due, done)
+        if rest.size == 0:
+            return {"epoch": e + 1, "pending": None}
+        return {"epoch": e, "pending": rest}
+
+
+def _check_inputs(
+    footprints, num_ranks, num_steps, views_per_rank, costs, strategy, pending, seed, epoch
+) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray | None]:
+    if not sp.issparse(footprints):
+        raise ValueError("footprints must be a scipy.sparse matrix [V, N]")
+    F = footprints
+    if not (isinstance(F, sp.csr_matrix) and F.dtype == bool and F.has_canonical_format):
+        F = sp.csr_matrix(footprints, dtype=bool)
+        F.sum_duplicates()
+        F.sort_indices()
+    num_views = F.shape[0]
+    if strategy not in ("odin", "random"):
+        raise ValueError(f"strategy must be 'odin' or 'random', got {strategy!r}")
+    if seed < 0 or epoch < 0:
+        raise ValueError(f"seed and epoch must be >= 0, got {seed}, {epoch}")
+    if num_ranks < 1 or views_per_rank < 1 or num_steps < 0:
+        raise ValueError(
+            f"need num_ranks >= 1, views_per_rank >= 1, num_steps >= 0; got "
+            f"{num_ranks}, {views_per_rank}, {num_steps}"
+        )
+    if num_ranks > num_views:
+        raise ValueError(f"more ranks ({num_ranks}) than views ({num_views})")
+    if costs is None:
+        cost = np.diff(F.indptr).astype(np.float64)
+    else:
+        cost = np.asarray(costs, dtype=np.float64).reshape(-1)
+        if cost.shape[0] != num_views:
+            raise ValueError(f"costs has {cost.shape[0]} entries but there are {num_views} views")
+        if not np.isfinite(cost).all() or (cost < 0).any():
+            raise ValueError("costs must be finite and non-negative")
+    if pending is not None:
+        pending = np.unique(np.asarray(pending, dtype=np.int64).reshape(-1))
+        if pending.size == 0:
+            pending = None
+        elif pending[0] < 0 or pending[-1] >= num_views:
+            raise ValueError(f"pending views must be in [0, {num_views})")
+    return F, cost, pending
+
+
+def _fix_step_duplicates(slots: np.ndarray) -> None:
+    """Swap entries so that no (t, r) row of ``slots`` [T, R, B] repeats a view (in place)."""
+    T, R, B = slots.shape
+    if B == 1 or T == 1:
+        return
+    for _ in range(4):
+        srt = np.sort(slots, axis=2)
+        dup = (srt[:, :, 1:] == srt[:, :, :-1]).any(axis=2)
+        if not dup.any():
+            return
+        for t, r in zip(*np.nonzero(dup), strict=True):
+            row = slots[t, r]
+            _, first = np.unique(row, return_index=True)
+            for b in np.setdiff1d(np.arange(B), first):
+                for s in (*range(t + 1, T), *range(t)):
+                    if row[b] not in slots[s, r] and slots[s, r, b] not in row:
+                        slots[t, r, b], slots[s, r, b] = slots[s, r, b], row[b]
+                        break
+
+
+def _odin_epoch(
+    groups: list[np.ndarray],
+    cost: np.ndarray,
+    steps: int,
+    views_per_rank: int,
+    rng: np.random.Generator,
+    fallback: np.ndarray,
+) -> np.ndarray:
+    """[steps, R, B] slots for one epoch: each rank its group, cost-quantile matched."""
+    B = views_per_rank
+    S = steps * B
+    perms = [rng.permutation(steps) for _ in range(B)]
+    out = np.empty((steps, len(groups), B), dtype=np.int64)
+    for r, g in enumerate(groups):
+        src = g if g.size else fallback
+        extra = S - g.size
+        pad = rng.choice(src, size=extra, replace=extra > src.size) if extra > 0 else src[:0]
+        lst = np.concatenate([g, pad])
+        lst = lst[np.lexsort((rng.random(S), cost[lst]))]
+        for b in range(B):
+            out[perms[b], r, b] = lst[b * steps : (b + 1) * steps]
+    _fix_step_duplicates(out)
+    return out
+
+
+def _random_epoch(
+    due: np.ndarray, num_ranks: int, views_per_rank: int, rng: np.random.Generator
+) -> np.ndarray:
+    """[steps, R, B] slots for one epoch: global shuffle dealt round-robin."""
+    slots = num_ranks * views_per_rank
+    steps = -(-due.size // slots)
+    perm = rng.permutation(due)
+    extra = steps * slots - due.size
+    if extra:
+        perm = np.concatenate([perm, rng.choice(due, size=extra, replace=extra > due.size)])
+    out = perm.reshape(steps, views_per_rank, num_ranks).transpose(0, 2, 1).copy()
+    _fix_step_duplicates(out)
+    return out
+
+
+def _gather_rows(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray):
+    """Concatenated CSR rows and their offsets [len(rows) + 1]."""
+    starts = indptr[rows]
+    lens = indptr[rows + 1] - starts
+    offs = np.zeros(rows.size + 1, dtype=np.int64)
+    np.cumsum(lens, out=offs[1:])
+    idx = np.repeat(starts - offs[:-1], lens) + np.arange(offs[-1])
+    return indices[idx], offs
+
+
+def step_rows(F: sp.csr_matrix, views_t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Read sets of one step: (ids, offsets [R + 1]); rank r's sorted unique ids are
+    ``ids[offsets[r]:offsets[r + 1]]``. ``views_t`` is [R, B]."""
+    R, B = views_t.shape
+    if B == 1:
+        return _gather_rows(F.indptr, F.indices, views_t[:, 0])
+    ids, offs = _gather_rows(F.indptr, F.indices, views_t.reshape(-1))
+    rank = np.repeat(np.arange(R * B) // B, np.diff(offs))
+    key = np.unique(rank * np.int64(F.shape[1]) + ids)
+    rank = key // F.shape[1]
+    out_offs = np.zeros(R + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rank, minlength=R), out=out_offs[1:])
+    return (key % F.shape[1]).astype(F.indices.dtype), out_offs
+
+
+def _all_step_rows(F: sp.csr_matrix, views: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Read sets of every (t, r), concatenated in (t, r) order, and offsets [T * R + 1]."""
+    T, R, B = views.shape
+    if B == 1:
+        return _gather_rows(F.indptr, F.indices, views.reshape(-1))
+    parts, lens = [], np.zeros(T * R, dtype=np.int64)
+    for t in range(T):
+        ids, offs = step_rows(F, views[t])
+        parts.append(ids)
+        lens[t * R : (t + 1) * R] = np.diff(offs)
+    offs = np.zeros(T * R + 1, dtype=np.int64)
+    np.cumsum(lens, out=offs[1:])
+    return (np.concatenate(parts) if parts else F.indices[:0]), offs
+
+
+def dependency_table(
+    F: sp.csr_matrix, views: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dependency [T, R, R], dependency_rows [T, R, R], message_rows [T, R]) of ``views``."""
+    T, R, _ = views.shape
+    dep = np.full((T, R, R), -1, dtype=np.int64)
+    rows = np.zeros((T, R, R), dtype=np.int64)
+    ids, offs = _all_step_rows(F, views)
+    msg = np.diff(offs).reshape(T, R)
+    # last[p, q] = latest step < t at which rank q wrote primitive p (-1: never).
+    last = np.full((F.shape[1], R), -1, dtype=np.int32 if T < 2**31 else np.int64)
+    flat = last.reshape(-1)
+    rank_ids = np.arange(R)
+    for t in range(T):
+        o = offs[t * R : (t + 1) * R + 1]
+        if o[-1] == o[0]:
+            continue
+        ids_t = ids[o[0] : o[-1]]
+        lens = msg[t]
+        live = np.flatnonzero(lens)
+        starts = o[live] - o[0]
+        block = last[ids_t]  # [M, R]
+        mx = np.maximum.reduceat(block, starts, axis=0)  # [R', R]
+        eq = block == np.repeat(mx, lens[live], axis=0)
+        cnt = np.add.reduceat(eq, starts, axis=0, dtype=np.int64)
+        dep[t, live] = mx
+        rows[t, live] = np.where(mx >= 0, cnt, 0)
+        flat[ids_t.astype(np.int64) * R + np.repeat(rank_ids, lens)] = t
+    dep[:, rank_ids, rank_ids] = -1
+    rows[:, rank_ids, rank_ids] = 0
+    return dep, rows, msg
+
+
+def _plan_hash(F: sp.csr_matrix, views: np.ndarray, meta: list, cost: np.ndarray, pending) -> str:
+    h = hashlib.sha256()
+    h.update(repr(["odin-plan-v1", *meta, F.shape, views.shape]).encode())
+    h.update(np.ascontiguousarray(views, dtype="<i8").tobytes())
+    h.update(np.ascontiguousarray(F.indptr, dtype="<i8").tobytes())
+    idx_dtype = "<i4" if F.shape[1] < 2**31 else "<i8"
+    h.update(np.ascontiguousarray(F.indices, dtype=idx_dtype).tobytes())
+    h.update(np.ascontiguousarray(cost, dtype="<f8").tobytes())
+    if pending is not None:
+        h.update(np.ascontiguousarray(pending, dtype="<i8").tobytes())
+    return h.hexdigest()
+
+
+def build_plan(
+    footprints: sp.spmatrix,  # [V, N] bool
+    num_ranks: int,
+    num_steps: int,
+    views_per_rank: int = 1,
+    costs: np.ndarray | None = None,  # [V] cost per view (default: footprint size)
+    seed: int = 0,
+    epoch: int = 0,
+    strategy: Strategy = "odin",
+    pending: np.ndarray | None = None,  # views still due in `epoch` (from Plan.resume)
+    options: PlanOptions | None = None,
+) -> Plan:
+    """Plan ``num_steps`` steps of ``num_ranks`` ranks training ``views_per_rank`` views each.
+
+    Deterministic: identical inputs give identical ``views`` and ``plan_hash`` on every rank.
+    """
+    F, cost, pending = _check_inputs(
+        footprints, num_ranks, num_steps, views_per_rank, costs, strategy, pending, seed, epoch
+    )
+    opts = options or PlanOptions()
+    num_views = F.shape[0]
+    R, B = num_ranks, views_per_rank
+    groups = None
+    full_groups: list[np.ndarray] | None = None
+    pending_groups: list[np.ndarray] | None = None
+    if strategy == "odin" and num_steps > 0:
+        graph = locality_graph(F, k=opts.knn, max_work=opts.max_work, seed=seed)
+        full_groups = partition_views(graph, R)
+        if pending is not None:
+            pending_groups = partition_views(graph, R, nodes=pending)
+        groups = full_groups
+
+    chunks: list[np.ndarray] = []
+    chunk_epoch: list[np.ndarray] = []
+    total, e = 0, epoch
+    all_views = np.arange(num_views)
+    while total < num_steps:
+        due = pending if (e == epoch and pending is not None) else all_views
+        rng = np.random.default_rng([seed, e, int(due.size)])
+        if strategy == "odin":
+            grp = pending_groups if due is pending else full_groups
+            steps = -(-max(g.size for g in grp) // B)
+            steps = max(steps, -(-due.size // (R * B)))
+            slots = _odin_epoch(grp, cost, steps, B, rng, due)
+        else:
+            slots = _random_epoch(due, R, B, rng)
+        chunks.append(slots)
+        chunk_epoch.append(np.full(slots.shape[0], e, dtype=np.int64))
+        total += slots.shape[0]
+        e += 1
+    if chunks:
+        views = np.concatenate(chunks)[:num_steps]
+        step_epoch = np.concatenate(chunk_epoch)[:num_steps]
+    else:
+        views = np.zeros((0, R, B), dtype=np.int64)
+        step_epoch = np.zeros(0, dtype=np.int64)
+    dep, dep_rows, msg = dependency_table(F, views)
+    meta = [strategy, R, B, int(num_steps), int(seed), int(epoch), opts.knn, opts.max_work]
+    return Plan(
+        views=views,
+        dependency=dep,
+        dependency_rows=dep_rows,
+        message_rows=msg,
+        plan_hash=_plan_hash(F, views, meta, cost, pending),
+        footprints=F,
+        step_epoch=step_epoch,
+        groups=groups,
+        strategy=strategy,
+        seed=int(seed),
+        epoch=int(epoch),
+        pending=pending,
+    )

@@ -1,0 +1,356 @@
+"""Tests of the primitive-sync runtime (odin_ns/runtime): kernels against plain references,
+engine against a synchronous single-process reference (in-process loopback with 1-3 ranks,
+and 2 processes over gloo), no global barrier in quality-first, dead / stuck peers."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from odin_ns.optim import selective_adam_update_
+from odin_ns.runtime import (
+    PrimitiveSyncEngine,
+    SyncConfig,
+    kernels,
+)
+from odin_ns.runtime.testing import (
+    ListPlan,
+    LoopbackHub,
+    Phase,
+    ToyRun,
+    random_footprints,
+    reference_train,
+    run_threads,
+    run_toy_rank,
+    spawn_ranks,
+    toy_grads,
+    toy_groups,
+    toy_runs_worker,
+)
+
+
+def _same(groups_a, groups_b) -> bool:
+    return all(
+        torch.equal(a.param, b.param)
+        and torch.equal(a.exp_avg, b.exp_avg)
+        and torch.equal(a.exp_avg_sq, b.exp_avg_sq)
+        for a, b in zip(groups_a, groups_b, strict=True)
+    )
+
+
+def _two_phases(world: int, seed: int, steps=(12, 6)) -> list[Phase]:
+    """A phase on 300 rows, then 40 rows appended (densification) and a second phase."""
+    p1 = ListPlan(random_footprints(300, steps[0], world, seed=seed))
+    p2 = ListPlan(random_footprints(340, steps[1], world, seed=seed + 1))
+    return [Phase(p1, 0), Phase(p2, steps[0] + 3, grow=40)]
+
+
+# ------------------------------------------------------------------ kernels
+def test_pack_rows_matches_reference():
+    g = torch.Generator().manual_seed(0)
+    n = 50
+    grads = [torch.randn(n, 3, generator=g), None, torch.randn(n, 4, 3, generator=g)]
+    dims = [3, 2, 12]
+    rows = torch.tensor([1, 4, 5, 17, 49])
+    visible = torch.rand(n, generator=g) > 0.5
+    out = kernels.pack_rows(grads, dims, rows, visible)
+    ref = torch.cat(
+        [grads[0][rows], torch.zeros(5, 2), grads[2][rows].reshape(5, 12), visible[rows, None]],
+        dim=1,
+    )
+    assert out.dtype == torch.float32 and out.shape == (5, 18)
+    assert torch.equal(out, ref.float())
+
+
+def test_accumulate_rows_matches_loop():
+    g = torch.Generator().manual_seed(1)
+    acc = torch.randn(6, 5, generator=g)
+    contrib = torch.randn(4, 5, generator=g)
+    slots = torch.tensor([2, -1, 0, -1, 3, 1])
+    ref = acc.clone()
+    for i, s in enumerate(slots.tolist()):
+        if s >= 0:
+            ref[i] = ref[i] + contrib[s]
+    kernels.accumulate_rows_(acc, slots, contrib)
+    assert torch.equal(acc, ref)
+    positions = torch.tensor([4, 0, 7])
+    assert kernels.scatter_slots(8, positions).tolist() == [1, -1, -1, -1, 0, -1, -1, 2]
+
+
+def test_ready_mask_and_any_marked_match_reference():
+    g = torch.Generator().manual_seed(2)
+    expected = torch.randint(1, 4, (40,), generator=g, dtype=torch.int32)
+    arrived = torch.minimum(expected, torch.randint(0, 4, (40,), generator=g, dtype=torch.int32))
+    applied = torch.rand(40, generator=g) > 0.7
+    blocked = torch.rand(40, generator=g) > 0.7
+    ready = kernels.ready_mask(arrived, expected, applied, blocked)
+    ref = [
+        bool(a == e and not p and not b)
+        for a, e, p, b in zip(arrived, expected, applied, blocked, strict=True)
+    ]
+    assert ready.tolist() == ref and any(ref)
+    scratch = torch.zeros(100, dtype=torch.bool)
+    marked = torch.tensor([3, 50, 77])
+    assert bool(kernels.any_marked(torch.tensor([1, 2, 50]), marked, scratch))
+    assert not bool(kernels.any_marked(torch.tensor([1, 2, 51]), marked, scratch))
+    assert not scratch.any()
+
+
+def test_apply_rows_matches_selective_adam():
+    g = torch.Generator().manual_seed(3)
+    n = 30
+    shapes = [(n, 3), (n, 2, 2)]
+    params = [torch.randn(*s, generator=g) for s in shapes]
+    ms = [torch.randn(*s, generator=g) * 0.1 for s in shapes]
+    vs = [torch.rand(*s, generator=g) * 0.1 for s in shapes]
+    ids = torch.tensor([0, 3, 4, 9, 20, 29])
+    packed = torch.randn(6, 3 + 4 + 1, generator=g)
+    packed[:, -1] = torch.tensor([1.0, 0.0, 2.0, 1.0, 0.0, 1.0])  # summed visible flags
+    versions = torch.full((n,), -1, dtype=torch.int64)
+    ref = [[t.clone() for t in ts] for ts in (params, ms, vs)]
+    moved = kernels.apply_rows_(
+        params, ms, vs, ids, packed, [0.1, 0.2], [(0.9, 0.99)] * 2, [1e-15] * 2, 7, versions
+    )
+    rows = ids[packed[:, -1] > 0]
+    off = 0
+    for i, s in enumerate(shapes):
+        d = int(np.prod(s[1:]))
+        full = torch.zeros(s)
+        full[ids] = packed[:, off : off + d].reshape(6, *s[1:])
+        off += d
+        selective_adam_update_(
+            ref[0][i], full, ref[1][i], ref[2][i], rows, [0.1, 0.2][i], 0.9, 0.99, 1e-15, 8
+        )
+    assert moved == 4
+    for got, want in zip((params, ms, vs), ref, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert versions[ids].eq(7).all() and versions.eq(7).sum() == 6
+
+
+# ---------------------------------------------------------------- plan / input
+def test_list_plan_dependency_by_hand():
+    plan = ListPlan(
+        [
+            [[0, 1], [5]],
+            [[2], [1, 6]],
+            [[7], [8]],
+            [[5, 6], [0]],
+        ]
+    )
+    assert plan.message_rows.tolist() == [[2, 1], [1, 2], [1, 1], [2, 1]]
+    dep = plan.dependency
+    assert dep[1, 1, 0] == 0  # rank 1 reads row 1 at t=1, written by rank 0 at t=0
+    assert dep[1, 0, 1] == -1
+    assert dep[3, 0, 1] == 1  # rows 5, 6: rank 1 wrote 6 at t=1 (and 5 at t=0)
+    assert dep[3, 1, 0] == 0  # row 0: rank 0 at t=0
+    assert dep[2].tolist() == [[-1, -1], [-1, -1]]
+
+
+def _engine(plan, groups=None, **cfg):
+    groups = groups if groups is not None else toy_groups(300)
+    return PrimitiveSyncEngine(groups, plan, 0, 1, SyncConfig(**cfg))
+
+
+def test_bad_input_is_rejected():
+    plan = ListPlan([[np.arange(10)], [np.arange(5, 20)]])
+    with pytest.raises(ValueError, match="mode"):
+        SyncConfig(mode="fast")
+    with pytest.raises(NotImplementedError, match="throughput-first"):
+        _engine(plan, mode="throughput-first")
+    with pytest.raises(ValueError, match="world_size"):
+        PrimitiveSyncEngine(toy_groups(300), plan, 0, 2, SyncConfig())
+    eng = _engine(plan)
+    grads, visible = toy_grads(eng.groups, 0, plan.step_footprint(0, 0))
+    with pytest.raises(ValueError, match="validate"):
+        eng.publish(0, grads, visible)
+    with pytest.raises(ValueError, match="expected step 0"):
+        eng.validate(1)
+    eng.validate(0)
+    with pytest.raises(ValueError, match="keys"):
+        eng.publish(0, {"means": None}, visible)
+    outside = visible.clone()
+    outside[100] = True
+    with pytest.raises(ValueError, match="outside the planned footprint"):
+        eng.publish(0, grads, outside)
+    with pytest.raises(ValueError, match="between validate"):
+        eng.drain()
+    eng.publish(0, grads, visible)
+    with pytest.raises(ValueError, match="outside the bound plan"):
+        eng.validate(5)
+    eng.validate(1)
+    eng.publish(1, *toy_grads(eng.groups, 1, plan.step_footprint(1, 0)))
+    eng.drain()
+    with pytest.raises(ValueError, match="step_offset"):
+        eng.rebind(eng.groups, plan, step_offset=1)
+
+
+# ------------------------------------------------- engine vs reference (in-process)
+def test_single_rank_matches_reference():
+    phases = _two_phases(1, seed=5)
+    ref, ref_versions = reference_train(toy_groups(300), phases)
+    groups, engine = run_toy_rank(0, 1, ToyRun(phases))
+    assert _same(groups, ref)
+    assert torch.equal(engine.versions, ref_versions)
+    s = engine.summary()
+    assert s["steps"] == 18 and s["visibility_violations"] == 0 and s["drains"] == 2
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize(
+    "mode,recv_ahead", [("barrier", 0), ("quality-first", 0), ("quality-first", 3)]
+)
+def test_threaded_ranks_match_reference(world, mode, recv_ahead):
+    """Ranks in threads over a loopback transport, random per-step delays: any
+    interleaving must give the synchronous result bit for bit on every replica."""
+    for seed in (11, 12):
+        phases = _two_phases(world, seed=seed)
+        ref, ref_versions = reference_train(toy_groups(300), phases)
+        cfg = SyncConfig(mode=mode, timeout_s=20, recv_ahead=recv_ahead)
+        run = ToyRun(phases, cfg, jitter_s=0.002)
+        for groups, engine in run_threads(world, run):
+            assert _same(groups, ref)
+            assert torch.equal(engine.versions, ref_versions)
+            assert engine.visibility_violations == 0
+
+
+def test_version_order_across_peers():
+    """Rank 0 hears of rank 1's step-1 update of row 0 before rank 2's step-0 update of the
+    same row: it must hold the step-1 update back until step 0 is applied."""
+    plan = ListPlan(
+        [
+            [[10], [11], [0]],  # rank 2 writes row 0 at step 0
+            [[10], [0], [12]],  # rank 1 writes row 0 at step 1 (after waiting for rank 2)
+            [[0], [13], [14]],  # rank 0 reads row 0 at step 2
+        ]
+    )
+    ref, ref_versions = reference_train(toy_groups(20), [Phase(plan, 0)])
+    hub = LoopbackHub(3)
+    hub.hold(2, 0)
+    engines = [
+        PrimitiveSyncEngine(toy_groups(20), plan, r, 3, transport=hub.transport(r))
+        for r in range(3)
+    ]
+
+    def step(r: int, t: int) -> None:
+        engines[r].validate(t)
+        engines[r].publish(
+            t, *toy_grads(engines[r].groups, plan.views[t, r, 0], plan.step_footprint(t, r))
+        )
+        engines[r].progress()
+
+    for r in (2, 1):
+        for t in range(3):
+            step(r, t)
+    step(0, 0)
+    step(0, 1)
+    assert engines[0].versions[0] == -1  # step 1 of row 0 is complete but must wait
+    hub.release(2, 0)
+    engines[0].progress()
+    assert engines[0].versions[0] == 1
+    step(0, 2)
+    for eng in engines:
+        eng.drain()
+        assert _same(eng.groups, ref)
+        assert torch.equal(eng.versions, ref_versions)
+
+
+def test_wrong_dependency_table_is_detected_and_stays_exact():
+    """A plan whose dependency table misses writers: validation notices the pending update,
+    counts a violation, and waits for it anyway."""
+    fps = [[np.arange(0, 200), np.arange(100, 300)] for _ in range(8)]
+    honest = ListPlan(fps)
+    broken = ListPlan(fps, dependency=np.full_like(honest.dependency, -1))
+    ref, _ = reference_train(toy_groups(300), [Phase(honest, 0)])
+    run = ToyRun([Phase(broken, 0)], SyncConfig(timeout_s=20), sleep_s={1: 0.02})
+    results = run_threads(2, run)
+    for groups, _ in results:
+        assert _same(groups, ref)
+    assert results[0][1].visibility_violations > 0
+
+
+def test_rebind_requires_drain():
+    plan = ListPlan([[np.arange(10), np.arange(5, 15)]] * 3)
+    hub = LoopbackHub(2)
+    engines = [
+        PrimitiveSyncEngine(toy_groups(300), plan, r, 2, transport=hub.transport(r))
+        for r in range(2)
+    ]
+    for r, eng in enumerate(engines):
+        eng.validate(0)
+        eng.publish(0, *toy_grads(eng.groups, r, plan.step_footprint(0, r)))
+    with pytest.raises(RuntimeError, match="drain"):
+        engines[0].rebind(engines[0].groups, plan, step_offset=3)
+    for eng in engines:
+        eng.drain()
+    assert torch.equal(engines[0].versions, engines[1].versions)
+    assert _same(engines[0].groups, engines[1].groups)
+    engines[0].rebind(engines[0].groups, plan, step_offset=3)
+
+
+# ------------------------------------------------------ 2 processes over gloo
+@pytest.mark.slow
+def test_gloo_exact_and_no_global_barrier(tmp_path):
+    """barrier == quality-first == single-process reference (bitwise, both ranks, with a
+    rebind), and with disjoint footprints and a slow rank 1, rank 0 does not wait in
+    quality-first but waits for rank 1 every step in barrier mode."""
+    phases = _two_phases(2, seed=3)
+    disjoint = ListPlan(
+        [[np.arange(0, 150, 2) + t % 2, np.arange(150, 300, 2) + t % 2] for t in range(16)]
+    )
+    slow = {1: 0.05}
+    runs = [
+        ToyRun(phases, SyncConfig(mode="barrier", timeout_s=20)),
+        ToyRun(phases, SyncConfig(mode="quality-first", timeout_s=20)),
+        ToyRun([Phase(disjoint, 0)], SyncConfig(mode="quality-first", timeout_s=20), sleep_s=slow),
+        ToyRun([Phase(disjoint, 0)], SyncConfig(mode="barrier", timeout_s=20), sleep_s=slow),
+    ]
+    codes, results, errors, _ = spawn_ranks(toy_runs_worker, 2, tmp_path, (runs,), timeout_s=90)
+    assert codes == [0, 0], errors
+    ref, ref_versions = reference_train(toy_groups(300), phases)
+    for r in range(2):
+        for i in (0, 1):
+            res = results[r][i]
+            for g in ref:
+                assert torch.equal(res["params"][g.name], g.param), (r, i, g.name)
+                assert torch.equal(res["exp_avg"][g.name], g.exp_avg), (r, i, g.name)
+            assert torch.equal(res["versions"], ref_versions)
+            assert res["summary"]["visibility_violations"] == 0
+            assert res["summary"]["bytes_sent"] > 0 and res["summary"]["bytes_recv"] > 0
+    for i in (2, 3):
+        assert torch.equal(results[0][i]["versions"], results[1][i]["versions"])
+        for name, p in results[0][i]["params"].items():
+            assert torch.equal(p, results[1][i]["params"][name])
+    qf_wait = results[0][2]["summary"]["wait_s_total"]
+    barrier_wait = results[0][3]["summary"]["wait_s_total"]
+    print(f"rank 0 total wait: quality-first {qf_wait:.4f} s, barrier {barrier_wait:.4f} s")
+    assert barrier_wait > 0.3  # ~16 x 50 ms of rank 1's sleep
+    assert qf_wait < 0.2 * barrier_wait
+
+
+def _overlap_run(**kw) -> ToyRun:
+    plan = ListPlan([[np.arange(0, 200), np.arange(100, 300)] for _ in range(12)])
+    return ToyRun([Phase(plan, 0)], **kw)
+
+
+@pytest.mark.slow
+def test_gloo_dead_peer_fails_fast(tmp_path):
+    run = _overlap_run(config=SyncConfig(timeout_s=10), die_at={1: 5})
+    codes, _, errors, elapsed = spawn_ranks(toy_runs_worker, 2, tmp_path, ([run],), timeout_s=40)
+    assert codes[1] == 1
+    assert codes[0] not in (0, None), "rank 0 must fail, not hang or succeed"
+    first_line = errors[0].splitlines()[0]
+    assert re.match(r"PeerFailure: rank 0: peer 1 \(step [56]\): (receive|send) failed", first_line)
+    assert elapsed < 30
+
+
+@pytest.mark.slow
+def test_gloo_stuck_peer_times_out(tmp_path):
+    run = _overlap_run(config=SyncConfig(timeout_s=1.0), stall_at={1: (5, 3.0)})
+    codes, _, errors, elapsed = spawn_ranks(toy_runs_worker, 2, tmp_path, ([run],), timeout_s=40)
+    assert codes[0] not in (0, None) and codes[1] not in (0, None)
+    assert errors[0].startswith("SyncTimeout: rank 0: peer 1 (step 5): timed out after 1.0 s")
+    assert errors[1].startswith("PeerFailure: rank 1: peer 0")
+    assert elapsed < 30
