@@ -76,6 +76,7 @@ class OdinPipeline(VanillaPipeline):
         self.world_size = world_size
         self.rank = dist.get_rank() if world_size > 1 else 0
         self.engine: PrimitiveSyncEngine | None = None
+        self._gloo_group = None
         self.plan = None
         self._phase_start = 0
         self._phase_end = 0
@@ -85,6 +86,12 @@ class OdinPipeline(VanillaPipeline):
         if self.distributed:
             self._check_distributed_setup()
             self.model.external_densification = True
+            # Ranks are seeded differently (nerfstudio seeds seed + rank), so random parts of
+            # the initialisation (quaternions) differ: start every replica from rank 0's, as DDP
+            # does when it wraps a model.
+            with torch.no_grad():
+                for tensor in list(self.model.parameters()) + list(self.model.buffers()):
+                    dist.broadcast(tensor.data, src=0)
 
     @property
     def distributed(self) -> bool:
@@ -123,7 +130,7 @@ class OdinPipeline(VanillaPipeline):
             self._start_phase(step, optimizers)
         assert self.engine is not None and self.plan is not None
         t = step - self._phase_start
-        wait_s = self.engine.validate(t)
+        wait_s = self.engine.validate(step)
 
         tic = time.perf_counter()
         rows = torch.from_numpy(self.plan.step_footprint(t, self.rank)).to(self.device)
@@ -145,7 +152,7 @@ class OdinPipeline(VanillaPipeline):
                     "refusing to publish it"
                 )
         compute_s = time.perf_counter() - tic
-        self.engine.publish(t, grads, self.model.visible_rows)
+        self.engine.publish(step, grads, self.model.visible_rows)
         self._accumulate_densification_stats(step, rows)
         self.engine.progress()
 
@@ -189,14 +196,16 @@ class OdinPipeline(VanillaPipeline):
         structural = self._next_structural_step(step)
         end = structural + 1 if structural is not None else step + self.config.max_phase_steps
         num_steps = max(1, end - step)
+        # Continue the previous phase's epoch, so every view is still trained once per epoch.
+        resume = self.plan.resume(step - self._phase_start) if self.plan is not None else {}
         plan = build_plan(
             footprints,
             num_ranks=self.world_size,
             num_steps=num_steps,
             views_per_rank=1,
             seed=self._plan_seed(),
-            epoch=self._phase_index,
             strategy=self.config.plan_strategy,
+            **resume,
         )
         self._check_same_plan(plan.plan_hash)
         self.plan = plan
@@ -205,10 +214,20 @@ class OdinPipeline(VanillaPipeline):
         groups = self._param_group_states(optimizers)
         if self.engine is None:
             self.engine = PrimitiveSyncEngine(
-                groups, plan, self.rank, self.world_size, config=self.config.sync, step_offset=step
+                groups,
+                plan,
+                self.rank,
+                self.world_size,
+                config=self.config.sync,
+                process_group=self._sync_group(),
+                step_offset=step,
             )
         else:
-            self.engine.rebind(groups, plan, step_offset=step)
+            versions = None
+            if self.model.num_points != self.engine.num_rows:
+                # Densified: after the drain every primitive is current up to the last step.
+                versions = torch.full((self.model.num_points,), step - 1, dtype=torch.int64)
+            self.engine.rebind(groups, plan, step_offset=step, versions=versions)
         self._phase_log.append(
             {
                 "phase": self._phase_index,
@@ -220,6 +239,14 @@ class OdinPipeline(VanillaPipeline):
             }
         )
         self._phase_index += 1
+
+    def _sync_group(self):
+        """The runtime's point-to-point transport runs on gloo (see docs/architecture.md)."""
+        if dist.get_backend() == "gloo":
+            return None
+        if self._gloo_group is None:
+            self._gloo_group = dist.new_group(backend="gloo")
+        return self._gloo_group
 
     def _plan_seed(self) -> int:
         return int(self.datamanager.config.train_cameras_sampling_seed)

@@ -4,6 +4,7 @@ and 2 processes over gloo), no global barrier in quality-first, dead / stuck pee
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -194,8 +195,15 @@ def test_single_rank_matches_reference():
     groups, engine = run_toy_rank(0, 1, ToyRun(phases))
     assert _same(groups, ref)
     assert torch.equal(engine.versions, ref_versions)
-    s = engine.summary()
+    s = json.loads(json.dumps(engine.summary()))
     assert s["steps"] == 18 and s["visibility_violations"] == 0 and s["drains"] == 2
+    steps = engine.step_metrics()
+    assert [m["step"] for m in steps] == list(range(12)) + list(range(15, 21))
+    touched = sum(
+        len(ph.plan.step_footprint(t, 0)) for ph in phases for t in range(ph.plan.views.shape[0])
+    )
+    assert s["rows_applied"] == sum(m["rows_applied"] for m in steps) == touched
+    assert s["bytes_sent"] == 0 and s["max_version_lag"] == 0
 
 
 @pytest.mark.parametrize("world", [2, 3])

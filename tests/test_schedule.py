@@ -85,13 +85,27 @@ def test_footprints_equal_gsplat_radii_and_brute_force():
     v = viewmats.shape[0]
     widths, heights = torch.full((v,), 60), torch.full((v,), 44)
     # Small leaves and chunks so culling and chunking are exercised.
-    F0 = compute_footprints(means, scales, quats, opac, viewmats, Ks, 60, 44, margin_px=0.0, leaf_size=8, chunk=512)
+    F0 = compute_footprints(
+        means, scales, quats, opac, viewmats, Ks, 60, 44, margin_px=0.0, leaf_size=8, chunk=4096
+    )
     covars, _ = _quat_scale_to_covar_preci(quats, scales, True, False)
     radii, *_ = _fully_fused_projection(means, covars, viewmats, Ks, 60, 44)
     rendered = (radii > 0) & (opac >= 1 / 255)[None]
     assert rendered.sum() > 1000 and (~rendered).sum() > 1000  # a real partial overlap
     assert torch.equal(dense(F0), rendered)
-    F2 = compute_footprints(means, scales, quats, opac, viewmats, Ks, widths, heights, margin_px=2.0, leaf_size=8, chunk=512)
+    F2 = compute_footprints(
+        means,
+        scales,
+        quats,
+        opac,
+        viewmats,
+        Ks,
+        widths,
+        heights,
+        margin_px=2.0,
+        leaf_size=8,
+        chunk=4096,
+    )
     ref = brute_force_footprints(means, scales, quats, opac, viewmats, Ks, widths, heights, 2.0)
     assert torch.equal(dense(F2), ref)
     assert bool((dense(F2) >= rendered).all()) and F2.nnz > F0.nnz
@@ -105,17 +119,31 @@ def test_footprints_per_view_sizes_and_culling_independent():
     ref = brute_force_footprints(means, scales, quats, opac, viewmats, Ks, widths, heights, 3.0)
     for leaf, chunk in ((1, 64), (16, 1 << 20), (4096, 1 << 20)):
         F = compute_footprints(
-            means, scales, quats, opac, viewmats, Ks, widths, heights, 3.0, leaf_size=leaf, chunk=chunk
+            means,
+            scales,
+            quats,
+            opac,
+            viewmats,
+            Ks,
+            widths,
+            heights,
+            3.0,
+            leaf_size=leaf,
+            chunk=chunk,
         )
         assert torch.equal(dense(F), ref), (leaf, chunk)
 
 
 def test_footprints_city_matches_brute_force():
     s = make_city(60, 4000, seed=3)
-    F = compute_footprints(s.means, s.scales, s.quats, s.opacities, s.viewmats, s.Ks, s.width, s.height)
+    F = compute_footprints(
+        s.means, s.scales, s.quats, s.opacities, s.viewmats, s.Ks, s.width, s.height
+    )
     n = s.means.shape[0]
     wh = torch.full((60,), s.width), torch.full((60,), s.height)
-    ref = brute_force_footprints(s.means, s.scales, s.quats, s.opacities, s.viewmats, s.Ks, *wh, 2.0)
+    ref = brute_force_footprints(
+        s.means, s.scales, s.quats, s.opacities, s.viewmats, s.Ks, *wh, 2.0
+    )
     assert torch.equal(dense(F), ref)
     rows = np.diff(F.indptr)
     assert rows.max() < 0.5 * n  # street views see a small part of the city
@@ -133,7 +161,9 @@ def test_footprints_opacity_near_plane_and_empty_views():
     # view 0: in front (0), behind (1) out, transparent (2) out, in front of near plane (3) out
     assert F[0].indices.tolist() == [0]
     assert F[1].nnz == 0  # looks away from everything: an empty footprint is allowed
-    F = compute_footprints(means, scales, quats, opac, viewmats, Ks, 100, 100, opacity_threshold=0.0)
+    F = compute_footprints(
+        means, scales, quats, opac, viewmats, Ks, 100, 100, opacity_threshold=0.0
+    )
     assert F[0].indices.tolist() == [0, 2]
 
 
@@ -162,24 +192,27 @@ def test_footprints_bad_input():
 def test_locality_graph_is_topk_jaccard():
     rng = np.random.default_rng(0)
     F = sp.csr_matrix(rng.random((30, 200)) < 0.1)
-    G = locality_graph(F, k=5).toarray()
+    k = 5
+    G = locality_graph(F, k=k).toarray()
     A = F.toarray().astype(float)
     inter = A @ A.T
     size = A.sum(1)
     jac = inter / np.maximum(size[:, None] + size[None] - inter, 1)
     np.fill_diagonal(jac, 0)
-    for i in range(30):
-        nz = np.flatnonzero(G[i])
-        np.testing.assert_allclose(G[i, nz], jac[i, nz], rtol=1e-6)
-        top = np.sort(jac[i])[-5:]
-        assert np.all(G[i, nz] >= top.min() - 1e-7) or np.all(jac[nz, i] > 0)  # own top-k or symmetrised
-        own = [j for j in nz if jac[i, j] >= top.min() - 1e-7]
-        assert len(own) >= min(5, int((jac[i] > 0).sum()))
+    kth = np.sort(jac, axis=1)[:, -k]  # k-th largest weight of each row
     assert np.allclose(G, G.T)
-    # Sampled product (tiny budget) stays deterministic and symmetric.
-    G1 = locality_graph(F, k=5, max_work=500, seed=3)
-    G2 = locality_graph(F, k=5, max_work=500, seed=3)
+    nz = G > 0
+    np.testing.assert_allclose(G[nz], jac[nz], rtol=1e-6)
+    # every edge is in the top-k of one of its ends, and every row keeps its own top-k
+    i, j = np.nonzero(nz)
+    assert np.all((jac[i, j] >= kth[i] - 1e-7) | (jac[i, j] >= kth[j] - 1e-7))
+    own = (nz & (jac >= kth[:, None] - 1e-7) & (jac > 0)).sum(1)
+    assert np.all(own >= np.minimum(k, (jac > 0).sum(1)))
+    # Sampled product (tiny budget): deterministic, symmetric, weights in (0, 1].
+    G1 = locality_graph(F, k=k, max_work=500, seed=3)
+    G2 = locality_graph(F, k=k, max_work=500, seed=3)
     assert (G1 != G2).nnz == 0 and abs(G1 - G1.T).max() == 0
+    assert G1.nnz > 0 and G1.data.max() <= 1.0
 
 
 def test_partition_sizes_and_cover():
@@ -307,7 +340,9 @@ def test_conflict_rows_equals_brute_force():
 
 def test_street_scene_odin_conflict_well_below_random():
     s = make_city(1200, 30000, seed=0)
-    F = compute_footprints(s.means, s.scales, s.quats, s.opacities, s.viewmats, s.Ks, s.width, s.height)
+    F = compute_footprints(
+        s.means, s.scales, s.quats, s.opacities, s.viewmats, s.Ks, s.width, s.height
+    )
     odin = build_plan(F, 4, 300, strategy="odin")
     rnd = build_plan(F, 4, 300, strategy="random")
     c_odin, c_rnd = plan_conflict(odin).mean(), plan_conflict(rnd).mean()
@@ -332,7 +367,7 @@ def test_resume_continues_the_epoch():
     nxt = first.resume(5)
     assert nxt["epoch"] == 0 and len(nxt["pending"]) == 50 - len(np.unique(first.views))
     F2 = random_footprints(50, 300, 0.05, seed=11)  # footprints changed (densified)
-    second = build_plan(F2, 4, 20, seed=3, **nxt)
+    second = build_plan(F2, 4, 30, seed=3, **nxt)
     k = int((second.step_epoch == 0).sum())
     seen = np.concatenate([first.views.reshape(-1), second.views[:k].reshape(-1)])
     assert set(seen.tolist()) == set(range(50))
@@ -387,9 +422,12 @@ def test_simulate_full_overlap_equals_barrier_and_disjoint_never_waits():
     F = sp.csr_matrix(np.ones((16, 10), dtype=bool))
     plan = build_plan(F, 4, 8)
     step = rng.random((8, 4))
+    a = simulate(plan, step, "odin")
+    b = simulate(plan, step, "barrier")
+    np.testing.assert_allclose(a.finish, b.finish)  # everyone reads everyone's last step
     a = simulate(plan, step, "odin", comm_latency=0.1)
     b = simulate(plan, step, "barrier", comm_latency=0.1)
-    np.testing.assert_allclose(a.finish, b.finish)
+    assert (a.finish <= b.finish + 1e-12).all() and a.total_time < b.total_time  # no own latency
     D = sp.csr_matrix(np.eye(16, dtype=bool))  # nobody shares anything
     plan = build_plan(D, 4, 8)
     c = simulate(plan, step, "odin", comm_latency=0.1)

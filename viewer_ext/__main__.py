@@ -38,7 +38,10 @@ class RunFileSource:
         self._snapshot: dict = {}
 
     def __call__(self) -> dict:
-        mtime = self.path.stat().st_mtime
+        try:
+            mtime = self.path.stat().st_mtime
+        except OSError as exc:
+            raise ValueError(f"run JSON not readable: {self.path} ({exc.strerror})") from None
         if mtime != self._mtime:
             self._snapshot = snapshot_from_run(load_run(self.path))
             self._mtime = mtime
@@ -49,10 +52,10 @@ def serve_run(
     path: str | Path, host: str = "127.0.0.1", port: int = 8080, refresh_s: float = 2.0
 ) -> tuple:
     """Start a viser server showing the panels for ``path``; returns (server, panels)."""
-    import viser
-
     source = RunFileSource(path)
     source()  # fail early, with the reason, on a bad file
+    import viser
+
     server = viser.ViserServer(host=host, port=port, label="Odin run", verbose=False)
     server.gui.configure_theme(control_width="large", show_share_button=False)
     panels = OdinPanels(

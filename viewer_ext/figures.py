@@ -45,13 +45,13 @@ def _layout(title: str, x_title: str, y_title: str, empty: bool) -> dict:
     axis = {"gridcolor": GRID, "zerolinecolor": GRID, "color": GREY, "automargin": True}
     layout = {
         "title": {"text": title, "font": {"size": 12}, "x": 0.02, "xanchor": "left"},
-        "margin": {"l": 40, "r": 8, "t": 28, "b": 30},
+        "margin": {"l": 40, "r": 8, "t": 28, "b": 24},
         "font": {"size": 10, "color": GREY},
         "paper_bgcolor": "rgba(0,0,0,0)",
         "plot_bgcolor": "rgba(0,0,0,0)",
         "xaxis": {**axis, "title": {"text": x_title}},
         "yaxis": {**axis, "title": {"text": y_title}},
-        "legend": {"orientation": "h", "y": -0.3, "x": 0, "font": {"size": 9}},
+        "legend": {"orientation": "h", "y": -0.12, "yanchor": "top", "x": 0, "font": {"size": 9}},
         "showlegend": True,
     }
     if empty:
@@ -103,15 +103,17 @@ def compute_wait_figure(stats: list[RankStats], max_points: int = 200) -> Plotly
                 {
                     "type": "scatter",
                     "mode": "lines",
-                    "name": f"r{r.rank} {name}",
+                    "name": f"r{r.rank}",
+                    "legendgroup": f"r{r.rank}",
+                    "showlegend": name == "compute",  # one legend entry per rank (colour)
+                    "hovertemplate": f"r{r.rank} {name}: %{{y:.1f}} ms<extra></extra>",
                     "x": x,
                     "y": [None if v is None else v * 1e3 for v in y],
                     "line": {"color": rank_color(r.rank), "dash": dash, "width": 1.5},
                 }
             )
-    return PlotlyJSON(
-        data=data, layout=_layout("Compute vs wait per rank", "step", "ms", empty=not data)
-    )
+    title = "Compute (solid) vs wait (dotted) per step, by rank"
+    return PlotlyJSON(data=data, layout=_layout(title, "", "ms", empty=not data))
 
 
 def bytes_figure(stats: list[RankStats], max_points: int = 200) -> PlotlyJSON:
@@ -132,7 +134,7 @@ def bytes_figure(stats: list[RankStats], max_points: int = 200) -> PlotlyJSON:
             }
         )
     return PlotlyJSON(
-        data=data, layout=_layout("Publication bytes per step", "step", "KiB", empty=not data)
+        data=data, layout=_layout("Publication bytes per step, by rank", "", "KiB", empty=not data)
     )
 
 

@@ -8,6 +8,7 @@ JavaScript, poll for a condition, take a screenshot.
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import os
@@ -85,10 +86,15 @@ class HeadlessChromium:
             start_new_session=True,
         )
         self._ids = itertools.count(1)
+        self._events: list[dict] = []
+        self._stack = contextlib.ExitStack()
         try:
             port = self._wait_for_port()
             ws_url = self._page_ws_url(port)
-            self._ws = connect(ws_url, max_size=None, open_timeout=self.options.start_timeout_s)
+            self._ws = self._stack.enter_context(
+                connect(ws_url, max_size=None, open_timeout=self.options.start_timeout_s)
+            )
+            self.call("Runtime.enable")  # report page exceptions and console calls
         except BaseException:
             self.close()
             raise
@@ -132,6 +138,9 @@ class HeadlessChromium:
                 raise TimeoutError(f"DevTools call {method} got no answer")
             reply = json.loads(self._ws.recv(timeout=left))
             if reply.get("id") != msg_id:
+                if reply.get("method") in ("Runtime.exceptionThrown", "Runtime.consoleAPICalled"):
+                    self._events.append(reply)
+                    del self._events[:-100]  # keep the latest only
                 continue
             if "error" in reply:
                 raise RuntimeError(f"DevTools {method} failed: {reply['error']}")
@@ -155,13 +164,54 @@ class HeadlessChromium:
                 raise TimeoutError(f"page condition not met in {timeout_s} s: {expression[:80]}")
             time.sleep(poll_s)
 
+    def page_errors(self) -> list[str]:
+        """Uncaught exceptions and console.error messages seen so far (for diagnostics)."""
+        out = []
+        for event in self._events:
+            params = event.get("params", {})
+            if event["method"] == "Runtime.exceptionThrown":
+                details = params.get("exceptionDetails", {})
+                out.append(
+                    details.get("exception", {}).get("description") or details.get("text", "")
+                )
+            elif params.get("type") == "error":
+                out.append(
+                    " ".join(
+                        str(a.get("value", a.get("description", "")))
+                        for a in params.get("args", [])
+                    )
+                )
+        return out
+
     def text(self) -> str:
         """The page's visible text."""
         return self.evaluate("document.body ? document.body.innerText : ''") or ""
 
-    def screenshot(self, path: str | Path) -> Path:
-        """Save a PNG of the viewport."""
-        data = self.call("Page.captureScreenshot", format="png")["data"]
+    def press_key(self, key: str, code: str, key_code: int) -> None:
+        """Press and release one key in the focused element (e.g. "ArrowRight", 39)."""
+        for kind in ("rawKeyDown", "keyUp"):
+            self.call(
+                "Input.dispatchKeyEvent",
+                type=kind,
+                key=key,
+                code=code,
+                windowsVirtualKeyCode=key_code,
+                nativeVirtualKeyCode=key_code,
+            )
+
+    def navigate(self, url: str) -> None:
+        self.call("Page.navigate", url=url)
+
+    def screenshot(self, path: str | Path, clip: dict | None = None) -> Path:
+        """Save a PNG of the viewport, or of ``clip`` = {x, y, width, height} (CSS px)."""
+        params: dict[str, Any] = {"format": "png"}
+        if clip is not None:
+            params["clip"] = {
+                **{k: float(clip[k]) for k in ("x", "y", "width", "height")},
+                "scale": 1,
+            }
+            params["captureBeyondViewport"] = True
+        data = self.call("Page.captureScreenshot", **params)["data"]
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(base64.b64decode(data))
@@ -169,13 +219,10 @@ class HeadlessChromium:
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:
-        ws = getattr(self, "_ws", None)
-        if ws is not None:
-            try:
-                ws.close()
-            except Exception:
-                pass
-            self._ws = None
+        try:
+            self._stack.close()
+        except Exception:
+            pass
         if self._proc.poll() is None:
             try:
                 os.killpg(self._proc.pid, signal.SIGTERM)  # our own process group only

@@ -234,6 +234,8 @@ class OdinPanels:
         """Show ``snapshot`` now (any thread). Raises ValueError if it is not a dict."""
         if not isinstance(snapshot, dict):
             raise ValueError(f"snapshot must be a dict, got {type(snapshot).__name__}")
+        if self.pause.value:
+            note = f"display paused · {note}" if note else "display paused"
         with self._render_lock:
             with self._lock:
                 self._snapshot = snapshot

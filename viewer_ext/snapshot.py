@@ -252,7 +252,10 @@ def snapshot_from_run(run: dict) -> dict:
     mode = sync.get("mode") if isinstance(sync, dict) else sync
     if mode is None and engines:
         mode = engines[0].get("mode")
-    snap: dict[str, Any] = {"world_size": as_int(run.get("world_size")) or (len(ranks) or None)}
+    snap: dict[str, Any] = {}
+    world_size = as_int(run.get("world_size")) or len(ranks)
+    if world_size:
+        snap["world_size"] = world_size
     if mode is not None:
         snap["mode"] = str(mode)
 

@@ -110,7 +110,9 @@ def make_city(
     wy = np.select([side == 0, side == 1, side == 2], [y0, y0 + block, y0 + t], y0 + t)
     wz = rng.random(n_wall) * 25.0
     gx, gy = rng.random(n_ground) * size, rng.random(n_ground) * size
-    on_street = (np.mod(gx + street / 2, pitch) < street) | (np.mod(gy + street / 2, pitch) < street)
+    on_street = (np.mod(gx + street / 2, pitch) < street) | (
+        np.mod(gy + street / 2, pitch) < street
+    )
     gx, gy = np.where(on_street, gx, np.round(gx / pitch) * pitch), gy
     means = np.concatenate(
         [np.stack([wx, wy, wz], 1), np.stack([gx, gy, np.zeros(n_ground)], 1)], axis=0

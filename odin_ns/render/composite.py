@@ -7,8 +7,8 @@ to ``<= 1e-4``. Pixel centers sit at ``+0.5``.
 
 Layout: the sweep goes front to back in chunks of ``CHUNK_ROWS`` rows. A chunk is a dense
 ``[S_a, P, L]`` block (live sub-tiles x pixels of a sub-tile x rows, padded with a
-transparent Gaussian), so transmittance is a plain ``cumsum`` of ``log(1 - alpha)`` along
-the last dimension plus a carried offset, color sums are batched matmuls, and no
+transparent Gaussian), so transmittance is a plain ``cumprod`` of ``1 - alpha`` along the
+last dimension times the carried transmittance (float products, as in gsplat), color sums are batched matmuls, and no
 per-pixel gather or scatter is needed. A sub-tile leaves the sweep when all its pixels
 have stopped, which skips most rows of a dense scene (as gsplat's early exit does).
 
@@ -20,7 +20,6 @@ graph; it also accumulates gsplat's ``absgrad`` (sum over pixels of
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -29,8 +28,8 @@ from torch import Tensor
 from .tiles import ALPHA_MIN, PairPlan
 
 ALPHA_MAX = 0.999
-LOG_T_MIN = math.log(1e-4)  # a pixel keeps a Gaussian only while T stays above 1e-4
-CHUNK_ROWS = 64  # rows of every live sub-tile processed per step
+T_MIN = 1e-4  # a pixel keeps a Gaussian only while its transmittance stays above this
+CHUNK_ROWS = 32  # rows of every live sub-tile processed per sweep step
 
 
 def _pixel_offsets(sub: int, like: Tensor) -> tuple[Tensor, Tensor]:
@@ -69,14 +68,22 @@ def _deltas(mx: Tensor, my: Tensor, sub: int) -> tuple[Tensor, Tensor]:
     return mx - ox, my - oy
 
 
+def _has_indefinite_conic(conics: Tensor, gid: Tensor) -> bool:
+    """Whether any planned row has a conic that is not positive definite (then sigma can
+    be negative and the per-pixel ``sigma < 0`` test is needed; it never is otherwise)."""
+    con = conics.index_select(0, gid)
+    a, b, c = con.unbind(-1)
+    return bool(((a <= 0) | (a * c - b * b <= 0)).any())
+
+
 @dataclass
 class Chunk:
     """One step of the front-to-back sweep, kept for the backward pass."""
 
     segs: Tensor  # [S_a] live sub-tiles
     idx: Tensor  # [S_a, L] flat Gaussian index per row; M (transparent dummy) pads
-    alpha: Tensor  # [S_a, P, L] alpha of kept pairs, 0 elsewhere
-    trans: Tensor  # [S_a, P, L] transmittance before each pair
+    alpha: Tensor  # [S_a, P, L] alpha of composited pairs, 0 elsewhere
+    trans: Tensor  # [S_a, P, L] transmittance before each pair (where alpha > 0)
     alpha_grad: Tensor  # [S_a, P, L] alpha where it carries gradient (not clamped)
 
 
@@ -91,6 +98,9 @@ def composite_forward(
     """Composite every sub-tile front to back, ``chunk_rows`` rows at a time; a sub-tile
     leaves the sweep once its rows run out or all its pixels have stopped.
 
+    Masks are kept as 0/1 floats (comparisons written into float buffers): on CPU that is
+    several times faster than boolean masks with ``where`` / ``masked_fill``.
+
     Returns (colors [S, P, D] without background, final transmittance [S, P], chunks).
     """
     M, D = colors.shape
@@ -99,48 +109,57 @@ def composite_forward(
     table = _row_table(means2d, conics, opacities)
     col_table = torch.cat([colors, colors.new_zeros(1, D)], dim=0)
     gid_pad = torch.cat([plan.gid, plan.gid.new_full((1,), M)])  # [R + 1]
+    check_sign = _has_indefinite_conic(conics, plan.gid)
     counts = plan.seg_counts
     starts = torch.cumsum(counts, 0) - counts
     out = colors.new_zeros(plan.n_seg, P, D)
-    cum_last = colors.new_zeros(plan.n_seg, P)  # log T so far, including a stopping pair
-    log_final = colors.new_zeros(plan.n_seg, P)  # log T over kept pairs
+    t_run = colors.new_ones(plan.n_seg, P)  # running T, including a stopping pair
+    t_final = colors.new_ones(plan.n_seg, P)  # T over composited pairs
+    ox, oy = _pixel_offsets(plan.sub, colors)
     ar = torch.arange(chunk_rows, device=device)
     segs = torch.nonzero(counts > 0).squeeze(1)
     chunks = []
     l0 = 0
     while len(segs) > 0:
-        lens = counts[segs]
-        inside = (l0 + ar)[None, :] < lens[:, None]  # [S_a, L]
-        pos = torch.where(inside, starts[segs][:, None] + l0 + ar[None, :], plan.n_rows)
-        idx = gid_pad[pos]
+        lens = counts.index_select(0, segs)
+        pos = (starts.index_select(0, segs) + l0)[:, None] + ar[None, :]
+        pos = torch.where((l0 + ar)[None, :] < lens[:, None], pos, plan.n_rows)  # pad -> R
+        idx = gid_pad.index_select(0, pos.reshape(-1)).reshape(pos.shape)
         mx, my, a, b, c, o = _chunk_rows(table, segs, idx, plan)
-        dx, dy = _deltas(mx, my, plan.sub)
-        # sigma = 0.5 * (a dx^2 + c dy^2) + b dx dy, built in place.
-        sigma = dx * (0.5 * a)
-        sigma.addcmul_(dy, b).mul_(dx)
-        sigma.addcmul_(dy * dy, 0.5 * c)
+        dx = mx - ox  # [S_a, P, L]
+        dy = my - oy
+        # -sigma = dx * (-0.5 a dx - b dy) - 0.5 c dy^2, built in place.
+        nsig = dx * (-0.5 * a)
+        nsig.addcmul_(dy, -b).mul_(dx)
+        nsig.addcmul_(dy.mul_(dy), -0.5 * c)
         del dx, dy
-        raw = torch.exp(-sigma).mul_(o)  # opacity * exp(-sigma)
+        mask = torch.empty_like(nsig)
+        if check_sign:
+            sign_ok = torch.le(nsig, 0.0, out=torch.empty_like(nsig))
+        raw = nsig.exp_().mul_(o)  # opacity * exp(-sigma)
         alpha = raw.clamp(max=ALPHA_MAX)
-        alpha.masked_fill_((sigma < 0) | (alpha < ALPHA_MIN), 0.0)
-        del sigma
-        log_t = torch.log1p(-alpha)  # 0 where skipped
-        cum = torch.cumsum(log_t, dim=-1).add_(cum_last.index_select(0, segs)[..., None])
-        keep = cum > LOG_T_MIN
-        alpha.mul_(keep)
-        log_t.mul_(keep)
-        trans = torch.exp(cum - log_t)  # T before each pair
+        alpha.mul_(torch.ge(alpha, ALPHA_MIN, out=mask))
+        if check_sign:
+            alpha.mul_(sign_ok)
+        one_minus = torch.rsub(alpha, 1.0)
+        t_incl = torch.cumprod(one_minus, dim=-1)
+        t_incl.mul_(t_run.index_select(0, segs)[..., None])  # T after each pair
+        alpha.mul_(torch.gt(t_incl, T_MIN, out=mask))  # stop before T would reach 1e-4
+        last = t_incl[..., -1].clone()
+        trans = t_incl.div_(one_minus)  # T before each pair
         weight = alpha * trans
         cols = col_table.index_select(0, idx.reshape(-1)).reshape(*idx.shape, D)
         out.index_add_(0, segs, torch.bmm(weight, cols))
-        last = cum[..., -1]
-        cum_last.index_copy_(0, segs, last)
-        log_final.index_add_(0, segs, log_t.sum(-1))
-        alpha_grad = alpha.masked_fill(raw > ALPHA_MAX, 0.0)
+        t_run.index_copy_(0, segs, last)
+        kept = torch.rsub(alpha, 1.0).prod(-1)
+        t_final.index_copy_(0, segs, t_final.index_select(0, segs).mul_(kept))
+        alpha_grad = alpha
+        if bool(raw.max() > ALPHA_MAX):  # clamped alphas pass no gradient to sigma
+            alpha_grad = alpha * torch.le(raw, ALPHA_MAX, out=mask)
         chunks.append(Chunk(segs, idx, alpha, trans, alpha_grad))
         l0 += chunk_rows
-        segs = segs[(lens > l0) & (last > LOG_T_MIN).any(-1)]
-    return out, torch.exp(log_final), chunks
+        segs = segs[(lens > l0) & (last.amax(-1) > T_MIN)]
+    return out, t_final, chunks
 
 
 def composite_backward(
@@ -158,11 +177,14 @@ def composite_backward(
     """Gradients w.r.t. (means2d, conics, colors, opacities), plus absgrad [M, 2] or None.
 
     Sweeps the chunks back to front, carrying per pixel the sum over later pairs of
-    ``weight * (color . v_out)``.
+    ``weight * (color . v_out)``. For each pair (gsplat's formulas):
+    ``v_alpha = T (color . v_out) - (later + T_final v_trans) / (1 - alpha)`` and
+    ``d loss / d sigma = -alpha v_alpha`` (0 where alpha was clamped).
     """
     M, D = colors.shape
     table = _row_table(means2d, conics, opacities)
     col_table = torch.cat([colors, colors.new_zeros(1, D)], dim=0)
+    ox, oy = _pixel_offsets(plan.sub, colors)
     # per row: v_mean (2), v_conic (3), v_opacity (1), absgrad (2)
     v_geo = means2d.new_zeros(M + 1, 8)
     v_col = colors.new_zeros(M + 1, D)
@@ -173,39 +195,40 @@ def composite_backward(
         cols = col_table.index_select(0, flat_idx).reshape(S_a, L, D)
         g = v_out.index_select(0, ch.segs)  # [S_a, P, D]
         weight = ch.alpha * ch.trans
-        gc = torch.bmm(g, cols.transpose(1, 2))  # [S_a, P, L] sum_k v_out[k] color[k]
+        gc = torch.bmm(g, cols.transpose(1, 2))  # [S_a, P, L] color . v_out
         v_col.index_add_(0, flat_idx, torch.bmm(weight.transpose(1, 2), g).reshape(-1, D))
         s = weight.mul_(gc)
         total = s.sum(-1)  # [S_a, P]
         carry = later_sum.index_select(0, ch.segs)
         later = torch.cumsum(s, dim=-1).neg_().add_((total + carry)[..., None])
-        later_sum.index_copy_(0, ch.segs, carry + total)
-        v_alpha = gc.mul_(ch.trans).sub_(later.div_(1.0 - ch.alpha))
+        later_sum.index_copy_(0, ch.segs, carry.add_(total))
+        v_alpha = gc.mul_(ch.trans).sub_(later.div_(torch.rsub(ch.alpha, 1.0)))
         del later, s
-        v_sigma = v_alpha.mul_(ch.alpha_grad).neg_()  # d loss / d sigma
+        nv = v_alpha.mul_(ch.alpha_grad)  # = -d loss / d sigma
 
         mx, my, a, b, c, o = _chunk_rows(table, ch.segs, ch.idx, plan)
-        dx, dy = _deltas(mx, my, plan.sub)
-        vdx = v_sigma * dx
-        vdy = v_sigma * dy
-        s0 = v_sigma.sum(1)  # [S_a, L]
-        sx = vdx.sum(1)
-        sy = vdy.sum(1)
-        sxx = (vdx * dx).sum(1)
-        sxy = (vdx * dy).sum(1)
-        syy = (vdy * dy).sum(1)
+        dx = mx - ox
+        dy = my - oy
+        ndx = nv * dx
+        ndy = nv * dy
+        s0 = nv.sum(1)  # [S_a, L]
+        sx = ndx.sum(1)
+        sy = ndy.sum(1)
+        sxx = (ndx * dx).sum(1)
+        sxy = (ndx * dy).sum(1)
+        syy = (ndy * dy).sum(1)
         a, b, c, o = a[:, 0], b[:, 0], c[:, 0], o[:, 0]
         parts = [
-            a * sx + b * sy,
-            b * sx + c * sy,
-            0.5 * sxx,
-            sxy,
-            0.5 * syy,
-            -s0 / o.clamp(min=ALPHA_MIN),
+            -(a * sx + b * sy),
+            -(b * sx + c * sy),
+            -0.5 * sxx,
+            -sxy,
+            -0.5 * syy,
+            s0 / o.clamp(min=ALPHA_MIN),
         ]
         if need_abs:
-            parts.append((vdx * a[:, None]).addcmul_(vdy, b[:, None]).abs_().sum(1))
-            parts.append((vdx * b[:, None]).addcmul_(vdy, c[:, None]).abs_().sum(1))
+            parts.append(ndx.mul(a[:, None]).addcmul_(ndy, b[:, None]).abs_().sum(1))
+            parts.append(ndx.mul_(b[:, None]).addcmul_(ndy, c[:, None]).abs_().sum(1))
         else:
             parts += [torch.zeros_like(s0), torch.zeros_like(s0)]
         v_geo.index_add_(0, flat_idx, torch.stack(parts, dim=-1).reshape(-1, 8))

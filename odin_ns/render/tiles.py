@@ -44,9 +44,6 @@ class PairPlan:
     sub_h: int  # sub-tiles per image column
     n_seg: int  # C * sub_h * sub_w
     gid: Tensor  # [R] int64 flat Gaussian index into C * N
-    seg: Tensor  # [R] int64 sub-tile id
-    x0: Tensor  # [R] pixel column of the sub-tile's first pixel (float)
-    y0: Tensor  # [R] pixel row of the sub-tile's first pixel (float)
     seg_counts: Tensor  # [n_seg] int64 rows per sub-tile
 
     @property
@@ -68,21 +65,31 @@ def _tile_rect(
     return x0, x1, y0, y1
 
 
+def _expand(counts: Tensor) -> tuple[Tensor, Tensor]:
+    """For K items with ``counts``: (owner [M], rank of each entry within its item [M])."""
+    owner = torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts)
+    start = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(len(owner), device=counts.device) - start.index_select(0, owner)
+    return owner, rank
+
+
 def _enumerate_rects(
     x0: Tensor, x1: Tensor, y0: Tensor, y1: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Expand K rectangles into their cells, rectangle by rectangle, row-major inside.
 
     Returns (owner [M], x [M], y [M]) with owner the rectangle index of each cell.
+    Two expansions (rows, then cells of a row) instead of integer division, which is slow
+    on CPU.
     """
     w = (x1 - x0).clamp(min=0)
     h = (y1 - y0).clamp(min=0)
-    counts = w * h
-    owner = torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts)
-    start = torch.cumsum(counts, 0) - counts
-    local = torch.arange(len(owner), device=counts.device) - start[owner]
-    wo = w[owner]
-    return owner, x0[owner] + local % wo, y0[owner] + local // wo
+    row_owner, row_rank = _expand(h)  # one entry per (rectangle, row)
+    cell_row, col_rank = _expand(w.index_select(0, row_owner))
+    owner = row_owner.index_select(0, cell_row)
+    x = x0.index_select(0, owner) + col_rank
+    y = (y0.index_select(0, row_owner) + row_rank).index_select(0, cell_row)
+    return owner, x, y
 
 
 @torch.no_grad()
@@ -125,6 +132,26 @@ def isect_tiles(
     )
 
 
+def _min_sigma_on_square(
+    mx: Tensor, my: Tensor, a: Tensor, b: Tensor, c: Tensor, x0: Tensor, y0: Tensor, side: float
+) -> Tensor:
+    """Minimum of ``sigma(p) = 0.5 d^T [[a, b], [b, c]] d`` (``d = mean - p``, positive
+    definite conic) over the square ``[x0, x0 + side] x [y0, y0 + side]``. [K]
+
+    sigma grows along every ray from the mean, so the minimum lies on an edge that faces
+    the mean (the segment from any point of the square to the mean leaves through one).
+    On the facing vertical edge ``x = clamp(mx)`` sigma is a quadratic in y minimized at
+    ``dy = -b dx / c`` (clamped to the edge); likewise on the facing horizontal edge. When
+    the mean is inside, both give 0.
+    """
+    dx = mx - mx.clamp(min=x0, max=x0 + side)
+    dy = my - (my + b * dx / c).clamp(min=y0, max=y0 + side)
+    best = 0.5 * (a * dx * dx + c * dy * dy) + b * dx * dy
+    dy = my - my.clamp(min=y0, max=y0 + side)
+    dx = mx - (mx + b * dy / a).clamp(min=x0, max=x0 + side)
+    return torch.minimum(best, 0.5 * (a * dx * dx + c * dy * dy) + b * dx * dy)
+
+
 @torch.no_grad()
 def build_pair_plan(
     means2d: Tensor,  # [C, N, 2]
@@ -139,8 +166,10 @@ def build_pair_plan(
 ) -> PairPlan:
     """Enumerate the (sub-tile, Gaussian) rows to composite, front to back per sub-tile.
 
-    A row exists when the sub-tile lies inside the Gaussian's gsplat tile range and
-    overlaps the bounding box of the pixel centers where ``opacity * exp(-sigma) >= 1/255``.
+    A row exists when the sub-tile lies inside the Gaussian's gsplat tile range and some
+    pixel center of the sub-tile may pass the alpha test ``opacity * exp(-sigma) >= 1/255``
+    (bounding box of that ellipse first, then the exact ellipse-square test, both with a
+    safety margin so that float32 rounding in the compositor never meets a dropped row).
     """
     if tile_size % sub != 0:
         raise ValueError(f"sub-tile size {sub} must divide tile_size {tile_size}")
@@ -154,28 +183,29 @@ def build_pair_plan(
 
     # Visible Gaussians, ordered by camera, then depth, then index (gsplat's sort order).
     flat = torch.nonzero((radii > 0).flatten()).squeeze(1)
-    d = depths.detach().flatten()[flat]
-    order = torch.sort(d, stable=True).indices
-    flat = flat[order]
-    flat = flat[torch.sort(flat // N, stable=True).indices]
+    order = torch.sort(depths.detach().flatten().index_select(0, flat), stable=True).indices
+    flat = flat.index_select(0, order)
+    flat = flat.index_select(0, torch.sort(flat // N, stable=True).indices)
 
-    m = means2d.detach().reshape(-1, 2)[flat]
+    m = means2d.detach().reshape(-1, 2).index_select(0, flat)
     x0, x1, y0, y1 = _tile_rect(
-        m, radii.flatten()[flat], tile_size, tile_width, tile_height
+        m, radii.flatten().index_select(0, flat), tile_size, tile_width, tile_height
     )  # tile units
     sx0, sy0 = x0 * per, y0 * per
     sx1 = torch.clamp(x1 * per, max=sub_w)
     sy1 = torch.clamp(y1 * per, max=sub_h)
 
     # Bounding box of {pixel centers p : sigma(p) <= log(255 * opacity)}.
-    a, b, c = conics.detach().reshape(-1, 3)[flat].double().unbind(-1)
-    o = opacities.detach().flatten()[flat].double()
+    con = conics.detach().reshape(-1, 3).index_select(0, flat).double()
+    a, b, c = con.unbind(-1)
+    o = opacities.detach().flatten().index_select(0, flat).double()
     det = a * c - b * b
     pd = (a > 0) & (det > 0)
     det_pd = torch.where(pd, det, torch.ones_like(det))
     level = torch.log((255.0 * o).clamp(min=1.0))  # sigma bound of the alpha test
-    ex = torch.sqrt(2.0 * level * c.clamp(min=0.0) / det_pd) * 1.0001 + 1e-3
-    ey = torch.sqrt(2.0 * level * a.clamp(min=0.0) / det_pd) * 1.0001 + 1e-3
+    level = level * 1.001 + 1e-4  # margin for float32 rounding in the compositor
+    ex = torch.sqrt(2.0 * level * c.clamp(min=0.0) / det_pd)
+    ey = torch.sqrt(2.0 * level * a.clamp(min=0.0) / det_pd)
     mx, my = m[:, 0].double() - 0.5, m[:, 1].double() - 0.5  # pixel index of the center
     bx0 = torch.floor((mx - ex) / sub).clamp(-1, sub_w).long()
     bx1 = torch.floor((mx + ex) / sub).clamp(-1, sub_w).long() + 1
@@ -190,15 +220,22 @@ def build_pair_plan(
     sx1 = torch.where(o < ALPHA_MIN, sx0, sx1)
 
     owner, sx, sy = _enumerate_rects(sx0, sx1, sy0, sy1)
-    gid = flat[owner]
-    cam = gid // N
-    seg = (cam * sub_h + sy) * sub_w + sx
-    seg, perm = torch.sort(seg, stable=True)
-    gid = gid[perm]
-    n_seg = C * sub_h * sub_w
-    seg_counts = torch.bincount(seg, minlength=n_seg)
-    rem = seg % (sub_h * sub_w)
+    # Exact test: does the ellipse reach a pixel center of the sub-tile?
     dtype = means2d.dtype
-    x0p = ((rem % sub_w) * sub).to(dtype)
-    y0p = ((rem // sub_w) * sub).to(dtype)
-    return PairPlan(sub, sub_w, sub_h, n_seg, gid, seg, x0p, y0p, seg_counts.to(device))
+    per_row = torch.stack([mx, my, a, b, c, level], dim=-1).to(dtype).index_select(0, owner)
+    mins = _min_sigma_on_square(
+        *per_row[:, :5].unbind(-1), (sx * sub).to(dtype), (sy * sub).to(dtype), float(sub - 1)
+    )
+    hit = (mins <= per_row[:, 5]) | ~pd.index_select(0, owner)
+    keep = torch.nonzero(hit).squeeze(1)
+    owner, sx, sy = owner[keep], sx[keep], sy[keep]
+
+    gid = flat.index_select(0, owner)
+    cam = gid // N if C > 1 else torch.zeros_like(gid)
+    seg = (cam * sub_h + sy) * sub_w + sx
+    n_seg = C * sub_h * sub_w
+    key = seg.int() if n_seg < 2**31 else seg
+    perm = torch.sort(key, stable=True).indices
+    gid = gid.index_select(0, perm)
+    seg_counts = torch.bincount(seg, minlength=n_seg)
+    return PairPlan(sub, sub_w, sub_h, n_seg, gid, seg_counts.to(device))

@@ -194,8 +194,9 @@ class PrimitiveSyncEngine:
             ``message_rows``, ``plan_hash``; docs/architecture.md).
         rank, world_size: this rank and R (= plan's ranks).
         config: options (default ``SyncConfig()``).
-        process_group: group for the transport (None: default group). Ignored when
-            ``transport`` is given or world_size == 1.
+        process_group: gloo group for the transport (None: the default group, which
+            must then handle CPU tensors with gloo). Ignored when ``transport`` is given
+            or world_size == 1.
         step_offset: global step of the plan's local step 0.
         transport: a custom ``Transport`` (tests); default ``P2PTransport``.
 

@@ -93,7 +93,9 @@ def _exact_radius(
     return torch.ceil(3.0 * torch.sqrt(v1))
 
 
-def _kd_cells(points: np.ndarray, leaf: int, fanout: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _kd_cells(
+    points: np.ndarray, leaf: int, fanout: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Median-split kd-tree over ``points`` [M, 3], built level by level.
 
     Returns (order [M], leaf_starts [L + 1], coarse_starts [C + 1]): positions
@@ -211,7 +213,9 @@ def _test_members(
         q, j = idx.unbind(-1)
         mean_c = torch.stack([x[q, j], y[q, j], z[q, j]], -1)
         tq = tab[q]
-        rad = _exact_radius(tq[:, :9].reshape(-1, 3, 3), mean_c, covar[mem[q, j]], tq[:, 12:18], eps2d)
+        rad = _exact_radius(
+            tq[:, :9].reshape(-1, 3, 3), mean_c, covar[mem[q, j]], tq[:, 12:18], eps2d
+        )
         ui, vi, Wi, Hi = u[q, j], v[q, j], tq[:, 16], tq[:, 17]
         hit = (ui + rad + margin > 0) & (ui - rad - margin < Wi)
         hit &= (vi + rad + margin > 0) & (vi - rad - margin < Hi)
@@ -329,7 +333,9 @@ def compute_footprints(
     for v0 in range(0, num_views, views_per_block):
         v1 = min(num_views, v0 + views_per_block)
         # Coarse culling, dense over (views of the block) x (coarse nodes).
-        cv, cc = _box_visible(tab[v0:v1, None], coarse_box[None], margin, near, far).nonzero().unbind(-1)
+        cv, cc = (
+            _box_visible(tab[v0:v1, None], coarse_box[None], margin, near, far).nonzero().unbind(-1)
+        )
         # Expand to leaves, cull again.
         cnt = first[cc + 1] - first[cc]
         lv = torch.repeat_interleave(cv, cnt)

@@ -125,18 +125,15 @@ ODIN_HD float fp_max(float a, float b) { return a > b ? a : b; }
 // Keep primitive (x, y, radius, depth, opacity)? Mirrors reference.footprint_cull:
 // the disc of radius (radius + margin) around (x, y) meets the image rectangle
 // [0, W] x [0, H] (squared distance from the centre to the rectangle < r^2).
+// Branch-free (bitwise &): which primitives survive is data-dependent and unpredictable.
 ODIN_HD bool cull_keep(float x, float y, float radius, float depth, float opacity,
                        const CullParams& p) {
-  if (!(radius > 0.0f) || !(depth > p.near_plane) || !(opacity >= p.opacity_threshold)) {
-    return false;
-  }
-  if (!fp_isfinite(x) || !fp_isfinite(y)) {
-    return false;
-  }
+  const bool alive = (radius > 0.0f) & (depth > p.near_plane) &
+                     (opacity >= p.opacity_threshold) & fp_isfinite(x) & fp_isfinite(y);
   const float r = fp_add(radius, p.margin);
   const float dx = fp_max(fp_max(-x, fp_sub(x, p.width)), 0.0f);
   const float dy = fp_max(fp_max(-y, fp_sub(y, p.height)), 0.0f);
-  return fp_add(fp_mul(dx, dx), fp_mul(dy, dy)) < fp_mul(r, r);
+  return alive & (fp_add(fp_mul(dx, dx), fp_mul(dy, dy)) < fp_mul(r, r));
 }
 
 // ---- selective Adam ---------------------------------------------------------------------

@@ -32,7 +32,67 @@ int64_t exclusive_scan(std::vector<int64_t>& counts) {
   return total;
 }
 
+// Writes value(i) for every i in [lo, hi) with keep[i] to out, in order. Branch-free
+// (keep is data-dependent) through scratch [hi - lo], then one copy: out holds exactly the
+// kept count, so speculative writes must not land there.
+template <typename Value>
+inline void compact_piece(const uint8_t* keep, int64_t lo, int64_t hi, Value value,
+                          int64_t* scratch, int64_t* out) {
+  int64_t count = 0;
+  for (int64_t i = lo; i < hi; ++i) {
+    scratch[count] = value(i);
+    count += keep[i];
+  }
+  std::memcpy(out, scratch, static_cast<size_t>(count) * sizeof(int64_t));
+}
+
 // ---- footprint_cull ---------------------------------------------------------------------
+
+// keep[i] = cull_keep(primitive i) for i in [lo, hi); returns the kept count. xy, radii and
+// depths point at the view's rows, opacities at the primitives'.
+int64_t cull_range(const float* __restrict xy, const float* __restrict radii,
+                   const float* __restrict depths, const float* __restrict opacities,
+                   int64_t lo, int64_t hi, const CullParams p, uint8_t* __restrict keep) {
+  int64_t count = 0;
+  int64_t i = lo;
+#if defined(__GNUC__) && !defined(__clang__)
+  // Four lanes at a time with GCC vector extensions (SSE2 / NEON baseline): the same IEEE
+  // operations as cull_keep per lane, without its data-dependent branches.
+  typedef float f32x4 __attribute__((vector_size(16)));
+  typedef int32_t i32x4 __attribute__((vector_size(16)));
+  const f32x4 zero = {0.0f, 0.0f, 0.0f, 0.0f};
+  i32x4 kept = {0, 0, 0, 0};
+  for (; i + 4 <= hi; i += 4) {
+    f32x4 a, b, r, d, o;
+    std::memcpy(&a, xy + 2 * i, sizeof(a));
+    std::memcpy(&b, xy + 2 * i + 4, sizeof(b));
+    std::memcpy(&r, radii + i, sizeof(r));
+    std::memcpy(&d, depths + i, sizeof(d));
+    std::memcpy(&o, opacities + i, sizeof(o));
+    const f32x4 x = __builtin_shuffle(a, b, i32x4{0, 2, 4, 6});
+    const f32x4 y = __builtin_shuffle(a, b, i32x4{1, 3, 5, 7});
+    const i32x4 alive = (r > zero) & (d > p.near_plane) & (o >= p.opacity_threshold) &
+                        ((x - x) == zero) & ((y - y) == zero);
+    const f32x4 rr = r + p.margin;
+    f32x4 dx = -x > x - p.width ? -x : x - p.width;
+    dx = dx > zero ? dx : zero;
+    f32x4 dy = -y > y - p.height ? -y : y - p.height;
+    dy = dy > zero ? dy : zero;
+    const i32x4 k = alive & ((dx * dx + dy * dy) < rr * rr);  // lanes: -1 kept, 0 culled
+    for (int j = 0; j < 4; ++j) {
+      keep[i + j] = static_cast<uint8_t>(k[j] & 1);
+    }
+    kept -= k;
+  }
+  count = static_cast<int64_t>(kept[0]) + kept[1] + kept[2] + kept[3];
+#endif
+  for (; i < hi; ++i) {
+    const bool k = cull_keep(xy[2 * i], xy[2 * i + 1], radii[i], depths[i], opacities[i], p);
+    keep[i] = k;
+    count += k;
+  }
+  return count;
+}
 
 std::tuple<at::Tensor, at::Tensor> footprint_cull_cpu(
     const at::Tensor& means2d, const at::Tensor& radii, const at::Tensor& depths,
@@ -58,14 +118,8 @@ std::tuple<at::Tensor, at::Tensor> footprint_cull_cpu(
       const int64_t v = t / pieces;
       const int64_t lo = (t % pieces) * kPiece;
       const int64_t hi = std::min(lo + kPiece, N);
-      int64_t count = 0;
-      for (int64_t n = lo; n < hi; ++n) {
-        const int64_t i = v * N + n;
-        const bool k = cull_keep(xy[2 * i], xy[2 * i + 1], rad[i], dep[i], opa[n], params);
-        keep[i] = k;
-        count += k;
-      }
-      offsets[t] = count;
+      offsets[t] = cull_range(xy + 2 * v * N, rad + v * N, dep + v * N, opa, lo, hi, params,
+                              keep.data() + v * N);
     }
   });
   const int64_t nnz = exclusive_scan(offsets);
@@ -79,22 +133,32 @@ std::tuple<at::Tensor, at::Tensor> footprint_cull_cpu(
   ptr[V] = nnz;
   int64_t* out = indices.data_ptr<int64_t>();
   at::parallel_for(0, V * pieces, 1, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> scratch(kPiece);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t v = t / pieces;
       const int64_t lo = (t % pieces) * kPiece;
       const int64_t hi = std::min(lo + kPiece, N);
-      int64_t o = offsets[t];
-      for (int64_t n = lo; n < hi; ++n) {
-        if (keep[v * N + n]) {
-          out[o++] = n;
-        }
-      }
+      const uint8_t* k = keep.data() + v * N;
+      compact_piece(k, lo, hi, [](int64_t n) { return n; }, scratch.data(), out + offsets[t]);
     }
   });
   return {indptr, indices};
 }
 
 // ---- pack_rows --------------------------------------------------------------------------
+
+// out[i * D + c] = src[id[i] * C + c] for rows [begin, end), C columns.
+template <int C>
+inline void copy_rows(float* out, int64_t D, const float* src, const int64_t* id,
+                      int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    const float* s = src + id[i] * C;
+    float* o = out + i * D;
+    for (int c = 0; c < C; ++c) {
+      o[c] = s[c];
+    }
+  }
+}
 
 at::Tensor pack_rows_cpu(const at::Tensor& ids_in, at::TensorList tensors) {
   const auto rows = check_pack_inputs(ids_in, tensors);
@@ -117,14 +181,31 @@ at::Tensor pack_rows_cpu(const at::Tensor& ids_in, at::TensorList tensors) {
   }
   const int64_t* id = ids.data_ptr<int64_t>();
   float* out = buffer.data_ptr<float>();
-  const int64_t grain = std::max<int64_t>(1, 32768 / D);
-  at::parallel_for(0, M, grain, [&](int64_t begin, int64_t end) {
-    for (size_t k = 0; k < K; ++k) {
-      const int64_t c = cols[k];
-      const float* s = src[k];
-      float* o = out + col_offset[k];
-      for (int64_t i = begin; i < end; ++i) {
-        std::memcpy(o + i * D, s + id[i] * c, static_cast<size_t>(c) * sizeof(float));
+  // Blocks of rows small enough that the block's output stays in cache while every
+  // tensor writes its columns.
+  const int64_t block = std::max<int64_t>(1, 16384 / D);
+  at::parallel_for(0, M, block, [&](int64_t begin, int64_t end) {
+    for (int64_t b0 = begin; b0 < end; b0 += block) {
+      const int64_t b1 = std::min(b0 + block, end);
+      for (size_t k = 0; k < K; ++k) {
+        const int64_t c = cols[k];
+        const float* s = src[k];
+        float* o = out + col_offset[k];
+        switch (c) {  // splatfacto's narrow groups get unrolled copies
+          case 1:
+            copy_rows<1>(o, D, s, id, b0, b1);
+            break;
+          case 3:
+            copy_rows<3>(o, D, s, id, b0, b1);
+            break;
+          case 4:
+            copy_rows<4>(o, D, s, id, b0, b1);
+            break;
+          default:
+            for (int64_t i = b0; i < b1; ++i) {
+              std::memcpy(o + i * D, s + id[i] * c, static_cast<size_t>(c) * sizeof(float));
+            }
+        }
       }
     }
   });
@@ -257,30 +338,33 @@ void selective_adam_apply_cpu(const at::Tensor& param, const at::Tensor& grad_in
     scalar_t* v = exp_avg_sq.data_ptr<scalar_t>();
     const bool* k = mask.data_ptr<bool>();
     int64_t* ver = versions.data_ptr<int64_t>();
-    const int64_t grain = std::max<int64_t>(1, 16384 / cols);
-    at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
-      // Per range: moments, then torch's sqrt on the range's updated elements, then the
-      // parameter update. The range stays in cache; ops order per element is torch's.
-      std::vector<scalar_t> root(static_cast<size_t>((end - begin) * cols));
-      const int64_t n = fused
-                            ? adam_moments_rows_fma<scalar_t>(g, m, v, k, cols, begin, end, s,
-                                                              root.data())
-                            : adam_moments_rows<scalar_t, false>(g, m, v, k, cols, begin, end,
-                                                                 s, root.data());
-      if (n == 0) {
-        return;
-      }
-      auto roots = at::from_blob(root.data(), {n}, at::TensorOptions().dtype(param.scalar_type()));
-      roots.sqrt_();
-      int64_t j = 0;
-      for (int64_t r = begin; r < end; ++r) {
-        if (!k[r]) {
+    // Blocks of rows whose elements stay in cache through the three passes: moments,
+    // torch's sqrt on the block's updated elements, parameter update.
+    const int64_t block = std::max<int64_t>(1, 4096 / cols);
+    at::parallel_for(0, N, block, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> root(static_cast<size_t>(block * cols));
+      for (int64_t b0 = begin; b0 < end; b0 += block) {
+        const int64_t b1 = std::min(b0 + block, end);
+        const int64_t n =
+            fused ? adam_moments_rows_fma<scalar_t>(g, m, v, k, cols, b0, b1, s, root.data())
+                  : adam_moments_rows<scalar_t, false>(g, m, v, k, cols, b0, b1, s,
+                                                       root.data());
+        if (n == 0) {
           continue;
         }
-        for (int64_t c = r * cols; c < (r + 1) * cols; ++c) {
-          p[c] = adam_param<scalar_t>(p[c], m[c], root[j++], s);
+        auto roots =
+            at::from_blob(root.data(), {n}, at::TensorOptions().dtype(param.scalar_type()));
+        roots.sqrt_();
+        int64_t j = 0;
+        for (int64_t r = b0; r < b1; ++r) {
+          if (!k[r]) {
+            continue;
+          }
+          for (int64_t c = r * cols; c < (r + 1) * cols; ++c) {
+            p[c] = adam_param<scalar_t>(p[c], m[c], root[j++], s);
+          }
+          ver[r] = new_version;
         }
-        ver[r] = new_version;
       }
     });
   });
@@ -304,7 +388,8 @@ at::Tensor validate_reads_cpu(const at::Tensor& read_ids_in, const at::Tensor& v
   at::parallel_for(0, pieces, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       int64_t count = 0;
-      for (int64_t i = t * kPiece; i < std::min((t + 1) * kPiece, M); ++i) {
+      const int64_t hi = std::min((t + 1) * kPiece, M);
+      for (int64_t i = t * kPiece; i < hi; ++i) {
         const bool s = ver[id[i]] < req[i];
         stale[i] = s;
         count += s;
@@ -316,13 +401,12 @@ at::Tensor validate_reads_cpu(const at::Tensor& read_ids_in, const at::Tensor& v
   auto out = at::empty({K}, at::kLong);
   int64_t* o = out.data_ptr<int64_t>();
   at::parallel_for(0, pieces, 1, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> scratch(kPiece);
     for (int64_t t = begin; t < end; ++t) {
-      int64_t w = offsets[t];
-      for (int64_t i = t * kPiece; i < std::min((t + 1) * kPiece, M); ++i) {
-        if (stale[i]) {
-          o[w++] = id[i];
-        }
-      }
+      const int64_t lo = t * kPiece;
+      const int64_t hi = std::min(lo + kPiece, M);
+      compact_piece(stale.data(), lo, hi, [id](int64_t i) { return id[i]; }, scratch.data(),
+                    o + offsets[t]);
     }
   });
   return out;
