@@ -129,6 +129,7 @@ class OdinPipeline(VanillaPipeline):
         if self.engine is None or step >= self._phase_end:
             self._start_phase(step, optimizers)
         assert self.engine is not None and self.plan is not None
+        started = time.time()
         t = step - self._phase_start
         wait_s = self.engine.validate(step)
 
@@ -161,7 +162,14 @@ class OdinPipeline(VanillaPipeline):
             self._phase_end = step + 1
         optimizers.scheduler_step_all(step)
 
-        record = {"step": step, "compute_s": compute_s, "wait_s": wait_s}
+        record = {
+            "step": step,
+            "view": self.datamanager.plan_view(step),
+            "compute_s": compute_s,
+            "wait_s": wait_s,
+            "start": started,
+            "end": time.time(),
+        }
         self._step_log.append(record)
         metrics_dict["odin_wait_s"] = wait_s
         metrics_dict["odin_compute_s"] = compute_s

@@ -26,6 +26,15 @@ from odin_ns.schedule import (
 )
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Small tensors: torch's thread pool only adds contention on the 2-core CI box."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def look_at(eye: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """OpenCV world-to-camera [4, 4] (x right, y down, z forward), world z up."""
     f = (target - eye) / (target - eye).norm()

@@ -12,6 +12,9 @@ Predicted waits come from ``simulate`` with a cost model: per view
 ``1 ms + 2 us * footprint rows``, times a seeded log-normal jitter (sigma 0.2) per
 (step, rank) for run-to-run noise, plus 0.2 ms publication latency.
 A PNG of conflict per step (odin vs random) is written next to the JSON.
+Times are wall seconds and process CPU seconds (``*_cpu_seconds``; robust to other jobs
+sharing the machine). Torch runs on ``--threads`` threads (default 1: on a shared 2-core
+box, torch's thread pool under contention is several times slower than one thread).
 """
 
 from __future__ import annotations
@@ -203,7 +206,7 @@ def peak_rss_mb() -> float:
 
 
 def run_one(scene: Scene, ranks: int, steps: int | None, seed: int, window: int, console) -> dict:
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     F = compute_footprints(
         scene.means,
         scene.scales,
@@ -215,15 +218,18 @@ def run_one(scene: Scene, ranks: int, steps: int | None, seed: int, window: int,
         scene.height,
     )
     footprint_s = time.perf_counter() - t0
+    footprint_cpu = time.process_time() - c0
     num_views = F.shape[0]
     if steps is None:
         steps = -(-num_views // ranks)  # one epoch
     console.log(f"footprints {F.shape} nnz={F.nnz:,} in {footprint_s:.2f}s; planning {steps} steps")
     plans, seconds = {}, {}
+    cpu = {}
     for strategy in ("odin", "random"):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         plans[strategy] = build_plan(F, ranks, steps, seed=seed, strategy=strategy)
         seconds[strategy] = time.perf_counter() - t0
+        cpu[strategy] = time.process_time() - c0
     costs = view_costs(F)
     conflict = {s: plan_conflict(p, window) for s, p in plans.items()}
     wait = {s: predicted_wait(p, costs, seed) for s, p in plans.items()}
@@ -238,7 +244,9 @@ def run_one(scene: Scene, ranks: int, steps: int | None, seed: int, window: int,
         "footprint_rows_mean": float(rows.mean()),
         "footprint_rows_max": int(rows.max()),
         "footprint_seconds": footprint_s,
+        "footprint_cpu_seconds": footprint_cpu,
         "plan_seconds": seconds["odin"],
+        "plan_cpu_seconds": cpu["odin"],
         "plan_seconds_random": seconds["random"],
         "conflict_odin": float(conflict["odin"].mean()),
         "conflict_random": float(conflict["random"].mean()),
@@ -290,8 +298,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--window", type=int, default=4)
     ap.add_argument("--scaling", action="store_true", help="1k/10k/50k views, 2/8/64 ranks")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
     from rich.console import Console
 
     console = Console(stderr=True)
@@ -330,7 +340,7 @@ def run_scaling(args, console) -> dict:
         task = progress.add_task("scaling", total=len(sizes) * len(ranks))
         for views, prims in sizes:
             scene = make_city(views, prims, args.seed)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             F = compute_footprints(
                 scene.means,
                 scene.scales,
@@ -341,14 +351,14 @@ def run_scaling(args, console) -> dict:
                 scene.width,
                 scene.height,
             )
-            fp_s = time.perf_counter() - t0
+            fp_s, fp_cpu = time.perf_counter() - t0, time.process_time() - c0
             del scene
             costs = view_costs(F)
             for r in ranks:
                 steps = -(-views // r)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 plan = build_plan(F, r, steps, seed=args.seed, strategy="odin")
-                plan_s = time.perf_counter() - t0
+                plan_s, plan_cpu = time.perf_counter() - t0, time.process_time() - c0
                 t0 = time.perf_counter()
                 rnd = build_plan(F, r, steps, seed=args.seed, strategy="random")
                 rnd_s = time.perf_counter() - t0
@@ -361,7 +371,9 @@ def run_scaling(args, console) -> dict:
                     "steps": steps,
                     "footprint_nnz": int(F.nnz),
                     "footprint_seconds": fp_s,
+                    "footprint_cpu_seconds": fp_cpu,
                     "plan_seconds": plan_s,
+                    "plan_cpu_seconds": plan_cpu,
                     "plan_seconds_random": rnd_s,
                     "conflict_odin": float(c_o.mean()),
                     "conflict_random": float(c_r.mean()),
@@ -380,7 +392,10 @@ def run_scaling(args, console) -> dict:
     last = [r for r in rows if r["views"] == 50_000 and r["ranks"] == 8][0]
     return {
         "scaling": rows,
-        **{k: last[k] for k in ("plan_seconds", "footprint_seconds", "conflict_odin")},
+        **{
+            k: last[k]
+            for k in ("plan_seconds", "plan_cpu_seconds", "footprint_seconds", "conflict_odin")
+        },
         "conflict_random": last["conflict_random"],
         "predicted_wait_barrier": last["predicted_wait_barrier"],
         "predicted_wait_odin": last["predicted_wait_odin"],

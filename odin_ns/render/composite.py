@@ -49,17 +49,15 @@ def _row_table(means2d: Tensor, conics: Tensor, opacities: Tensor) -> Tensor:
 def _chunk_rows(
     table: Tensor, segs: Tensor, idx: Tensor, plan: PairPlan
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Row data of a chunk, each [S_a, 1, L]: center relative to the sub-tile's first pixel
-    center (x, y), conic (a, b, c), opacity."""
+    """Row data of a chunk, each a contiguous [S_a, 1, L]: center relative to the sub-tile's
+    first pixel center (x, y), conic (a, b, c), opacity."""
     S_a, L = idx.shape
-    rows = table.index_select(0, idx.reshape(-1)).reshape(S_a, L, 6)
+    rows = table.index_select(0, idx.reshape(-1)).t().reshape(6, S_a, 1, L).contiguous()
     rem = segs % (plan.sub_w * plan.sub_h)
-    x0 = ((rem % plan.sub_w) * plan.sub).to(table.dtype)[:, None] + 0.5
-    y0 = ((rem // plan.sub_w) * plan.sub).to(table.dtype)[:, None] + 0.5
-    mx = (rows[..., 0] - x0)[:, None, :]
-    my = (rows[..., 1] - y0)[:, None, :]
-    a, b, c, o = (rows[..., k][:, None, :] for k in range(2, 6))
-    return mx, my, a, b, c, o
+    x0 = ((rem % plan.sub_w) * plan.sub).to(table.dtype)[:, None, None] + 0.5
+    y0 = ((rem // plan.sub_w) * plan.sub).to(table.dtype)[:, None, None] + 0.5
+    mx, my, a, b, c, o = rows.unbind(0)
+    return mx - x0, my - y0, a, b, c, o
 
 
 def _deltas(mx: Tensor, my: Tensor, sub: int) -> tuple[Tensor, Tensor]:

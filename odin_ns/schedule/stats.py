@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from odin_ns.schedule.plan import Plan, step_rows
+from odin_ns.schedule.plan import (
+    Plan,
+    _all_step_rows,
+    _relabel_by_first_touch,
+    _step_dtype,
+)
 
 
 def conflict_rows(plan: Plan, window: int = 4) -> np.ndarray:
@@ -15,20 +20,24 @@ def conflict_rows(plan: Plan, window: int = 4) -> np.ndarray:
     F, views = plan.footprints, plan.views
     T, R, _ = views.shape
     out = np.zeros((T, R), dtype=np.int64)
-    # last[p, q] = latest step < t at which rank q wrote p (-window - 1: never).
-    last = np.full((F.shape[1], R), -window - 1, dtype=np.int64)
+    ids, offs = _all_step_rows(F, views)
+    ids = _relabel_by_first_touch(ids, F.shape[1]).astype(np.int64)
+    lens_all = np.diff(offs).reshape(T, R)
+    # last[p, q] = latest step < t at which rank q wrote p (never: -window - 1).
+    last = np.full((F.shape[1], R), -window - 1, dtype=_step_dtype(T + window + 1))
+    never = -window - 1
     rank_ids = np.arange(R)
     for t in range(T):
-        ids, offs = step_rows(F, views[t])
-        if ids.size == 0:
+        o0, o1 = offs[t * R], offs[(t + 1) * R]
+        if o1 == o0:
             continue
-        lens = np.diff(offs)
-        seg = np.repeat(rank_ids, lens)
-        block = last[ids]
-        block[np.arange(ids.size), seg] = -window - 1  # a rank does not conflict with itself
+        ids_t = ids[o0:o1]
+        seg = np.repeat(rank_ids, lens_all[t])
+        block = last[ids_t]
+        block[np.arange(ids_t.size), seg] = never  # a rank does not conflict with itself
         hot = block.max(axis=1) >= t - window
         out[t] = np.bincount(seg, weights=hot, minlength=R).astype(np.int64)
-        last[ids, seg] = t
+        last[ids_t, seg] = t
     return out
 
 
