@@ -14,6 +14,8 @@ SRC := odin_ns method_configs viewer_ext tests
 $(VENV)/.installed: pyproject.toml
 	# open3d (nerfstudio's point-cloud loader) needs libusb; Debian machines may lack it.
 	@ldconfig -p | grep -q libusb-1.0 || { apt-get update -qq && apt-get install -y -qq libusb-1.0-0; }
+	# tests/test_viewer.py opens the viser panels in Debian's headless chromium.
+	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned: the CUDA 13.0 build that pip serves from local disk here.

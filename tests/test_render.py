@@ -18,6 +18,7 @@ from gsplat.cuda._torch_impl import (
 
 from odin_ns.render import GSPLAT_NEEDS_CUDA, rasterize, resolve_backend
 from odin_ns.render.projection import project_gaussians
+from odin_ns.render.sh import sh_to_color
 from odin_ns.render.torch_backend import rasterize_torch
 
 
@@ -446,6 +447,20 @@ def test_projection_matches_gsplat_torch_impl(antialiased):
     torch.testing.assert_close(ours.conics[vis], conics[vis])
     if antialiased:
         torch.testing.assert_close(ours.compensations[vis], comp[vis])
+
+
+@pytest.mark.parametrize("degree", [0, 1, 2, 3, 4])
+def test_sh_matches_gsplat_torch_impl(degree):
+    gen = torch.Generator().manual_seed(degree)
+    dirs = torch.randn(2, 30, 3, dtype=torch.float64, generator=gen)
+    coeffs = torch.randn(30, 25, 3, dtype=torch.float64, generator=gen, requires_grad=True)
+    ours = sh_to_color(degree, dirs, coeffs)
+    ref = _spherical_harmonics(degree, dirs, coeffs.expand(2, -1, -1, -1))
+    torch.testing.assert_close(ours, ref)
+    (g_ours,) = torch.autograd.grad(ours.sum(), coeffs)
+    (g_ref,) = torch.autograd.grad(ref.sum(), coeffs)
+    torch.testing.assert_close(g_ours, g_ref)
+    assert (g_ours[:, (degree + 1) ** 2 :] == 0).all()
 
 
 def test_radius_clip_culls_small_gaussians():

@@ -16,6 +16,7 @@ from gsplat.cuda._torch_impl import (
 from odin_ns.bench.schedule import make_city
 from odin_ns.bench.simulate import simulate
 from odin_ns.schedule import (
+    PlanOptions,
     build_plan,
     compute_footprints,
     conflict_rows,
@@ -242,13 +243,20 @@ def random_footprints(v: int, n: int, p: float, seed: int) -> sp.csr_matrix:
     return F
 
 
-@pytest.mark.parametrize("strategy", ["odin", "random"])
+KINDS = [("odin", "locality"), ("odin", "balance"), ("random", "auto")]
+
+
+@pytest.mark.parametrize(("strategy", "assignment"), KINDS)
 @pytest.mark.parametrize("views_per_rank", [1, 2])
-def test_plan_covers_every_view_each_epoch_and_is_deterministic(strategy, views_per_rank):
+def test_plan_covers_every_view_each_epoch_and_is_deterministic(
+    strategy, assignment, views_per_rank
+):
     V, R, B = 53, 4, views_per_rank
     F = random_footprints(V, 300, 0.05, seed=2)
     steps_per_epoch = -(-V // (R * B))
-    plan = build_plan(F, R, 3 * steps_per_epoch, B, seed=5, strategy=strategy)
+    opts = PlanOptions(assignment=assignment)
+    plan = build_plan(F, R, 3 * steps_per_epoch, B, seed=5, strategy=strategy, options=opts)
+    assert plan.assignment == (assignment if strategy == "odin" else "random")
     assert plan.views.shape == (3 * steps_per_epoch, R, B) and plan.views.dtype == np.int64
     pad = steps_per_epoch * R * B - V
     orders = []
@@ -262,24 +270,36 @@ def test_plan_covers_every_view_each_epoch_and_is_deterministic(strategy, views_
                 assert len(set(ep[t, r].tolist())) == B  # no view twice in one slot
         orders.append(ep.reshape(-1))
     assert not np.array_equal(orders[0], orders[1])  # reshuffled per epoch
-    again = build_plan(F, R, 3 * steps_per_epoch, B, seed=5, strategy=strategy)
+    again = build_plan(F, R, 3 * steps_per_epoch, B, seed=5, strategy=strategy, options=opts)
     assert np.array_equal(again.views, plan.views) and again.plan_hash == plan.plan_hash
-    other = build_plan(F, R, 3 * steps_per_epoch, B, seed=6, strategy=strategy)
+    other = build_plan(F, R, 3 * steps_per_epoch, B, seed=6, strategy=strategy, options=opts)
     assert other.plan_hash != plan.plan_hash
+
+
+@pytest.mark.parametrize("strategy", ["odin", "random"])
+def test_more_slots_than_views_never_repeats_a_view_in_a_slot(strategy):
+    F = random_footprints(10, 50, 0.2, seed=1)
+    for assignment in ("locality", "balance"):
+        plan = build_plan(F, 4, 3, 3, strategy=strategy, options=PlanOptions(assignment=assignment))
+        for t in range(3):
+            assert set(plan.views[t].reshape(-1).tolist()) == set(range(10))  # 1 step = 1 epoch
+            assert all(len(set(plan.views[t, r].tolist())) == 3 for r in range(4))
 
 
 def test_odin_rank_keeps_its_group():
     F = random_footprints(40, 200, 0.05, seed=3)
-    plan = build_plan(F, 4, 30, seed=0)
+    plan = build_plan(F, 4, 30, seed=0, options=PlanOptions(assignment="locality"))
+    assert plan.assignment == "locality"
     for r in range(4):
         assert set(plan.views[:, r].reshape(-1).tolist()) == set(plan.groups[r].tolist())
 
 
-@pytest.mark.parametrize("strategy", ["odin", "random"])
+@pytest.mark.parametrize(("strategy", "assignment"), KINDS)
 @pytest.mark.parametrize("views_per_rank", [1, 3])
-def test_uniform_cost_balance_within_10_percent(strategy, views_per_rank):
+def test_uniform_cost_balance_within_10_percent(strategy, assignment, views_per_rank):
     F = random_footprints(97, 300, 0.05, seed=4)
-    plan = build_plan(F, 5, 25, views_per_rank, costs=np.ones(97), strategy=strategy)
+    opts = PlanOptions(assignment=assignment)
+    plan = build_plan(F, 5, 25, views_per_rank, np.ones(97), strategy=strategy, options=opts)
     assert load_imbalance(plan, np.ones(97)).max() <= 0.10
 
 
@@ -288,9 +308,11 @@ def test_cost_quantile_matching_balances_uneven_costs():
     V, R = 400, 8
     F = random_footprints(V, 500, 0.02, seed=7)
     costs = rng.lognormal(0.0, 0.5, V)
-    odin = build_plan(F, R, V // R, costs=costs, strategy="odin")
-    rnd = build_plan(F, R, V // R, costs=costs, strategy="random")
-    assert load_imbalance(odin, costs).mean() < 0.5 * load_imbalance(rnd, costs).mean()
+    rnd = load_imbalance(build_plan(F, R, V // R, costs=costs, strategy="random"), costs)
+    for assignment in ("locality", "balance"):
+        opts = PlanOptions(assignment=assignment)
+        odin = build_plan(F, R, V // R, costs=costs, strategy="odin", options=opts)
+        assert load_imbalance(odin, costs).mean() < 0.5 * rnd.mean()
 
 
 def brute_force_dependency(plan):
@@ -311,12 +333,13 @@ def brute_force_dependency(plan):
     return fp, dep, rows
 
 
-@pytest.mark.parametrize("strategy", ["odin", "random"])
+@pytest.mark.parametrize(("strategy", "assignment"), KINDS)
 @pytest.mark.parametrize("views_per_rank", [1, 2])
-def test_dependency_table_equals_brute_force(strategy, views_per_rank):
+def test_dependency_table_equals_brute_force(strategy, assignment, views_per_rank):
     F = random_footprints(37, 400, 0.02, seed=8)
     F = sp.csr_matrix(F.toarray() * (np.arange(37)[:, None] % 9 != 0))  # some empty views
-    plan = build_plan(F, 3, 14, views_per_rank, strategy=strategy, seed=1)
+    opts = PlanOptions(assignment=assignment)
+    plan = build_plan(F, 3, 14, views_per_rank, strategy=strategy, seed=1, options=opts)
     fp, dep, rows = brute_force_dependency(plan)
     for t in range(plan.num_steps):
         for r in range(3):
@@ -353,6 +376,7 @@ def test_street_scene_odin_conflict_well_below_random():
         s.means, s.scales, s.quats, s.opacities, s.viewmats, s.Ks, s.width, s.height
     )
     odin = build_plan(F, 4, 300, strategy="odin")
+    assert odin.assignment == "locality"  # auto: groups cut overlap in a city
     rnd = build_plan(F, 4, 300, strategy="random")
     c_odin, c_rnd = plan_conflict(odin).mean(), plan_conflict(rnd).mean()
     assert c_rnd > 0.02
@@ -368,6 +392,24 @@ def test_object_scene_plan_valid_when_everything_overlaps():
     assert (plan.dependency[1:] == np.arange(11)[:, None, None]).sum() == 11 * 4 * 3
     assert plan_conflict(plan)[1:].min() == 1.0
     assert load_imbalance(plan).max() == 0.0
+
+
+def test_object_scene_auto_balances_uneven_costs():
+    means, scales, quats, opac, viewmats, Ks = object_scene(n=3000, v=40, seed=4)
+    F = compute_footprints(means, scales, quats, opac, viewmats, Ks, 60, 44)
+    costs = np.diff(F.indptr).astype(float)
+    assert costs.max() > 1.3 * costs.min()  # uneven footprints
+    auto = build_plan(F, 4, 30)
+    assert auto.assignment == "balance"
+    forced = build_plan(F, 4, 30, options=PlanOptions(assignment="locality"))
+    c_auto, c_forced = plan_conflict(auto).mean(), plan_conflict(forced).mean()
+    rnd = build_plan(F, 4, 30, strategy="random")
+    assert c_forced > 0.5 * plan_conflict(rnd).mean()  # grouping cannot avoid overlap here
+    assert load_imbalance(auto).mean() < 0.5 * load_imbalance(rnd).mean()
+    assert load_imbalance(auto).mean() <= load_imbalance(forced).mean()
+    for e in range(3):  # still every view once per epoch
+        assert np.bincount(auto.views[10 * e : 10 * e + 10].reshape(-1), minlength=40).min() == 1
+    assert c_auto > 0
 
 
 def test_resume_continues_the_epoch():
@@ -438,7 +480,7 @@ def test_simulate_full_overlap_equals_barrier_and_disjoint_never_waits():
     b = simulate(plan, step, "barrier", comm_latency=0.1)
     assert (a.finish <= b.finish + 1e-12).all() and a.total_time < b.total_time  # no own latency
     D = sp.csr_matrix(np.eye(16, dtype=bool))  # nobody shares anything
-    plan = build_plan(D, 4, 8)
+    plan = build_plan(D, 4, 8, options=PlanOptions(assignment="locality"))
     c = simulate(plan, step, "odin", comm_latency=0.1)
     np.testing.assert_allclose(c.wait_per_rank, 0.0)
     np.testing.assert_allclose(c.finish[-1], step.sum(0))

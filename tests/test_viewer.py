@@ -146,7 +146,9 @@ def start_server():
     import viser
 
     server = viser.ViserServer(host="127.0.0.1", port=free_port(), verbose=False)
-    server.gui.configure_theme(control_width="large", show_share_button=False)
+    server.gui.configure_theme(
+        control_width="large"
+    )  # show_share_button=False crashes viser 0.2.7's client
     return server
 
 
@@ -290,6 +292,11 @@ def test_cli_rejects_missing_run_json(tmp_path):
 
 READY = "document.body && document.body.innerText.includes('Critical-path wait hidden')"
 STEP = r"Step (\d+) · mode"
+# The GUI element a viser label names (its ``for`` is the element's id).
+BY_LABEL = (
+    "(text => document.getElementById("
+    "[...document.querySelectorAll('label')].find(l => l.innerText == text).htmlFor))"
+)
 FOLDER_RECT = """(() => {
   const label = [...document.querySelectorAll('*')].find(
     e => [...e.childNodes].some(n => n.nodeType == 3 && n.textContent.trim() == 'Odin sync'));
@@ -331,9 +338,10 @@ def expected_lines(snap: dict) -> list[str]:
 
 
 def plotted_traces(browser) -> list[int]:
+    """Traces per chart in the panel (viser keeps a hidden copy of each for its zoom modal)."""
     return browser.evaluate(
-        "[...document.querySelectorAll('.js-plotly-plot')].map("
-        "p => p.querySelectorAll('.scatterlayer .trace, .barlayer .trace').length)"
+        "[...document.querySelectorAll('.js-plotly-plot')].filter(p => p.offsetParent !== null)"
+        ".map(p => p.querySelectorAll('.scatterlayer .trace, .barlayer .trace').length)"
     )
 
 
@@ -366,7 +374,7 @@ def test_panels_in_headless_chromium(tmp_path):
             assert plotted_traces(browser) == [2 * WORLD, 1, 1, WORLD]
 
             # Pause: the source is no longer polled, the numbers hold still.
-            browser.evaluate("document.querySelector('input[type=checkbox]').click()")
+            browser.evaluate(f"{BY_LABEL}('Pause display').click()")
             browser.wait_for("document.body.innerText.includes('display paused')")
             time.sleep(3 * refresh)
             calls = source.calls
@@ -378,10 +386,7 @@ def test_panels_in_headless_chromium(tmp_path):
                 assert line in paused, f"{line!r} not shown"
 
             # The K slider only requests; the source (standing in for the pipeline) applies it.
-            browser.evaluate(
-                "[...document.querySelectorAll('[role=slider]')]"
-                ".find(s => s.getAttribute('aria-valuemax') == '16').focus()"
-            )
+            browser.evaluate(f"{BY_LABEL}('K (request)').querySelector('[role=slider]').focus()")
             browser.press_key("ArrowRight", "ArrowRight", 39)
             deadline = time.monotonic() + 10
             while panels.requested_settings() != {"K": 5} and time.monotonic() < deadline:
@@ -389,7 +394,7 @@ def test_panels_in_headless_chromium(tmp_path):
             assert panels.requested_settings() == {"K": 5}
             browser.wait_for("document.body.innerText.includes('Requested: K 5')")
             assert source.settings["K"] == 4  # nothing applied while paused
-            browser.evaluate("document.querySelector('input[type=checkbox]').click()")
+            browser.evaluate(f"{BY_LABEL}('Pause display').click()")
             browser.wait_for("document.body.innerText.includes('in effect: tau 0.20 · K 5')")
             browser.wait_for("document.body.innerText.includes('No change requested')")
             assert source.settings["K"] == 5 and panels.requested_settings() == {}

@@ -57,7 +57,9 @@ def serve_run(
     import viser
 
     server = viser.ViserServer(host=host, port=port, label="Odin run", verbose=False)
-    server.gui.configure_theme(control_width="large", show_share_button=False)
+    server.gui.configure_theme(
+        control_width="large"
+    )  # show_share_button=False crashes viser 0.2.7's client
     panels = OdinPanels(
         server, source, refresh_s=refresh_s, options=PanelOptions(label="Odin sync")
     )

@@ -30,10 +30,21 @@ GRID = "rgba(136,136,136,0.25)"
 
 
 class PlotlyJSON(dict):
-    """A plotly figure as a dict ({"data", "layout"}) with the ``to_json`` viser calls."""
+    """A plotly figure as a dict ({"data", "layout"}) with the ``to_json`` viser calls.
+
+    Build it complete, then treat it as read-only: the JSON is computed once and cached.
+    """
 
     def to_json(self) -> str:
-        return json.dumps(self, separators=(",", ":"), allow_nan=False)
+        cached = getattr(self, "_json", None)
+        if cached is None:
+            cached = self._json = json.dumps(self, separators=(",", ":"), allow_nan=False)
+        return cached
+
+
+def _round(values: list[float | None], scale: float = 1.0, digits: int = 3) -> list[float | None]:
+    """``values * scale`` rounded (shorter JSON: plots need no 17-digit floats)."""
+    return [None if v is None else round(v * scale, digits) for v in values]
 
 
 def rank_color(rank: int) -> str:
@@ -107,8 +118,8 @@ def compute_wait_figure(stats: list[RankStats], max_points: int = 200) -> Plotly
                     "legendgroup": f"r{r.rank}",
                     "showlegend": name == "compute",  # one legend entry per rank (colour)
                     "hovertemplate": f"r{r.rank} {name}: %{{y:.1f}} ms<extra></extra>",
-                    "x": x,
-                    "y": [None if v is None else v * 1e3 for v in y],
+                    "x": _round(x, digits=1),
+                    "y": _round(y, 1e3),
                     "line": {"color": rank_color(r.rank), "dash": dash, "width": 1.5},
                 }
             )
@@ -128,8 +139,8 @@ def bytes_figure(stats: list[RankStats], max_points: int = 200) -> PlotlyJSON:
                 "type": "scatter",
                 "mode": "lines",
                 "name": f"r{r.rank}",
-                "x": x,
-                "y": [None if v is None else v / 1024.0 for v in y],
+                "x": _round(x, digits=1),
+                "y": _round(y, 1.0 / 1024.0),
                 "line": {"color": rank_color(r.rank), "width": 1.5},
             }
         )

@@ -126,6 +126,11 @@ class HeadlessChromium:
             time.sleep(0.05)
         raise TimeoutError("chromium has no page target")
 
+    @property
+    def pid(self) -> int:
+        """Process id of the browser (the leader of its process group)."""
+        return self._proc.pid
+
     # ------------------------------------------------------------------ protocol
     def call(self, method: str, **params: Any) -> dict:
         """Send one DevTools command and return its result (events are skipped)."""
@@ -157,11 +162,18 @@ class HeadlessChromium:
         """Poll ``expression`` until it is truthy; return its value."""
         deadline = time.monotonic() + timeout_s
         while True:
-            value = self.evaluate(expression)
+            try:
+                value = self.evaluate(expression)
+            except RuntimeError:  # e.g. the page is still loading: treat as "not yet"
+                value = None
             if value:
                 return value
             if time.monotonic() > deadline:
-                raise TimeoutError(f"page condition not met in {timeout_s} s: {expression[:80]}")
+                errors = "; ".join(e.splitlines()[0][:120] for e in self.page_errors()[-3:])
+                raise TimeoutError(
+                    f"page condition not met in {timeout_s} s: {expression[:80]}"
+                    + (f" (page errors: {errors})" if errors else "")
+                )
             time.sleep(poll_s)
 
     def page_errors(self) -> list[str]:

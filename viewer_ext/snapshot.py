@@ -37,6 +37,8 @@ MISSING = "—"
 
 def as_float(value: Any) -> float | None:
     """A finite float, or None for missing / non-numeric / NaN / inf."""
+    if type(value) is float:  # the common case, fast
+        return value if math.isfinite(value) else None
     if isinstance(value, bool) or value is None:
         return None
     try:

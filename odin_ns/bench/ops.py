@@ -70,9 +70,7 @@ def op_cases(op: str, n: int, fraction: float, gen: torch.Generator) -> list[dic
     return [make_inputs(op, n, gen, fraction=fraction)]
 
 
-def time_op(
-    op: str, cases: list[dict[str, Any]], device: str, repeats: int
-) -> dict[str, float]:
+def time_op(op: str, cases: list[dict[str, Any]], device: str, repeats: int) -> dict[str, float]:
     """Best and median seconds of the compiled op and of the reference on ``device``.
 
     The speedup uses the best times: on a shared machine they are the least disturbed.
@@ -112,6 +110,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
             ax.plot(sizes, [by_size[str(n)]["speedup"] for n in sizes], marker="o", label=op)
         ax.axhline(1.0, color="gray", lw=0.8, ls="--")
         ax.set_xscale("log")
+        ax.set_yscale("log")
         ax.set_xlabel("primitives N")
         ax.set_ylabel("speedup (reference time / compiled time)")
         ax.set_title(f"{title}, {result['threads']} threads")

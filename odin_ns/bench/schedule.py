@@ -10,7 +10,9 @@ Footprints come from ``compute_footprints`` on the scene's geometry (timed separ
 epochs, dependency table). Conflict is ``plan_conflict`` (window 4) averaged over steps.
 Predicted waits come from ``simulate`` with a cost model: per view
 ``1 ms + 2 us * footprint rows``, times a seeded log-normal jitter (sigma 0.2) per
-(step, rank) for run-to-run noise, plus 0.2 ms publication latency.
+(step, rank) for run-to-run noise, plus 0.2 ms publication latency; both plans are
+replayed under both sync modes (``predicted``), and the headline pair is the random plan
+under a barrier (today's data parallel) vs the odin plan under Odin sync.
 A PNG of conflict per step (odin vs random) is written next to the JSON.
 Times are wall seconds and process CPU seconds (``*_cpu_seconds``; robust to other jobs
 sharing the machine). Torch runs on ``--threads`` threads (default 1: on a shared 2-core
@@ -183,22 +185,38 @@ def view_costs(footprints) -> np.ndarray:
     return 1e-3 + 2e-6 * np.diff(footprints.indptr)
 
 
-def predicted_wait(plan: Plan, costs: np.ndarray, seed: int = 0) -> dict:
-    """Barrier vs odin replay with jittered per-(step, rank) costs."""
-    rng = np.random.default_rng([seed, 7])
-    step = costs[plan.views].sum(axis=2) * rng.lognormal(0.0, 0.2, plan.views.shape[:2])
-    out = {}
-    for mode in ("barrier", "odin"):
-        res = simulate(plan, step, mode=mode, comm_latency=2e-4)
-        out[mode] = {
-            "total_time": res.total_time,
-            "mean_wait_per_rank": float(res.wait_per_rank.mean()),
-            "critical_path_wait": res.critical_path_wait,
-        }
-    b, o = out["barrier"]["critical_path_wait"], out["odin"]["critical_path_wait"]
-    out["wait_hidden_fraction"] = 1.0 - o / b if b > 0 else 0.0
-    out["speedup"] = out["barrier"]["total_time"] / max(out["odin"]["total_time"], 1e-12)
-    return out
+def predicted_wait(plans: dict[str, Plan], costs: np.ndarray, seed: int = 0) -> dict:
+    """Replay each plan under barrier and Odin sync with the same jittered costs.
+
+    Summary: ``predicted_wait_barrier`` = mean wait per rank of the random plan under a
+    barrier (today's data-parallel baseline), ``predicted_wait_odin`` = the odin plan under
+    Odin sync; ``*_critical_path_*`` = makespan minus the busiest rank's compute.
+    """
+    shape = next(iter(plans.values())).views.shape[:2]
+    jitter = np.random.default_rng([seed, 7]).lognormal(0.0, 0.2, shape)
+    table: dict = {}
+    for name, plan in plans.items():
+        step = costs[plan.views].sum(axis=2) * jitter
+        table[name] = {}
+        for mode in ("barrier", "odin"):
+            res = simulate(plan, step, mode=mode, comm_latency=2e-4)
+            table[name][mode] = {
+                "total_time": res.total_time,
+                "mean_wait_per_rank": float(res.wait_per_rank.mean()),
+                "critical_path_wait": res.critical_path_wait,
+            }
+    base, odin = table["random"]["barrier"], table["odin"]["odin"]
+    return {
+        "predicted_wait_barrier": base["mean_wait_per_rank"],
+        "predicted_wait_odin": odin["mean_wait_per_rank"],
+        "predicted_critical_path_wait_barrier": base["critical_path_wait"],
+        "predicted_critical_path_wait_odin": odin["critical_path_wait"],
+        "wait_hidden_fraction": 1.0 - odin["mean_wait_per_rank"] / base["mean_wait_per_rank"]
+        if base["mean_wait_per_rank"] > 0
+        else 0.0,
+        "predicted_speedup": base["total_time"] / max(odin["total_time"], 1e-12),
+        "predicted": table,
+    }
 
 
 def peak_rss_mb() -> float:
@@ -232,7 +250,7 @@ def run_one(scene: Scene, ranks: int, steps: int | None, seed: int, window: int,
         cpu[strategy] = time.process_time() - c0
     costs = view_costs(F)
     conflict = {s: plan_conflict(p, window) for s, p in plans.items()}
-    wait = {s: predicted_wait(p, costs, seed) for s, p in plans.items()}
+    wait = predicted_wait(plans, costs, seed)
     imbalance = {s: load_imbalance(p, costs) for s, p in plans.items()}
     rows = np.diff(F.indptr)
     return {
@@ -255,10 +273,8 @@ def run_one(scene: Scene, ranks: int, steps: int | None, seed: int, window: int,
         "imbalance_odin_mean": float(imbalance["odin"].mean()),
         "imbalance_random_mean": float(imbalance["random"].mean()),
         # odin plan under barrier sync vs odin plan under Odin sync (same plan, same costs)
-        "predicted_wait_barrier": wait["odin"]["barrier"]["critical_path_wait"],
-        "predicted_wait_odin": wait["odin"]["odin"]["critical_path_wait"],
-        "predicted_wait_odin_random_plan": wait["random"]["odin"]["critical_path_wait"],
-        "predicted": wait,
+        "assignment": plans["odin"].assignment,
+        **wait,
         "peak_rss_mb": peak_rss_mb(),
         "_conflict_series": {s: c.tolist() for s, c in conflict.items()},
     }
@@ -271,13 +287,13 @@ def plot_conflict(series: dict, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 3.5))
-    for name, ys in series.items():
+    for (name, ys), color in zip(series.items(), ("tab:blue", "tab:red"), strict=False):
         ys = np.asarray(ys)
-        ax.plot(ys, lw=0.6, alpha=0.5, label=f"{name} (mean {ys.mean():.4f})")
+        ax.plot(ys, lw=0.6, alpha=0.35, color=color, label=f"{name} (mean {ys.mean():.4f})")
         k = max(1, len(ys) // 100)
         if k > 1:
             sm = np.convolve(ys, np.ones(k) / k, mode="valid")
-            ax.plot(np.arange(len(sm)) + k // 2, sm, lw=1.5)
+            ax.plot(np.arange(len(sm)) + k // 2, sm, lw=1.5, color=color)
     ax.set_xlabel("step")
     ax.set_ylabel("conflict (rows a peer wrote, last 4 steps)")
     ax.set_title(title)
@@ -363,7 +379,7 @@ def run_scaling(args, console) -> dict:
                 rnd = build_plan(F, r, steps, seed=args.seed, strategy="random")
                 rnd_s = time.perf_counter() - t0
                 c_o, c_r = plan_conflict(plan, args.window), plan_conflict(rnd, args.window)
-                w = predicted_wait(plan, costs, args.seed)
+                w = predicted_wait({"odin": plan, "random": rnd}, costs, args.seed)
                 row = {
                     "views": views,
                     "primitives": prims,
@@ -377,10 +393,8 @@ def run_scaling(args, console) -> dict:
                     "plan_seconds_random": rnd_s,
                     "conflict_odin": float(c_o.mean()),
                     "conflict_random": float(c_r.mean()),
-                    "predicted_wait_barrier": w["barrier"]["critical_path_wait"],
-                    "predicted_wait_odin": w["odin"]["critical_path_wait"],
-                    "wait_hidden_fraction": w["wait_hidden_fraction"],
-                    "predicted_speedup": w["speedup"],
+                    "assignment": plan.assignment,
+                    **{k: v for k, v in w.items() if k != "predicted"},
                     "peak_rss_mb": peak_rss_mb(),
                 }
                 rows.append(row)

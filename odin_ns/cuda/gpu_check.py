@@ -65,7 +65,11 @@ def subset_ids(n: int, fraction: float, gen: torch.Generator, duplicates: bool =
     """[M] int64 sorted ids of about ``fraction * n`` primitives (a footprint / publication)."""
     m = int(round(n * fraction))
     if duplicates:
-        return torch.randint(0, max(n, 1), (m,), generator=gen) if n > 0 else torch.zeros(0, dtype=torch.int64)
+        return (
+            torch.randint(0, max(n, 1), (m,), generator=gen)
+            if n > 0
+            else torch.zeros(0, dtype=torch.int64)
+        )
     return torch.randperm(n, generator=gen)[:m].sort().values
 
 
@@ -277,11 +281,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from odin_ns.cuda import build
 
-        built = build.load_variant(args.device, verbose=args.device == "cuda")
+        built = build.load_variant(args.device)
         report["build_s"] = round(built.seconds, 2)
         report["build_compiled"] = built.compiled
         report["cuda_arch_list"] = build.cuda_arch_list()
-        print(f"built {built.name} in {built.seconds:.1f} s (compiled={built.compiled})", flush=True)
+        print(
+            f"built {built.name} in {built.seconds:.1f} s (compiled={built.compiled})", flush=True
+        )
     except Exception as error:  # noqa: BLE001 - report the failure, nothing else can run
         report["errors"].append(f"build failed: {error}")
         write()
@@ -291,7 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(seed)
     ops = list(OUTPUT_NAMES) + list(INPLACE_OUTPUTS)
     # Edge cases first (small, fast), then the timed sizes.
-    cases = [(op, 1000, True, 0.5, 0) for op in ("pack_rows", "unpack_accumulate", "validate_reads")]
+    cases = [
+        (op, 1000, True, 0.5, 0) for op in ("pack_rows", "unpack_accumulate", "validate_reads")
+    ]
     cases += [(op, 0, False, 0.2, 0) for op in ops]
     cases += [(op, 1000, False, 0.0, 0) for op in ops]
     cases += [(op, n, False, 0.2, args.repeats) for n in sizes for op in ops]
@@ -314,7 +322,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"  cuda-ref {result['cuda_reference_s'] * 1e3:8.3f} ms"
             )
         state = "exact" if result.get("exact") else ("close" if result["match"] else "MISMATCH")
-        label = f"{op} n={n}" + (" dup" if dup else "") + (f" frac={fraction}" if fraction != 0.2 else "")
+        label = (
+            f"{op} n={n}"
+            + (" dup" if dup else "")
+            + (f" frac={fraction}" if fraction != 0.2 else "")
+        )
         print(f"{label:<42} {state:<9}{times}", flush=True)
     report["all_match"] = all(r["match"] for r in report["results"]) and not report["errors"]
     write()

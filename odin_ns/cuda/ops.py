@@ -38,7 +38,7 @@ class BackendStatus:
     reason: str  # empty when compiled
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load(device_type: str) -> BackendStatus:
     """Build and load the library for ``device_type`` once per process (never raises)."""
     from odin_ns.cuda import build

@@ -39,7 +39,9 @@ def _check_ids(ids: Tensor, n: int, op: str, name: str = "ids") -> None:
 
 def _check_same_device(op: str, device: torch.device, **tensors: Tensor) -> None:
     for name, t in tensors.items():
-        _check(t.device == device, op, f"{name} is on {t.device} but the other inputs are on {device}")
+        _check(
+            t.device == device, op, f"{name} is on {t.device} but the other inputs are on {device}"
+        )
 
 
 def footprint_cull(
@@ -87,7 +89,9 @@ def footprint_cull(
             op,
             f"{name} must be real-valued, got {t.dtype}",
         )
-    _check(width > 0 and height > 0, op, f"width and height must be positive, got {width} x {height}")
+    _check(
+        width > 0 and height > 0, op, f"width and height must be positive, got {width} x {height}"
+    )
     _check(margin_px >= 0, op, f"margin_px must be >= 0, got {margin_px}")
 
     xy = means2d.float()
@@ -118,7 +122,11 @@ def pack_rows(
     """Gather rows ``ids`` of every tensor into one [M, sum(cols)] float32 send buffer."""
     op = "pack_rows"
     _check(len(tensors) > 0, op, "tensors must not be empty")
-    _check(tensors[0].dim() >= 1, op, f"tensors[0] must have shape [N, ...], got {list(tensors[0].shape)}")
+    _check(
+        tensors[0].dim() >= 1,
+        op,
+        f"tensors[0] must have shape [N, ...], got {list(tensors[0].shape)}",
+    )
     N = tensors[0].shape[0]
     for k, t in enumerate(tensors):
         _check(
@@ -126,8 +134,14 @@ def pack_rows(
             op,
             f"tensors[{k}] must have shape [N, ...] with N = {N}, got {list(t.shape)}",
         )
-        _check(t.is_floating_point(), op, f"tensors[{k}] must be a floating-point tensor, got {t.dtype}")
-        _check(t.device == ids.device, op, f"tensors[{k}] is on {t.device} but ids is on {ids.device}")
+        _check(
+            t.is_floating_point(),
+            op,
+            f"tensors[{k}] must be a floating-point tensor, got {t.dtype}",
+        )
+        _check(
+            t.device == ids.device, op, f"tensors[{k}] is on {t.device} but ids is on {ids.device}"
+        )
     _check_ids(ids, N, op)
     return torch.cat([t.reshape(N, math.prod(t.shape[1:]))[ids].float() for t in tensors], dim=1)
 
@@ -149,7 +163,11 @@ def unpack_accumulate(
         op,
         f"buffer must have shape [{M}, {D}], got {list(buffer.shape)}",
     )
-    _check(list(arrivals.shape) == [N], op, f"arrivals must have shape [{N}], got {list(arrivals.shape)}")
+    _check(
+        list(arrivals.shape) == [N],
+        op,
+        f"arrivals must have shape [{N}], got {list(arrivals.shape)}",
+    )
     for name, t, dtype in (
         ("buffer", buffer, torch.float32),
         ("accum", accum, torch.float32),
@@ -264,7 +282,11 @@ def validate_reads(
     _check(versions.dim() == 1, op, f"versions must have shape [N], got {list(versions.shape)}")
     _check(read_ids.dim() == 1, op, f"read_ids must be 1-D, got shape {list(read_ids.shape)}")
     M = read_ids.shape[0]
-    _check(list(required.shape) == [M], op, f"required must have shape [{M}], got {list(required.shape)}")
+    _check(
+        list(required.shape) == [M],
+        op,
+        f"required must have shape [{M}], got {list(required.shape)}",
+    )
     _check(versions.dtype == torch.int64, op, f"versions must be torch.int64, got {versions.dtype}")
     _check(required.dtype == torch.int64, op, f"required must be torch.int64, got {required.dtype}")
     _check_same_device(op, versions.device, read_ids=read_ids, required=required)

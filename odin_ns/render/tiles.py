@@ -65,6 +65,15 @@ def _tile_rect(
     return x0, x1, y0, y1
 
 
+def _small_int(keys: Tensor, bound: int) -> Tensor:
+    """``keys`` (in [0, bound)) in the narrowest integer type: CPU sorts run faster."""
+    if bound <= 2**15:
+        return keys.to(torch.int16)
+    if bound <= 2**31:
+        return keys.to(torch.int32)
+    return keys
+
+
 def _expand(counts: Tensor) -> tuple[Tensor, Tensor]:
     """For K items with ``counts``: (owner [M], rank of each entry within its item [M])."""
     owner = torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts)
@@ -109,47 +118,65 @@ def isect_tiles(
     visible = radii > 0
     tiles_per_gauss = ((x1 - x0) * (y1 - y0) * visible).to(torch.int32)
     flat = torch.nonzero(visible.flatten()).squeeze(1)  # [V], ascending like gsplat
-    owner, tx, ty = _enumerate_rects(
-        x0.flatten()[flat], x1.flatten()[flat], y0.flatten()[flat], y1.flatten()[flat]
-    )
-    flatten_ids = flat[owner]
-    cam = flatten_ids // N
-    tile_id = ty * tile_width + tx
+    x0, y0 = x0.flatten().index_select(0, flat), y0.flatten().index_select(0, flat)
+    x1, y1 = x1.flatten().index_select(0, flat), y1.flatten().index_select(0, flat)
+    # One strip per (Gaussian, tile row), then one entry per tile of the strip.
+    strip_g, rank = _expand(y1 - y0)
+    strip_flat = flat.index_select(0, strip_g)
+    strip_tile = (y0.index_select(0, strip_g) + rank) * tile_width + x0.index_select(0, strip_g)
+    if C > 1:
+        strip_tile = strip_tile + (strip_flat // N) * (tile_width * tile_height)
+    entry_strip, col = _expand((x1 - x0).index_select(0, strip_g))
+    cam_tile = strip_tile.index_select(0, entry_strip) + col  # camera * tiles + tile id
+    flatten_ids = strip_flat.index_select(0, entry_strip)
     tile_n_bits = (tile_width * tile_height).bit_length()
-    depth_bits = depths.detach().float().flatten().view(torch.int32).long()[flatten_ids]
-    isect_ids = (cam << (32 + tile_n_bits)) | (tile_id << 32) | depth_bits
-    isect_ids, order = torch.sort(isect_ids, stable=True)
-    flatten_ids = flatten_ids[order].to(torch.int32)
-    counts = torch.bincount(
-        (isect_ids >> 32).clamp(max=C * (1 << tile_n_bits)),
-        minlength=C << tile_n_bits,
-    )[: C << tile_n_bits].reshape(C, 1 << tile_n_bits)[:, : tile_width * tile_height]
-    offsets = (torch.cumsum(counts.flatten(), 0) - counts.flatten()).reshape(
-        C, tile_height, tile_width
+    n_tiles = tile_width * tile_height
+    cam = torch.div(cam_tile, n_tiles, rounding_mode="floor") if C > 1 else 0
+    tile_id = cam_tile - cam * n_tiles if C > 1 else cam_tile
+    depth_bits = depths.detach().float().flatten().view(torch.int32).long()
+    isect_ids = (
+        (cam << (32 + tile_n_bits) if C > 1 else 0)
+        | (tile_id << 32)
+        | depth_bits.index_select(0, flatten_ids)
     )
+    isect_ids, order = torch.sort(isect_ids, stable=True)
+    flatten_ids = flatten_ids.index_select(0, order).to(torch.int32)
+    counts = torch.bincount(cam_tile, minlength=C * n_tiles)
+    offsets = (torch.cumsum(counts, 0) - counts).reshape(C, tile_height, tile_width)
     return TileIntersections(
         tile_width, tile_height, tiles_per_gauss, isect_ids, flatten_ids, offsets.int()
     )
 
 
-def _min_sigma_on_square(
-    mx: Tensor, my: Tensor, a: Tensor, b: Tensor, c: Tensor, x0: Tensor, y0: Tensor, side: float
-) -> Tensor:
-    """Minimum of ``sigma(p) = 0.5 d^T [[a, b], [b, c]] d`` (``d = mean - p``, positive
-    definite conic) over the square ``[x0, x0 + side] x [y0, y0 + side]``. [K]
+def _ellipse_terms(a: Tensor, b: Tensor, c: Tensor, level: Tensor) -> dict[str, Tensor]:
+    """Per-Gaussian constants of the ellipse ``0.5 d^T [[a, b], [b, c]] d <= level``."""
+    det = a * c - b * b
+    ex = torch.sqrt(2.0 * level * c / det)  # half extents
+    ey = torch.sqrt(2.0 * level * a / det)
+    # dy of the ellipse's extreme-x points, 2 a level, and 1 / a for the strip formula.
+    return {"ey": ey, "turn": b * ex / c, "b": b, "a2l": 2.0 * a * level, "det": det, "inv_a": 1.0 / a}
 
-    sigma grows along every ray from the mean, so the minimum lies on an edge that faces
-    the mean (the segment from any point of the square to the mean leaves through one).
-    On the facing vertical edge ``x = clamp(mx)`` sigma is a quadratic in y minimized at
-    ``dy = -b dx / c`` (clamped to the edge); likewise on the facing horizontal edge. When
-    the mean is inside, both give 0.
+
+def _strip_x_range(
+    mu_x: Tensor, mu_y: Tensor, t: dict[str, Tensor], y0: Tensor, y1: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """x-extent of the ellipse (see :func:`_ellipse_terms`) inside the band y0 <= p_y <= y1.
+
+    With ``d = mu - p``: for fixed dy the dx range is
+    ``(-b dy +- sqrt(2 a level - det dy^2)) / a``; its upper end is concave in dy and peaks
+    at the extreme point ``dy = -turn``, so over a band of dy the extreme is at that dy
+    clamped into the band (likewise for the lower end, at ``+turn``).
+    Returns (x_min, x_max, empty) in the coordinates of ``mu``.
     """
-    dx = mx - mx.clamp(min=x0, max=x0 + side)
-    dy = my - (my + b * dx / c).clamp(min=y0, max=y0 + side)
-    best = 0.5 * (a * dx * dx + c * dy * dy) + b * dx * dy
-    dy = my - my.clamp(min=y0, max=y0 + side)
-    dx = mx - (mx + b * dy / a).clamp(min=x0, max=x0 + side)
-    return torch.minimum(best, 0.5 * (a * dx * dx + c * dy * dy) + b * dx * dy)
+    lo = torch.maximum(mu_y - y1, -t["ey"])  # dy range of the band inside the ellipse
+    hi = torch.minimum(mu_y - y0, t["ey"])
+    empty = lo > hi
+    b, a2l, det, inv_a = t["b"], t["a2l"], t["det"], t["inv_a"]
+    dy = torch.minimum(torch.maximum(-t["turn"], lo), hi)
+    dx_max = (torch.sqrt((a2l - det * dy * dy).clamp(min=0.0)) - b * dy) * inv_a
+    dy = torch.minimum(torch.maximum(t["turn"], lo), hi)
+    dx_min = (-torch.sqrt((a2l - det * dy * dy).clamp(min=0.0)) - b * dy) * inv_a
+    return mu_x - dx_max, mu_x - dx_min, empty
 
 
 @torch.no_grad()
@@ -166,10 +193,11 @@ def build_pair_plan(
 ) -> PairPlan:
     """Enumerate the (sub-tile, Gaussian) rows to composite, front to back per sub-tile.
 
-    A row exists when the sub-tile lies inside the Gaussian's gsplat tile range and some
-    pixel center of the sub-tile may pass the alpha test ``opacity * exp(-sigma) >= 1/255``
-    (bounding box of that ellipse first, then the exact ellipse-square test, both with a
-    safety margin so that float32 rounding in the compositor never meets a dropped row).
+    A row exists when the sub-tile lies inside the Gaussian's gsplat tile range and its
+    pixel centers reach the ellipse ``opacity * exp(-sigma) >= 1/255`` (with a safety
+    margin, so float32 rounding in the compositor never meets a dropped row): rows of
+    sub-tiles are enumerated per Gaussian ("strips") and each strip gets the exact x-range
+    of the ellipse inside it, like a scanline rasterizer.
     """
     if tile_size % sub != 0:
         raise ValueError(f"sub-tile size {sub} must divide tile_size {tile_size}")
@@ -185,57 +213,67 @@ def build_pair_plan(
     flat = torch.nonzero((radii > 0).flatten()).squeeze(1)
     order = torch.sort(depths.detach().flatten().index_select(0, flat), stable=True).indices
     flat = flat.index_select(0, order)
-    flat = flat.index_select(0, torch.sort(flat // N, stable=True).indices)
+    if C > 1:
+        flat = flat.index_select(0, torch.sort(flat // N, stable=True).indices)
 
     m = means2d.detach().reshape(-1, 2).index_select(0, flat)
     x0, x1, y0, y1 = _tile_rect(
         m, radii.flatten().index_select(0, flat), tile_size, tile_width, tile_height
-    )  # tile units
-    sx0, sy0 = x0 * per, y0 * per
-    sx1 = torch.clamp(x1 * per, max=sub_w)
-    sy1 = torch.clamp(y1 * per, max=sub_h)
+    )  # gsplat's tile range, in tiles
+    tx0, ty0 = x0 * per, y0 * per  # ... in sub-tiles
+    tx1 = torch.clamp(x1 * per, max=sub_w)
+    ty1 = torch.clamp(y1 * per, max=sub_h)
 
-    # Bounding box of {pixel centers p : sigma(p) <= log(255 * opacity)}.
-    con = conics.detach().reshape(-1, 3).index_select(0, flat).double()
-    a, b, c = con.unbind(-1)
+    # Per Gaussian, in pixel-index coordinates (pixel centers at integers).
+    a, b, c = conics.detach().reshape(-1, 3).index_select(0, flat).double().unbind(-1)
     o = opacities.detach().flatten().index_select(0, flat).double()
-    det = a * c - b * b
-    pd = (a > 0) & (det > 0)
-    det_pd = torch.where(pd, det, torch.ones_like(det))
-    level = torch.log((255.0 * o).clamp(min=1.0))  # sigma bound of the alpha test
-    level = level * 1.001 + 1e-4  # margin for float32 rounding in the compositor
-    ex = torch.sqrt(2.0 * level * c.clamp(min=0.0) / det_pd)
-    ey = torch.sqrt(2.0 * level * a.clamp(min=0.0) / det_pd)
-    mx, my = m[:, 0].double() - 0.5, m[:, 1].double() - 0.5  # pixel index of the center
-    bx0 = torch.floor((mx - ex) / sub).clamp(-1, sub_w).long()
-    bx1 = torch.floor((mx + ex) / sub).clamp(-1, sub_w).long() + 1
-    by0 = torch.floor((my - ey) / sub).clamp(-1, sub_h).long()
-    by1 = torch.floor((my + ey) / sub).clamp(-1, sub_h).long() + 1
-    # A numerically indefinite conic keeps its whole tile range (sigma < 0 is skipped
+    pd = (a > 0) & (a * c - b * b > 0)
+    one = torch.ones_like(a)
+    a, c = torch.where(pd, a, one), torch.where(pd, c, one)
+    b = torch.where(pd, b, torch.zeros_like(b))
+    level = torch.log((255.0 * o).clamp(min=1.0)) * 1.001 + 1e-4  # alpha test, with margin
+    mu_x, mu_y = m[:, 0].double() - 0.5, m[:, 1].double() - 0.5
+    ey = torch.sqrt(2.0 * level * a / (a * c - b * b))  # y half extent
+    # Sub-tiles holding the pixel centers (integers) inside the extent.
+    sy0 = torch.floor(torch.ceil(mu_y - ey) / sub).clamp(-1, sub_h).long()
+    sy1 = torch.floor(torch.floor(mu_y + ey) / sub).clamp(-1, sub_h).long() + 1
+    # A numerically indefinite conic keeps its whole tile range (sigma < 0 is then tested
     # per pixel); a Gaussian with opacity below 1/255 never passes the alpha test.
-    sx0 = torch.where(pd, torch.maximum(sx0, bx0), sx0)
-    sx1 = torch.where(pd, torch.minimum(sx1, bx1), sx1)
-    sy0 = torch.where(pd, torch.maximum(sy0, by0), sy0)
-    sy1 = torch.where(pd, torch.minimum(sy1, by1), sy1)
-    sx1 = torch.where(o < ALPHA_MIN, sx0, sx1)
+    sy0 = torch.where(pd, torch.maximum(sy0, ty0), ty0)
+    sy1 = torch.where(pd, torch.minimum(sy1, ty1), ty1)
+    sy1 = torch.where(o < ALPHA_MIN, sy0, sy1)
 
-    owner, sx, sy = _enumerate_rects(sx0, sx1, sy0, sy1)
-    # Exact test: does the ellipse reach a pixel center of the sub-tile?
+    # Strips: one per (Gaussian, row of sub-tiles); float math in the input dtype (the
+    # margin in `level` dwarfs its rounding).
     dtype = means2d.dtype
-    per_row = torch.stack([mx, my, a, b, c, level], dim=-1).to(dtype).index_select(0, owner)
-    mins = _min_sigma_on_square(
-        *per_row[:, :5].unbind(-1), (sx * sub).to(dtype), (sy * sub).to(dtype), float(sub - 1)
+    terms = _ellipse_terms(a, b, c, level)
+    names = list(terms)
+    table = torch.stack([mu_x, mu_y, *terms.values()], dim=-1).to(dtype)  # [V, 8]
+    strip_g, rank = _expand((sy1 - sy0).clamp(min=0))
+    sy = sy0.index_select(0, strip_g) + rank
+    cols = table.index_select(0, strip_g).unbind(-1)
+    band0 = (sy * sub).to(dtype)
+    xa, xb, empty = _strip_x_range(
+        cols[0], cols[1], dict(zip(names, cols[2:])), band0, band0 + (sub - 1)
     )
-    hit = (mins <= per_row[:, 5]) | ~pd.index_select(0, owner)
-    keep = torch.nonzero(hit).squeeze(1)
-    owner, sx, sy = owner[keep], sx[keep], sy[keep]
+    xa, xb = torch.ceil(xa), torch.floor(xb)  # first and last pixel column inside
+    empty = empty | (xa > xb)
+    sx0 = torch.floor(xa / sub).clamp(-1, sub_w).long()
+    sx1 = torch.floor(xb / sub).clamp(-1, sub_w).long() + 1
+    g_pd = pd.index_select(0, strip_g)
+    sx0 = torch.where(g_pd, torch.maximum(sx0, tx0.index_select(0, strip_g)), tx0.index_select(0, strip_g))
+    sx1 = torch.where(g_pd, torch.minimum(sx1, tx1.index_select(0, strip_g)), tx1.index_select(0, strip_g))
+    sx1 = torch.where(empty & g_pd, sx0, sx1)
 
-    gid = flat.index_select(0, owner)
-    cam = gid // N if C > 1 else torch.zeros_like(gid)
-    seg = (cam * sub_h + sy) * sub_w + sx
+    # Rows: one per (strip, sub-tile column), then grouped by sub-tile (stable: depth order).
+    strip_gid = flat.index_select(0, strip_g)
+    strip_seg = sy * sub_w + sx0  # sub-tile id of the strip's first row
+    if C > 1:
+        strip_seg = strip_seg + (strip_gid // N) * (sub_h * sub_w)
+    row_strip, col = _expand((sx1 - sx0).clamp(min=0))
+    seg = strip_seg.index_select(0, row_strip) + col
     n_seg = C * sub_h * sub_w
-    key = seg.int() if n_seg < 2**31 else seg
-    perm = torch.sort(key, stable=True).indices
-    gid = gid.index_select(0, perm)
+    perm = torch.sort(_small_int(seg, n_seg), stable=True).indices
+    gid = strip_gid.index_select(0, row_strip.index_select(0, perm))
     seg_counts = torch.bincount(seg, minlength=n_seg)
     return PairPlan(sub, sub_w, sub_h, n_seg, gid, seg_counts.to(device))

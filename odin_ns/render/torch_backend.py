@@ -7,11 +7,11 @@ projection (autograd) -> colors / SH (autograd) -> tile lists (for ``info``) -> 
 from __future__ import annotations
 
 import torch
-from gsplat.cuda._torch_impl import _spherical_harmonics
 from torch import Tensor
 
 from .composite import CHUNK_ROWS, composite_backward, composite_forward
 from .projection import project_gaussians
+from .sh import sh_to_color
 from .tiles import PairPlan, build_pair_plan, isect_tiles
 
 DEFAULT_SUB_TILE = 4  # pixels per sub-tile side; must divide tile_size
@@ -100,9 +100,7 @@ def _view_colors(
         return colors if colors.dim() == 3 else colors.expand(C, -1, -1)
     campos = torch.inverse(viewmats)[:, :3, 3]  # [C, 3]
     dirs = means[None, :, :] - campos[:, None, :]  # [C, N, 3]
-    shs = colors if colors.dim() == 4 else colors.expand(C, -1, -1, -1)
-    rgb = _spherical_harmonics(sh_degree, dirs, shs)
-    return torch.clamp_min(rgb + 0.5, 0.0)
+    return torch.clamp_min(sh_to_color(sh_degree, dirs, colors) + 0.5, 0.0)
 
 
 def rasterize_torch(

@@ -8,7 +8,13 @@ Typical use, once per phase and identically on every rank::
 
 from odin_ns.schedule.footprint import compute_footprints
 from odin_ns.schedule.locality import locality_graph, partition_views
-from odin_ns.schedule.plan import Plan, PlanOptions, build_plan, dependency_table
+from odin_ns.schedule.plan import (
+    Plan,
+    PlanOptions,
+    build_plan,
+    dependency_table,
+    locality_ratio,
+)
 from odin_ns.schedule.stats import conflict_rows, load_imbalance, plan_conflict, step_costs
 
 __all__ = [
@@ -20,6 +26,7 @@ __all__ = [
     "dependency_table",
     "load_imbalance",
     "locality_graph",
+    "locality_ratio",
     "partition_views",
     "plan_conflict",
     "step_costs",

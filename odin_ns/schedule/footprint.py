@@ -9,12 +9,21 @@ primitive the rasterizer draws (``radii > 0``) that can change a pixel: a primit
 opacity < 1/255 never passes gsplat's ``alpha >= 1/255`` test, gets no gradient and is left
 out (set ``opacity_threshold=0`` to keep it).
 
-Scale: primitives are sorted along a Morton curve and cut into cells of ``cell_size``;
-each (view, cell) pair is culled with a conservative bound (camera-space bounding box of
-the cell's means, largest scale in the cell), and only surviving pairs are tested one
-primitive at a time, in chunks of ``chunk`` pairs. Most pairs are decided by a cheap
-test (projected mean inside the image, or outside even with an upper bound on the
-radius); only the rest get the exact 2D covariance.
+Scale: the kept primitives go into a median-split kd-tree (leaves of ``leaf_size``,
+coarse nodes of 32 leaves). Each (view, coarse node) pair, then each (view, leaf) pair
+under a surviving node, is culled with a conservative bound: the node's world AABB taken
+to camera space (centre R c + t, half extent |R| e), depth clamped to the near plane, and
+an upper bound on the radius from the node's largest scale,
+``3 * sqrt(s_max^2 * ||J||_F^2 + 0.4) + 1`` (||J||_F bounded with gsplat's Jacobian clamp).
+Primitives of surviving leaves are tested one by one, ``chunk`` pairs at a time: a
+projected mean within 2 px (the smallest gsplat radius) + margin of the image is in, one
+outside even with the per-primitive radius bound is out, and only the rest get the exact
+2D covariance. All math is float32 torch on CPU (like gsplat); the bounds carry a slack
+for rounding. On a CPU shared with other jobs, torch's intra-op thread pool can be several
+times slower than one thread: callers may want ``torch.set_num_threads(1)``.
+
+Cost: ~64 CPU s and < 2 GiB peak for 50k views x 1M primitives of a synthetic city
+(~370 primitives per view); it grows with the number of (view, leaf) pairs near a frustum.
 """
 
 from __future__ import annotations

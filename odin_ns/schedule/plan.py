@@ -3,13 +3,19 @@
 ``build_plan`` turns footprints into a ``Plan`` (contract in docs/architecture.md):
 
 - ``strategy="odin"``: views are split once into R spatially coherent groups of equal size
-  (``locality.partition_views`` on the Jaccard locality graph); rank r trains only its
-  group, so ranks running side by side work on different parts of the scene. Inside an
-  epoch each rank's group is shuffled with a per-(seed, epoch) generator; to balance each
-  step's cost across ranks, every rank sorts its epoch's views by cost (random ties), cuts
-  the list into B strata, and stratum position j of every rank goes to the same step
-  (one shared random permutation per stratum). So a step's R ranks get views of the same
-  cost quantile, and step order is random.
+  (``locality.partition_views`` on the Jaccard locality graph). Then one of two
+  assignments (``PlanOptions.assignment``; ``auto`` picks with ``locality_ratio``):
+
+  * ``locality`` (street / city scenes, where groups cut overlap): rank r trains only its
+    group, so ranks running side by side work on different parts of the scene. Inside an
+    epoch each rank's group is shuffled with a per-(seed, epoch) generator; to balance each
+    step's cost, every rank sorts its epoch's views by cost (random ties), cuts the list
+    into B strata, and stratum position j of every rank goes to the same step (one shared
+    random permutation per stratum): a step's R ranks get views of the same cost quantile.
+  * ``balance`` (object-centric scenes, where every view overlaps most others and no
+    grouping avoids conflict): each step is a band of R * B views of similar cost (views
+    sorted by cost, random ties), handed to ranks in group order; steps are shuffled.
+    Per-step cost is balanced whatever the cost spread.
 - ``strategy="random"``: the baseline. Each epoch is a global shuffle dealt round-robin.
 
 Epochs: an epoch covers every training view once in ``ceil(V / (R * B))`` steps. When
@@ -48,6 +54,13 @@ class PlanOptions:
     """Neighbours per view in the locality graph."""
     max_work: float = 3e7
     """Budget of the sparse product F @ F.T (primitive sampling above it)."""
+    assignment: Literal["auto", "locality", "balance"] = "auto"
+    """``locality``: rank r trains only its group r. ``balance``: every step is a band of
+    views of similar cost (steps balanced whatever the costs), handed to ranks in group
+    order. ``auto``: locality, unless the groups do not cut overlap (``locality_gain``)."""
+    locality_gain: float = 0.5
+    """auto picks locality when a view overlaps a view of another group by at most this
+    fraction of what it overlaps a random view (exact, from per-group primitive counts)."""
 
 
 @dataclass
@@ -63,6 +76,7 @@ class Plan:
     step_epoch: np.ndarray  # int64 [T] epoch each step belongs to
     groups: list[np.ndarray] | None  # odin: view ids of each rank's group (full epochs)
     strategy: str
+    assignment: str  # "locality" / "balance" (odin) or "random"
     seed: int
     epoch: int  # epoch of the first step
     pending: np.ndarray | None = field(default=None)  # views still due in `epoch`
@@ -146,23 +160,29 @@ def _check_inputs(
 
 
 def _fix_step_duplicates(slots: np.ndarray) -> None:
-    """Swap entries so that no (t, r) row of ``slots`` [T, R, B] repeats a view (in place)."""
+    """Swap entries of one epoch's ``slots`` [T, R, B] (in place) so that no (t, r) row
+    repeats a view. Repeats come from padding; a swap partner is looked for in the same
+    rank's other steps first (keeps its group), then in other ranks. Impossible only when
+    R * B > V and a group is smaller than B."""
     T, R, B = slots.shape
-    if B == 1 or T == 1:
+    if B == 1:
         return
-    for _ in range(4):
-        srt = np.sort(slots, axis=2)
-        dup = (srt[:, :, 1:] == srt[:, :, :-1]).any(axis=2)
-        if not dup.any():
-            return
-        for t, r in zip(*np.nonzero(dup), strict=True):
-            row = slots[t, r]
-            _, first = np.unique(row, return_index=True)
-            for b in np.setdiff1d(np.arange(B), first):
-                for s in (*range(t + 1, T), *range(t)):
-                    if row[b] not in slots[s, r] and slots[s, r, b] not in row:
-                        slots[t, r, b], slots[s, r, b] = slots[s, r, b], row[b]
-                        break
+    srt = np.sort(slots, axis=2)
+    bad = np.argwhere((srt[:, :, 1:] == srt[:, :, :-1]).any(axis=2))
+    for t, r in bad:
+        row = slots[t, r]
+        for b in range(1, B):
+            x = row[b]
+            if x not in row[:b]:
+                continue
+            order = [(s, r) for s in range(T) if s != t]
+            order += [(s, q) for s in range(T) for q in range(R) if q != r]
+            for s, q in order:
+                other = slots[s, q]
+                hit = next((c for c in range(B) if other[c] not in row and x not in other), None)
+                if hit is not None:
+                    row[b], other[hit] = other[hit], x
+                    break
 
 
 def _odin_epoch(
@@ -186,6 +206,48 @@ def _odin_epoch(
         lst = lst[np.lexsort((rng.random(S), cost[lst]))]
         for b in range(B):
             out[perms[b], r, b] = lst[b * steps : (b + 1) * steps]
+    _fix_step_duplicates(out)
+    return out
+
+
+def locality_ratio(F: sp.csr_matrix, groups: list[np.ndarray]) -> float:
+    """Mean overlap (rows) of a view with a view of another group, over the mean overlap
+    with any other view: ~1 when grouping cannot separate views (object-centric scenes),
+    << 1 when it does (street scenes). NaN when nothing overlaps or there is one group."""
+    num_views, n = F.shape
+    deg = np.bincount(F.indices, minlength=n).astype(np.float64)
+    s_all = float(np.dot(deg, deg - 1.0))
+    s_in = 0.0
+    for g in groups:
+        c = np.bincount(F[g].indices, minlength=n).astype(np.float64)
+        s_in += float(np.dot(c, c - 1.0))
+    sizes = np.array([g.size for g in groups], dtype=np.float64)
+    p_cross = num_views**2 - float(np.dot(sizes, sizes))
+    if s_all <= 0 or p_cross <= 0:
+        return float("nan")
+    return ((s_all - s_in) / p_cross) / (s_all / (num_views * (num_views - 1.0)))
+
+
+def _balance_epoch(
+    due: np.ndarray,
+    group_of: np.ndarray,
+    cost: np.ndarray,
+    num_ranks: int,
+    views_per_rank: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """[steps, R, B] slots for one epoch: cost-sorted bands of R * B views, one per step,
+    handed to ranks in group order (rank r tends to get group r's views); steps shuffled."""
+    slots = num_ranks * views_per_rank
+    steps = -(-due.size // slots)
+    extra = steps * slots - due.size
+    lst = due
+    if extra:
+        lst = np.concatenate([due, rng.choice(due, size=extra, replace=extra > due.size)])
+    lst = lst[np.lexsort((rng.random(lst.size), cost[lst]))].reshape(steps, slots)
+    key = group_of[lst] + rng.random(lst.shape)  # group order, random inside a group
+    lst = np.take_along_axis(lst, np.argsort(key, axis=1), axis=1)
+    out = lst[rng.permutation(steps)].reshape(steps, num_ranks, views_per_rank).copy()
     _fix_step_duplicates(out)
     return out
 
@@ -334,14 +396,22 @@ def build_plan(
     num_views = F.shape[0]
     R, B = num_ranks, views_per_rank
     groups = None
+    assignment = "random"
     full_groups: list[np.ndarray] | None = None
     pending_groups: list[np.ndarray] | None = None
     if strategy == "odin" and num_steps > 0:
         graph = locality_graph(F, k=opts.knn, max_work=opts.max_work, seed=seed)
         full_groups = partition_views(graph, R)
-        if pending is not None:
-            pending_groups = partition_views(graph, R, nodes=pending)
         groups = full_groups
+        assignment = opts.assignment
+        if assignment == "auto":
+            ratio = locality_ratio(F, full_groups)
+            assignment = "locality" if ratio <= opts.locality_gain else "balance"
+        if pending is not None and assignment == "locality":
+            pending_groups = partition_views(graph, R, nodes=pending)
+        group_of = np.empty(num_views, dtype=np.int64)
+        for r, g in enumerate(full_groups):
+            group_of[g] = r
 
     chunks: list[np.ndarray] = []
     chunk_epoch: list[np.ndarray] = []
@@ -350,7 +420,9 @@ def build_plan(
     while total < num_steps:
         due = pending if (e == epoch and pending is not None) else all_views
         rng = np.random.default_rng([seed, e, int(due.size)])
-        if strategy == "odin":
+        if strategy == "odin" and assignment == "balance":
+            slots = _balance_epoch(due, group_of, cost, R, B, rng)
+        elif strategy == "odin":
             grp = pending_groups if due is pending else full_groups
             steps = -(-max(g.size for g in grp) // B)
             steps = max(steps, -(-due.size // (R * B)))
@@ -368,7 +440,8 @@ def build_plan(
         views = np.zeros((0, R, B), dtype=np.int64)
         step_epoch = np.zeros(0, dtype=np.int64)
     dep, dep_rows, msg = dependency_table(F, views)
-    meta = [strategy, R, B, int(num_steps), int(seed), int(epoch), opts.knn, opts.max_work]
+    meta = [strategy, assignment, R, B, int(num_steps), int(seed), int(epoch)]
+    meta += [opts.knn, opts.max_work, opts.locality_gain]
     return Plan(
         views=views,
         dependency=dep,
@@ -379,6 +452,7 @@ def build_plan(
         step_epoch=step_epoch,
         groups=groups,
         strategy=strategy,
+        assignment=assignment,
         seed=int(seed),
         epoch=int(epoch),
         pending=pending,
