@@ -21,6 +21,7 @@ import subprocess
 import sys
 from datetime import timedelta
 
+
 def _split_launcher_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(
         prog="odin-ns-train",

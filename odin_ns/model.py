@@ -52,7 +52,9 @@ class OdinSplatfactoModelConfig(SplatfactoModelConfig):
 
 def get_viewmat(camera_to_worlds: Tensor) -> Tensor:
     """OpenGL camera-to-world [C, 3, 4] -> gsplat (OpenCV) world-to-camera [C, 4, 4]."""
-    R = camera_to_worlds[:, :3, :3] * torch.tensor([1.0, -1.0, -1.0], device=camera_to_worlds.device)
+    R = camera_to_worlds[:, :3, :3] * torch.tensor(
+        [1.0, -1.0, -1.0], device=camera_to_worlds.device
+    )
     T = camera_to_worlds[:, :3, 3:4]
     R_inv = R.transpose(1, 2)
     viewmat = torch.zeros(R.shape[0], 4, 4, device=R.device, dtype=R.dtype)
@@ -133,11 +135,11 @@ class OdinSplatfactoModel(SplatfactoModel):
         self._populate_shared_modules()
 
     def _populate_shared_modules(self) -> None:
+        from gsplat.strategy import DefaultStrategy
         from nerfstudio.model_components.lib_bilagrid import BilateralGrid
         from nerfstudio.utils.colors import get_color
         from pytorch_msssim import SSIM
         from torchmetrics.image import PeakSignalNoiseRatio
-        from gsplat.strategy import DefaultStrategy
 
         self.camera_optimizer = self.config.camera_optimizer.setup(
             num_cameras=self.num_train_data, device="cpu"

@@ -89,8 +89,10 @@ class SelectiveAdam(torch.optim.Adam):
                     state["exp_avg"] = torch.zeros_like(param)
                     state["exp_avg_sq"] = torch.zeros_like(param)
                 state["step"] += 1
-                rows = visible if visible is not None else torch.ones(
-                    param.shape[0], dtype=torch.bool, device=param.device
+                rows = (
+                    visible
+                    if visible is not None
+                    else torch.ones(param.shape[0], dtype=torch.bool, device=param.device)
                 )
                 if rows.shape[0] != param.shape[0]:
                     raise ValueError(

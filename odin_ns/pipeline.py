@@ -34,7 +34,12 @@ from torch import Tensor
 
 from odin_ns.datamanager import OdinDataManagerConfig
 from odin_ns.errors import OdinInputError
-from odin_ns.model import GAUSSIAN_GROUPS, OdinSplatfactoModel, OdinSplatfactoModelConfig, get_viewmat
+from odin_ns.model import (
+    GAUSSIAN_GROUPS,
+    OdinSplatfactoModel,
+    OdinSplatfactoModelConfig,
+    get_viewmat,
+)
 from odin_ns.runtime import ParamGroupState, PrimitiveSyncEngine, SyncConfig
 from odin_ns.schedule import build_plan, compute_footprints
 
@@ -351,7 +356,11 @@ class OdinPipeline(VanillaPipeline):
         assert self.engine is not None
         self.engine.drain()
         model, strategy, state = self.model, self.model.strategy, self.model.strategy_state
-        for key, op in (("grad2d", dist.ReduceOp.SUM), ("count", dist.ReduceOp.SUM), ("radii", dist.ReduceOp.MAX)):
+        for key, op in (
+            ("grad2d", dist.ReduceOp.SUM),
+            ("count", dist.ReduceOp.SUM),
+            ("radii", dist.ReduceOp.MAX),
+        ):
             if state.get(key) is not None:
                 dist.all_reduce(state[key], op=op)
         params, opts = model.gauss_params, optimizers.optimizers
@@ -372,7 +381,9 @@ class OdinPipeline(VanillaPipeline):
                 if state.get("radii") is not None:
                     state["radii"].zero_()
             if step % strategy.reset_every == 0:
-                reset_opa(params=params, optimizers=opts, state=state, value=strategy.prune_opa * 2.0)
+                reset_opa(
+                    params=params, optimizers=opts, state=state, value=strategy.prune_opa * 2.0
+                )
         if self.rank == 0 and model.num_points != before:
             CONSOLE.log(f"step {step}: densification {before} -> {model.num_points} Gaussians")
 
@@ -394,7 +405,9 @@ class OdinPipeline(VanillaPipeline):
         """sha256 of every Gaussian parameter: equal on all ranks after a drain."""
         digest = hashlib.sha256()
         for name in GAUSSIAN_GROUPS:
-            digest.update(self.model.gauss_params[name].detach().cpu().contiguous().numpy().tobytes())
+            digest.update(
+                self.model.gauss_params[name].detach().cpu().contiguous().numpy().tobytes()
+            )
         return digest.hexdigest()
 
     def run_summary(self) -> dict:

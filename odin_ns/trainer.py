@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from nerfstudio.engine.trainer import Trainer, TrainerConfig
 from nerfstudio.utils.misc import step_check
 
+from odin_ns.errors import OdinInputError
 from odin_ns.pipeline import OdinPipeline
 
 
@@ -55,6 +56,14 @@ class OdinTrainer(Trainer):
         if self._distributed and due:
             self.pipeline.drain()
         super().eval_iteration(step)
+
+    def _load_checkpoint(self) -> None:
+        try:
+            super()._load_checkpoint()
+        except (AssertionError, EOFError, OSError, RuntimeError, KeyError, ValueError) as err:
+            where = self.config.load_checkpoint or self.config.load_dir
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise OdinInputError(f"cannot resume from checkpoint '{where}': {reason}") from err
 
     def save_checkpoint(self, step: int) -> None:
         if self._distributed:

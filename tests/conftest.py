@@ -16,7 +16,11 @@ def object_scene(tmp_path_factory):
     from odin_ns.data.synthetic import make_scene
 
     return make_scene(
-        tmp_path_factory.mktemp("object_scene"), layout="object", num_views=12, num_eval_views=3, seed=0
+        tmp_path_factory.mktemp("object_scene"),
+        layout="object",
+        num_views=12,
+        num_eval_views=3,
+        seed=0,
     )
 
 
@@ -25,5 +29,9 @@ def street_scene(tmp_path_factory):
     from odin_ns.data.synthetic import make_scene
 
     return make_scene(
-        tmp_path_factory.mktemp("street_scene"), layout="street", num_views=16, num_eval_views=3, seed=0
+        tmp_path_factory.mktemp("street_scene"),
+        layout="street",
+        num_views=16,
+        num_eval_views=3,
+        seed=0,
     )

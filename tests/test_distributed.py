@@ -110,3 +110,27 @@ def test_two_rank_checkpoint_evaluates_in_single_process(two_rank_runs, tmp_path
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads(out.read_text())["results"]
     assert results["psnr"] > 10.0
+
+
+def test_more_ranks_than_views_is_a_clear_error(tmp_path):
+    from odin_ns.data.synthetic import make_scene
+
+    scene = make_scene(tmp_path / "tiny", layout="object", num_views=2, num_eval_views=1, seed=1)
+    cmd = [
+        str(BIN / "odin-ns-train"),
+        "--nproc-per-node",
+        "3",
+        "--master-port",
+        str(29500 + (os.getpid() + 7) % 2000),
+        "odin-splatfacto",
+        "--data",
+        str(scene),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--vis",
+        "tensorboard",
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode != 0
+    assert "3 ranks but only 2 training views" in proc.stdout + proc.stderr

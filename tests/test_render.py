@@ -19,6 +19,7 @@ from gsplat.cuda._torch_impl import (
 from odin_ns.render import GSPLAT_NEEDS_CUDA, rasterize, resolve_backend
 from odin_ns.render.projection import project_gaussians
 from odin_ns.render.sh import sh_to_color
+from odin_ns.render.tiles import build_pair_plan
 from odin_ns.render.torch_backend import rasterize_torch
 
 
@@ -48,6 +49,7 @@ def make_scene(
     dtype=torch.float64,
     log_scale: tuple[float, float] = (-1.5, -0.5),
     special: bool = True,
+    anisotropy: float = 0.0,
 ):
     """Random Gaussians in front of C cameras, dense enough that pixels hit the
     transmittance stop; a few sit outside the view or behind the near plane, and a few
@@ -69,6 +71,7 @@ def make_scene(
     quats = torch.randn(n, 4, generator=g, dtype=dtype)
     lo, hi = log_scale
     scales = torch.exp(lo + (hi - lo) * rand(n, 3))
+    scales[:, 0] *= math.exp(-anisotropy)  # thin, elongated ellipses
     opacities = 0.5 + 0.49 * rand(n)
     if special:
         # Four small, nearly opaque Gaussians centered on pixel centers of camera 0.
@@ -471,6 +474,52 @@ def test_radius_clip_culls_small_gaussians():
     expected = torch.where(full.radii > clip, full.radii, torch.zeros_like(full.radii))
     torch.testing.assert_close(clipped.radii, expected)
     assert (full.radii > 0).sum() > (clipped.radii > 0).sum() > 0
+
+
+@pytest.mark.parametrize("sub", [2, 4, 8])
+def test_pair_plan_keeps_every_contributing_pair(sub):
+    """Every (pixel, Gaussian) pair that passes the alpha test within gsplat's tile range
+    has its (sub-tile, Gaussian) row in the plan, front to back; and the culling is tight."""
+    width, height = 40, 28
+    means, quats, scales, opacities, _, viewmats, Ks = make_scene(
+        n=120, seed=20 + sub, sh_degree=None, width=width, height=height, anisotropy=2.0
+    )
+    proj = project_gaussians(means, quats, scales, viewmats, Ks, width, height)
+    opac = opacities[None].expand(2, -1)
+    plan = build_pair_plan(
+        proj.means2d, proj.radii, proj.depths, proj.conics, opac, 16, width, height, sub=sub
+    )
+    seg = torch.repeat_interleave(torch.arange(plan.n_seg), plan.seg_counts)
+    planned = set(zip(seg.tolist(), plan.gid.tolist()))
+    assert len(planned) == plan.n_rows  # no duplicate rows
+
+    # Brute force over all pixels.
+    ys, xs = torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij")
+    px, py = xs.flatten().double() + 0.5, ys.flatten().double() + 0.5
+    m2, con, r = proj.means2d.detach(), proj.conics.detach(), proj.radii
+    needed = set()
+    for c in range(2):
+        dx = m2[c, :, 0, None] - px  # [N, P]
+        dy = m2[c, :, 1, None] - py
+        a, b, cc = (con[c, :, k, None] for k in range(3))
+        sigma = 0.5 * (a * dx * dx + cc * dy * dy) + b * dx * dy
+        alpha = torch.clamp(opac[c, :, None] * torch.exp(-sigma), max=0.999)
+        tx0 = torch.floor(m2[c, :, 0] / 16 - r[c] / 16).clamp(0, 3)[:, None]
+        tx1 = torch.ceil(m2[c, :, 0] / 16 + r[c] / 16).clamp(0, 3)[:, None]
+        ty0 = torch.floor(m2[c, :, 1] / 16 - r[c] / 16).clamp(0, 2)[:, None]
+        ty1 = torch.ceil(m2[c, :, 1] / 16 + r[c] / 16).clamp(0, 2)[:, None]
+        tix, tiy = (xs.flatten() // 16)[None], (ys.flatten() // 16)[None]
+        in_tiles = (tix >= tx0) & (tix < tx1) & (tiy >= ty0) & (tiy < ty1) & (r[c, :, None] > 0)
+        hit = in_tiles & (sigma >= 0) & (alpha >= 1.0 / 255.0)
+        g, pix = torch.nonzero(hit, as_tuple=True)
+        s = (c * plan.sub_h + ys.flatten()[pix] // sub) * plan.sub_w + xs.flatten()[pix] // sub
+        needed |= set(zip(s.tolist(), (c * means.shape[0] + g).tolist()))
+    assert needed <= planned
+    assert len(planned) < 1.5 * len(needed), (len(planned), len(needed))
+    # Front to back inside every sub-tile.
+    d = proj.depths.detach().flatten()[plan.gid]
+    same = seg[1:] == seg[:-1]
+    assert (d[1:][same] >= d[:-1][same]).all()
 
 
 def test_tile_info_matches_gsplat_torch_impl():

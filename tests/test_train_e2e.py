@@ -90,7 +90,14 @@ def test_train_then_eval_improves_psnr(object_scene, tmp_path):
 
 def test_missing_data_path_is_one_clear_line(tmp_path):
     proc = _run(
-        [str(BIN / "ns-train"), "odin-splatfacto", "--data", str(tmp_path / "nope"), "--vis", "tensorboard"],
+        [
+            str(BIN / "ns-train"),
+            "odin-splatfacto",
+            "--data",
+            str(tmp_path / "nope"),
+            "--vis",
+            "tensorboard",
+        ],
         timeout=300,
     )
     assert proc.returncode != 0
@@ -135,4 +142,27 @@ def test_gsplat_backend_without_cuda_is_one_clear_line(object_scene, tmp_path):
     )
     assert proc.returncode != 0
     assert "needs CUDA" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_corrupt_checkpoint_is_one_clear_line(object_scene, tmp_path):
+    ckpt = tmp_path / "step-000000010.ckpt"
+    ckpt.write_bytes(b"this is not a checkpoint")
+    proc = _run(
+        [
+            str(BIN / "ns-train"),
+            "odin-splatfacto",
+            "--data",
+            str(object_scene),
+            "--output-dir",
+            str(tmp_path),
+            "--vis",
+            "tensorboard",
+            "--load-checkpoint",
+            str(ckpt),
+        ],
+        timeout=300,
+    )
+    assert proc.returncode != 0
+    assert "cannot resume from checkpoint" in proc.stderr
     assert "Traceback" not in proc.stderr

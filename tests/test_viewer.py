@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 import socket
@@ -114,6 +115,8 @@ def saved_run() -> dict:
                     for s in range(40)
                 ],
                 "engine": {
+                    "steps": 40,
+                    "bytes_sent": 40 * 2048 * (r + 1),
                     "max_version_lag": 2 + r,
                     "staleness_hist": {"0": 30 + r, "1": 7},
                     "admitted": 11 + r,
@@ -168,6 +171,7 @@ def test_snapshot_from_run_matches_reference():
     assert snap["admitted"] == 23
     assert snap["fallbacks"] == {"overlap": 6, "evidence": 1, "staleness": 0, "phase": 2}
     assert [r["version_lag"] for r in snap["ranks"]] == [2, 3]
+    assert [r["mean_bytes_sent"] for r in snap["ranks"]] == [2048.0, 4096.0]
     np.testing.assert_allclose(snap["ranks"][1]["compute_s"], compute[1])
     assert snap["plan"]["phase"] == 1 and snap["plan"]["rebuilt_at_step"] == 20
     assert snap["plan"]["num_gaussians"] == 1234
@@ -278,14 +282,22 @@ def test_attach_to_viewer_polls_in_a_daemon_thread():
         server.stop()
 
 
-def test_cli_rejects_missing_run_json(tmp_path):
+def test_cli_serves_a_saved_run_and_rejects_a_missing_one(tmp_path):
+    cli = [sys.executable, "-m", "odin_ns.viewer_ext", "--run-json"]
     proc = subprocess.run(
-        [sys.executable, "-m", "odin_ns.viewer_ext", "--run-json", str(tmp_path / "nope.json")],
+        [*cli, str(tmp_path / "nope.json")], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "run JSON not readable" in proc.stderr
+    (tmp_path / "odin_run.json").write_text(json.dumps(saved_run()))
+    port = free_port()
+    proc = subprocess.run(
+        [*cli, str(tmp_path / "odin_run.json"), "--port", str(port), "--seconds", "0.5"],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert proc.returncode == 2 and "run JSON not readable" in proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    assert f"http://127.0.0.1:{port}" in proc.stdout
 
 
 # ---------------------------------------------------------------------- real browser
@@ -376,7 +388,7 @@ def test_panels_in_headless_chromium(tmp_path):
             # Pause: the source is no longer polled, the numbers hold still.
             browser.evaluate(f"{BY_LABEL}('Pause display').click()")
             browser.wait_for("document.body.innerText.includes('display paused')")
-            time.sleep(3 * refresh)
+            time.sleep(1.0)  # a poll that began before the click may still finish
             calls = source.calls
             time.sleep(3 * refresh)
             assert source.calls == calls
@@ -402,7 +414,9 @@ def test_panels_in_headless_chromium(tmp_path):
             clip = browser.evaluate(FOLDER_RECT)
             shot = browser.screenshot(tmp_path / "viewer_panels.png", clip=clip)
             assert shot.stat().st_size > 20_000
-            shutil.copy(shot, REPO / "docs" / "viewer_panels.png")
+            readme_shot = REPO / "docs" / "viewer_panels.png"
+            if not readme_shot.exists() or os.environ.get("ODIN_UPDATE_SCREENSHOT") == "1":
+                shutil.copy(shot, readme_shot)  # the README's picture (not rewritten every run)
 
             # Saved-run mode (what `python -m odin_ns.viewer_ext --run-json` serves).
             run_server, run_panels = serve_run(run_path, port=free_port())
@@ -418,6 +432,7 @@ def test_panels_in_headless_chromium(tmp_path):
                 "admitted\t23",
                 "phase\t1",
                 "num gaussians\t1234",
+                "1\t4.0 KiB\t—\t3",  # publications: mean bytes/step from the run total
                 "mean footprint rows\t456.500",
                 "0: 61, 1: 14",
             ):

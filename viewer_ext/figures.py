@@ -123,7 +123,7 @@ def compute_wait_figure(stats: list[RankStats], max_points: int = 200) -> Plotly
                     "line": {"color": rank_color(r.rank), "dash": dash, "width": 1.5},
                 }
             )
-    title = "Compute (solid) vs wait (dotted) per step, by rank"
+    title = "Compute (solid) / wait (dotted)"
     return PlotlyJSON(data=data, layout=_layout(title, "", "ms", empty=not data))
 
 
@@ -145,7 +145,7 @@ def bytes_figure(stats: list[RankStats], max_points: int = 200) -> PlotlyJSON:
             }
         )
     return PlotlyJSON(
-        data=data, layout=_layout("Publication bytes per step, by rank", "", "KiB", empty=not data)
+        data=data, layout=_layout("Publication bytes per step", "", "KiB", empty=not data)
     )
 
 
@@ -185,7 +185,7 @@ def delayed_reads_figure(admitted: int | None, fallbacks: dict[str, int | None])
         data.append(
             {"type": "bar", "x": labels, "y": counts, "marker": {"color": colors}, "name": "reads"}
         )
-    layout = _layout("Admitted vs fallback (by reason)", "", "reads", empty=not data)
+    layout = _layout("Admitted vs fallback by reason", "", "reads", empty=not data)
     layout["showlegend"] = False
     return PlotlyJSON(data=data, layout=layout)
 

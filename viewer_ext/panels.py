@@ -163,7 +163,7 @@ class OdinPanels:
         if getattr(event, "client_id", None) is None:
             return  # the panel itself moved the slider to the value in effect
         with self._lock:
-            self._pending[key] = cast(event.target.value)
+            self._pending[key] = cast(round(event.target.value, 6))
             snapshot = self._snapshot
         with self._render_lock:
             self._set_markdown(

@@ -16,8 +16,10 @@ SNAPSHOT_KEYS = (
     "mode",  # "barrier" | "quality-first" | "throughput-first"
     "world_size",  # int
     "ranks",  # [{"rank", "steps", "compute_s", "wait_s", "bytes_sent", "version_lag"}]
+    # (a rank may carry "mean_bytes_sent" instead of a "bytes_sent" series: saved runs)
     "wait_hidden",  # float | None: 1 - odin critical-path wait / barrier estimate
     "barrier_wait_estimate_s",  # float | None
+    "wait_note",  # str, optional: how the two waits were obtained
     "odin_wait_s",  # float | None
     "staleness_hist",  # {"0": int, "1": int, ...} (throughput-first)
     "admitted",  # int: delayed reads admitted
@@ -145,7 +147,7 @@ def rank_stats(snapshot: dict) -> list[RankStats]:
                 mean_compute_s=mc,
                 mean_wait_s=mw,
                 wait_fraction=frac,
-                mean_bytes=_mean(sent),
+                mean_bytes=_mean(sent) if sent else as_float(entry.get("mean_bytes_sent")),
             )
         )
     return sorted(out, key=lambda r: r.rank)
@@ -273,6 +275,10 @@ def snapshot_from_run(run: dict) -> dict:
         }
         if any("bytes_sent" in s for s in records):
             series["bytes_sent"] = [as_float(s.get("bytes_sent")) for s in records]
+        else:  # only the engine's run total: show its mean per step
+            total, count = as_float(engines[i].get("bytes_sent")), as_int(engines[i].get("steps"))
+            if total is not None and count:
+                series["mean_bytes_sent"] = total / count
         lag = as_int(engines[i].get("max_version_lag"))
         if lag is not None:
             series["version_lag"] = lag
@@ -294,6 +300,9 @@ def snapshot_from_run(run: dict) -> dict:
         if barrier is not None:
             snap.setdefault("barrier_wait_estimate_s", barrier)
             snap.setdefault("odin_wait_s", odin)
+            snap["wait_note"] = (
+                "estimated from step logs: a barrier's wait = compute imbalance (no communication)"
+            )
     if "staleness_window" in snap:
         snap["staleness_window"] = int(snap["staleness_window"])
 

@@ -66,7 +66,7 @@ def compute_wait_markdown(stats: list[RankStats]) -> str:
 def wait_hidden_markdown(snapshot: dict) -> str:
     """Critical-path wait hidden so far vs the barrier estimate."""
     hidden = wait_hidden(snapshot)
-    return f"**Critical-path wait hidden:** {fmt_num(hidden, 1, 100.0, ' %')}\n\n" + _table(
+    waits = _table(
         ("Odin wait s", "barrier estimate s"),
         [
             (
@@ -75,6 +75,9 @@ def wait_hidden_markdown(snapshot: dict) -> str:
             )
         ],
     )
+    note = snapshot.get("wait_note")
+    note = f"\n\n*{note}*" if isinstance(note, str) and note else ""
+    return f"**Critical-path wait hidden:** {fmt_num(hidden, 1, 100.0, ' %')}\n\n{waits}{note}"
 
 
 def wait_hidden_percent(snapshot: dict) -> float:

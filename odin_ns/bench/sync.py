@@ -81,7 +81,13 @@ def _psnr(run_dir: Path) -> float:
     out = run_dir / "eval.json"
     with CONSOLE.status(f"ns-eval {run_dir.name}"):
         proc = subprocess.run(
-            [str(BIN / "ns-eval"), "--load-config", str(run_dir / "config.yml"), "--output-path", str(out)],
+            [
+                str(BIN / "ns-eval"),
+                "--load-config",
+                str(run_dir / "config.yml"),
+                "--output-path",
+                str(out),
+            ],
             capture_output=True,
             text=True,
         )
@@ -110,7 +116,9 @@ def mode_figures(summary: dict, skip_steps: int) -> dict:
     row_floats = 59  # splatfacto (SH degree 3): 3+3+4+3+45+1 gradient floats per Gaussian
     world = len(ranks)
     dense_allreduce = 2.0 * (world - 1) / world * num_gaussians * row_floats * 4
-    bytes_per_step = np.mean([r["engine"]["bytes_sent"] for r in ranks]) / max(1, len(ranks[0]["steps"]))
+    bytes_per_step = np.mean([r["engine"]["bytes_sent"] for r in ranks]) / max(
+        1, len(ranks[0]["steps"])
+    )
     return {
         "views_per_second": views / (end - start),
         "ideal_views_per_second": views / max(busy),
@@ -131,13 +139,19 @@ def plot_timeline(summaries: dict[str, dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(summaries), 1, figsize=(10, 2.2 * len(summaries)), squeeze=False)
-    for ax, (mode, summary) in zip(axes[:, 0], summaries.items()):
+    for ax, (mode, summary) in zip(axes[:, 0], summaries.items(), strict=True):
         t0 = min(r["steps"][0]["start"] for r in summary["ranks"])
         for r in summary["ranks"]:
             for s in r["steps"]:
                 wait_end = s["start"] - t0 + s["wait_s"]
                 ax.barh(r["rank"], s["wait_s"], left=s["start"] - t0, color="tab:red", height=0.6)
-                ax.barh(r["rank"], s["end"] - s["start"] - s["wait_s"], left=wait_end, color="tab:blue", height=0.6)
+                ax.barh(
+                    r["rank"],
+                    s["end"] - s["start"] - s["wait_s"],
+                    left=wait_end,
+                    color="tab:blue",
+                    height=0.6,
+                )
         ax.set_title(f"{mode}: compute (blue) and wait (red) per rank")
         ax.set_ylabel("rank")
     axes[-1, 0].set_xlabel("seconds")
@@ -147,7 +161,9 @@ def plot_timeline(summaries: dict[str, dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--downscale-factor", type=int, default=0)
     parser.add_argument("--ranks", type=int, default=2)
@@ -156,7 +172,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--refine-every", type=int, default=50)
-    parser.add_argument("--skip-steps", type=int, default=5, help="warm-up steps left out of timings")
+    parser.add_argument(
+        "--skip-steps", type=int, default=5, help="warm-up steps left out of timings"
+    )
     parser.add_argument("--work-dir", type=Path, default=Path("outputs/bench_sync"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("extra", nargs="*", help="more ns-train options, after --")
@@ -168,7 +186,10 @@ def main(argv: list[str] | None = None) -> dict:
     if unknown:
         parser.error(f"unknown modes {sorted(unknown)}; choose from {sorted(SHORT)}")
 
-    summaries, results = {}, {"data": str(args.data), "ranks": args.ranks, "steps": args.steps, "modes": {}}
+    summaries, results = (
+        {},
+        {"data": str(args.data), "ranks": args.ranks, "steps": args.steps, "modes": {}},
+    )
     for i, mode in enumerate(modes):
         run = _train(args, mode, args.work_dir, port=29400 + (os.getpid() + i) % 500)
         summaries[mode] = json.loads((run / "odin_run.json").read_text())
@@ -186,12 +207,21 @@ def main(argv: list[str] | None = None) -> dict:
             figures["bytes_per_step"] / figures["dense_allreduce_bytes_per_step"]
         )
         if base is not None and mode != "barrier":
-            results[f"throughput_ratio_{key}_vs_barrier"] = figures["views_per_second"] / base["views_per_second"]
-            results[f"wait_hidden_{key}"] = 1.0 - figures["critical_path_wait_s"] / max(1e-9, base["critical_path_wait_s"])
-            params_m, params_b = _final_params(Path(figures["run_dir"])), _final_params(Path(base["run_dir"]))
+            results[f"throughput_ratio_{key}_vs_barrier"] = (
+                figures["views_per_second"] / base["views_per_second"]
+            )
+            results[f"wait_hidden_{key}"] = 1.0 - figures["critical_path_wait_s"] / max(
+                1e-9, base["critical_path_wait_s"]
+            )
+            params_m, params_b = (
+                _final_params(Path(figures["run_dir"])),
+                _final_params(Path(base["run_dir"])),
+            )
             same_shapes = all(params_m[k].shape == params_b[k].shape for k in params_b)
             results[f"max_param_diff_{key}_vs_barrier"] = (
-                max(float((params_m[k] - params_b[k]).abs().max()) for k in params_b) if same_shapes else float("inf")
+                max(float((params_m[k] - params_b[k]).abs().max()) for k in params_b)
+                if same_shapes
+                else float("inf")
             )
             results[f"psnr_delta_{key}_vs_barrier"] = figures["psnr"] - base["psnr"]
     if "quality-first" in results["modes"]:

@@ -270,10 +270,14 @@ def build_pair_plan(
     strip_seg = sy * sub_w + sx0  # sub-tile id of the strip's first row
     if C > 1:
         strip_seg = strip_seg + (strip_gid // N) * (sub_h * sub_w)
-    row_strip, col = _expand((sx1 - sx0).clamp(min=0))
-    seg = strip_seg.index_select(0, row_strip) + col
+    width_s = (sx1 - sx0).clamp(min=0)
     n_seg = C * sub_h * sub_w
+    itype = torch.int32 if n_seg < 2**31 and len(flat) < 2**31 else torch.int64
+    # seg of a row = its strip's first seg + (row index - strip's first row index)
+    first_row = torch.cumsum(width_s, 0) - width_s
+    seg = torch.repeat_interleave((strip_seg - first_row).to(itype), width_s)
+    seg += torch.arange(len(seg), dtype=itype, device=device)
     perm = torch.sort(_small_int(seg, n_seg), stable=True).indices
-    gid = strip_gid.index_select(0, row_strip.index_select(0, perm))
+    gid = torch.repeat_interleave(strip_gid.to(itype), width_s).index_select(0, perm).long()
     seg_counts = torch.bincount(seg, minlength=n_seg)
     return PairPlan(sub, sub_w, sub_h, n_seg, gid, seg_counts.to(device))

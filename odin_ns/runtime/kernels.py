@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from odin_ns.cuda import ops as ext_ops
 from odin_ns.optim import selective_adam_update_
 
 
@@ -43,6 +44,12 @@ def pack_rows(
     """
     width = sum(row_dims) + 1
     m = rows.shape[0]
+    if out is None and all(g is not None for g in grads):
+        # One fused gather (torch.ops.odin.pack_rows when the extension is built).
+        n = visible.shape[0]
+        columns = [g.detach().reshape(n, d) for g, d in zip(grads, row_dims, strict=True)]
+        columns.append(visible.to(torch.float32).unsqueeze(1))
+        return ext_ops.pack_rows(rows, columns)
     if out is None:
         out = torch.empty(m, width, dtype=torch.float32, device=rows.device)
     off = 0
