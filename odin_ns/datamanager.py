@@ -39,6 +39,8 @@ class OdinDataManager(FullImageDatamanager):
             raise OdinInputError(f"data path '{data}' does not exist (pass --data DIR)")
         try:
             super().__init__(config, *args, **kwargs)
+            if self.test_mode != "inference":
+                _ = self.cached_train  # decode now: a bad image fails here with one line
         except (AssertionError, FileNotFoundError, IndexError, KeyError, ValueError) as err:
             reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise OdinInputError(f"could not read a scene from '{data}': {reason}") from err

@@ -41,7 +41,7 @@ from odin_ns.model import (
     get_viewmat,
 )
 from odin_ns.runtime import ParamGroupState, PrimitiveSyncEngine, SyncConfig
-from odin_ns.schedule import build_plan, compute_footprints
+from odin_ns.schedule import build_plan, compute_footprints, plan_conflict
 
 
 @dataclass
@@ -59,6 +59,8 @@ class OdinPipelineConfig(VanillaPipelineConfig):
     """Pixels added around each projected 3-sigma footprint when planning."""
     max_phase_steps: int = 100
     """Re-plan (fresh footprints) at least this often, even without a structural change."""
+    snapshot_every: int = 5
+    """Rank 0 refreshes the viewer panels' snapshot every this many steps."""
 
 
 class OdinPipeline(VanillaPipeline):
@@ -88,6 +90,10 @@ class OdinPipeline(VanillaPipeline):
         self._phase_index = 0
         self._step_log: list[dict] = []
         self._phase_log: list[dict] = []
+        self._peer_steps: dict[int, list[dict]] = {}  # rank 0: other ranks' steps, per phase
+        self._gathered_upto = 0
+        self.sync_snapshot: dict = {}  # replaced wholesale, read by the viewer panels' thread
+        self.panels = None
         if self.distributed:
             self._check_distributed_setup()
             self.model.external_densification = True
@@ -176,6 +182,8 @@ class OdinPipeline(VanillaPipeline):
             "end": time.time(),
         }
         self._step_log.append(record)
+        if self.panels is not None and step % self.config.snapshot_every == 0:
+            self.sync_snapshot = self._build_snapshot(step)
         metrics_dict["odin_wait_s"] = wait_s
         metrics_dict["odin_compute_s"] = compute_s
         return loss, loss_dict, metrics_dict
@@ -205,6 +213,7 @@ class OdinPipeline(VanillaPipeline):
         if self.engine is not None:
             self.engine.drain()
         tic = time.perf_counter()
+        self._exchange_at_phase_start()
         footprints = self._gather_footprints()
         structural = self._next_structural_step(step)
         end = structural + 1 if structural is not None else step + self.config.max_phase_steps
@@ -249,6 +258,8 @@ class OdinPipeline(VanillaPipeline):
                 "num_gaussians": self.model.num_points,
                 "plan_seconds": time.perf_counter() - tic,
                 "mean_footprint_rows": float(np.mean(plan.message_rows)),
+                "views_per_rank": plan.views_per_rank,
+                "predicted_conflict": float(np.mean(plan_conflict(plan))) if num_steps > 1 else 0.0,
             }
         )
         self._phase_index += 1
@@ -260,6 +271,91 @@ class OdinPipeline(VanillaPipeline):
         if self._gloo_group is None:
             self._gloo_group = dist.new_group(backend="gloo")
         return self._gloo_group
+
+    def _exchange_at_phase_start(self) -> None:
+        """At a drain point: rank 0 collects peers' step logs; every rank adopts the panels'
+        requested tau / K (a request only ever takes effect here, identically on all ranks)."""
+        request = self.panels.requested_settings() if self.panels is not None else {}
+        mine = (self._step_log[self._gathered_upto :], request)
+        parts: list = [None] * self.world_size
+        dist.all_gather_object(parts, mine)
+        self._gathered_upto = len(self._step_log)
+        if self.rank == 0:
+            for rank, (steps, _) in enumerate(parts):
+                self._peer_steps.setdefault(rank, []).extend(steps)
+        request = parts[0][1]
+        if request:
+            self.config.sync.tau = float(request.get("tau", self.config.sync.tau))
+            self.config.sync.staleness_window = int(
+                request.get("K", self.config.sync.staleness_window)
+            )
+            if self.engine is not None:
+                self.engine.config.tau = self.config.sync.tau
+                self.engine.config.staleness_window = self.config.sync.staleness_window
+
+    def _build_snapshot(self, step: int, window: int = 200) -> dict:
+        """What the viewer panels show: this rank live, peers as of the last phase start."""
+        assert self.engine is not None
+        bytes_by_step = {m["step"]: m["bytes_sent"] for m in self.engine.step_metrics()[-window:]}
+        ranks = []
+        for rank in range(self.world_size):
+            steps = self._step_log if rank == 0 else self._peer_steps.get(rank, [])
+            steps = steps[-window:]
+            ranks.append(
+                {
+                    "rank": rank,
+                    "steps": [s["step"] for s in steps],
+                    "compute_s": [s["compute_s"] for s in steps],
+                    "wait_s": [s["wait_s"] for s in steps],
+                    "bytes_sent": [bytes_by_step.get(s["step"], 0) for s in steps]
+                    if rank == 0
+                    else [],
+                }
+            )
+        # Barrier estimate: every step waits for the slowest rank's compute.
+        by_step: dict[int, list[float]] = {}
+        for rank in range(self.world_size):
+            source = self._step_log if rank == 0 else self._peer_steps.get(rank, [])
+            for s in source:
+                by_step.setdefault(s["step"], []).append(s["compute_s"])
+        full = [v for v in by_step.values() if len(v) == self.world_size]
+        barrier = sum(max(v) - min(v) for v in full) if full else None
+        complete = {k for k, v in by_step.items() if len(v) == self.world_size}
+        odin_wait = sum(s["wait_s"] for s in self._step_log if s["step"] in complete)
+        summary = self.engine.summary()
+        phase = self._phase_log[-1] if self._phase_log else {}
+        return {
+            "step": step,
+            "mode": self.config.sync.mode,
+            "world_size": self.world_size,
+            "ranks": ranks,
+            "barrier_wait_estimate_s": barrier,
+            "odin_wait_s": odin_wait,
+            "wait_hidden": (1.0 - odin_wait / barrier) if barrier else None,
+            "staleness_hist": summary.get("staleness_hist", {}),
+            "admitted": summary.get("admitted", 0),
+            "fallbacks": summary.get("fallbacks", {}),
+            "plan": {
+                "phase": phase.get("phase"),
+                "start_step": phase.get("start_step"),
+                "num_steps": phase.get("num_steps"),
+                "views_per_rank": phase.get("views_per_rank"),
+                "predicted_conflict": phase.get("predicted_conflict"),
+                "rebuilt_at_step": phase.get("start_step"),
+            },
+            "tau": self.config.sync.tau,
+            "staleness_window": self.config.sync.staleness_window,
+        }
+
+    def get_training_callbacks(self, training_callback_attributes):
+        callbacks = super().get_training_callbacks(training_callback_attributes)
+        trainer = training_callback_attributes.trainer
+        viewer_state = getattr(trainer, "viewer_state", None) if trainer is not None else None
+        if self.distributed and self.rank == 0 and viewer_state is not None:
+            from odin_ns.viewer_ext import attach_to_viewer
+
+            self.panels = attach_to_viewer(viewer_state, lambda: self.sync_snapshot)
+        return callbacks
 
     def _plan_seed(self) -> int:
         return int(self.datamanager.config.train_cameras_sampling_seed)

@@ -16,12 +16,11 @@ from gsplat.cuda._torch_impl import (
     _spherical_harmonics,
 )
 
-from odin_ns.render import GSPLAT_NEEDS_CUDA, rasterize, resolve_backend
+from odin_ns.render import GSPLAT_NEEDS_CUDA, composite, rasterize, resolve_backend
 from odin_ns.render.projection import project_gaussians
 from odin_ns.render.sh import sh_to_color
 from odin_ns.render.tiles import build_pair_plan
 from odin_ns.render.torch_backend import rasterize_torch
-
 
 
 @pytest.fixture(autouse=True)
@@ -315,10 +314,12 @@ def _grads(fn, scene, bg, loss_w):
     ("sh_degree", "rasterize_mode", "render_mode"),
     [(3, "classic", "RGB"), (0, "antialiased", "RGB+ED"), (None, "classic", "D")],
 )
-@pytest.mark.parametrize(("sub", "chunk"), LAYOUTS)
+@pytest.mark.parametrize(("sub", "chunk", "block"), [(*lay, None) for lay in LAYOUTS] + [(4, 4, 3)])
 def test_gradients_match_autograd_through_reference(
-    sh_degree, rasterize_mode, render_mode, sub, chunk
+    sh_degree, rasterize_mode, render_mode, sub, chunk, block, monkeypatch
 ):
+    if block is not None:  # a sweep step handles `block` sub-tiles at a time
+        monkeypatch.setattr(composite, "MAX_BLOCK_PAIRS", block * sub * sub * chunk)
     scene = make_scene(sh_degree=sh_degree, seed=4)
     gen = torch.Generator().manual_seed(5)
     bg = torch.rand(2, 3, dtype=torch.float64, generator=gen)
@@ -352,7 +353,7 @@ def test_gradients_match_autograd_through_reference(
 
     names = ["means", "quats", "scales", "opacities", "colors", "backgrounds"]
     unused = {"colors", "backgrounds"} if render_mode == "D" else set()
-    grads = zip(names, _grads(ref, scene, bg, loss_w), _grads(ours, scene, bg, loss_w))
+    grads = zip(names, _grads(ref, scene, bg, loss_w), _grads(ours, scene, bg, loss_w), strict=True)
     for name, g_ref, g_ours in grads:
         if name in unused:
             assert g_ref is None and g_ours is None, name
@@ -490,7 +491,7 @@ def test_pair_plan_keeps_every_contributing_pair(sub):
         proj.means2d, proj.radii, proj.depths, proj.conics, opac, 16, width, height, sub=sub
     )
     seg = torch.repeat_interleave(torch.arange(plan.n_seg), plan.seg_counts)
-    planned = set(zip(seg.tolist(), plan.gid.tolist()))
+    planned = set(zip(seg.tolist(), plan.gid.tolist(), strict=True))
     assert len(planned) == plan.n_rows  # no duplicate rows
 
     # Brute force over all pixels.
@@ -513,7 +514,7 @@ def test_pair_plan_keeps_every_contributing_pair(sub):
         hit = in_tiles & (sigma >= 0) & (alpha >= 1.0 / 255.0)
         g, pix = torch.nonzero(hit, as_tuple=True)
         s = (c * plan.sub_h + ys.flatten()[pix] // sub) * plan.sub_w + xs.flatten()[pix] // sub
-        needed |= set(zip(s.tolist(), (c * means.shape[0] + g).tolist()))
+        needed |= set(zip(s.tolist(), (c * means.shape[0] + g).tolist(), strict=True))
     assert needed <= planned
     assert len(planned) < 1.5 * len(needed), (len(planned), len(needed))
     # Front to back inside every sub-tile.
@@ -702,5 +703,5 @@ def test_torch_backend_matches_gsplat_on_cuda():
     torch.testing.assert_close(ta, ga, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(tc, gc, rtol=1e-4, atol=1e-3)
     torch.testing.assert_close(ti["means2d"].absgrad, gi["means2d"].absgrad, rtol=1e-3, atol=1e-5)
-    for a, b in zip(tg, gg):
+    for a, b in zip(tg, gg, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)

@@ -86,9 +86,7 @@ def _validate(
     if render_mode not in RENDER_MODES:
         raise ValueError(f"render_mode must be one of {RENDER_MODES}, got {render_mode!r}")
     if rasterize_mode not in RASTERIZE_MODES:
-        raise ValueError(
-            f"rasterize_mode must be one of {RASTERIZE_MODES}, got {rasterize_mode!r}"
-        )
+        raise ValueError(f"rasterize_mode must be one of {RASTERIZE_MODES}, got {rasterize_mode!r}")
     if sh_degree is None:
         if not (
             (colors.dim() == 2 and colors.shape[0] == N)

@@ -30,6 +30,7 @@ from .tiles import ALPHA_MIN, PairPlan
 ALPHA_MAX = 0.999
 T_MIN = 1e-4  # a pixel keeps a Gaussian only while its transmittance stays above this
 CHUNK_ROWS = 32  # rows of every live sub-tile processed per sweep step
+MAX_BLOCK_PAIRS = 1 << 22  # (pixel, row) pairs evaluated at once, to bound memory
 
 
 def _pixel_offsets(sub: int, like: Tensor) -> tuple[Tensor, Tensor]:
@@ -92,9 +93,12 @@ def composite_forward(
     opacities: Tensor,  # [M]
     plan: PairPlan,
     chunk_rows: int = CHUNK_ROWS,
+    keep_chunks: bool = True,
 ) -> tuple[Tensor, Tensor, list[Chunk]]:
     """Composite every sub-tile front to back, ``chunk_rows`` rows at a time; a sub-tile
-    leaves the sweep once its rows run out or all its pixels have stopped.
+    leaves the sweep once its rows run out or all its pixels have stopped. A step touches
+    at most ``MAX_BLOCK_PAIRS`` pairs at once (more live sub-tiles are split into blocks),
+    which bounds memory on large images. ``keep_chunks=False`` (no backward) keeps none.
 
     Masks are kept as 0/1 floats (comparisons written into float buffers): on CPU that is
     several times faster than boolean masks with ``where`` / ``masked_fill``.
@@ -115,10 +119,10 @@ def composite_forward(
     t_final = colors.new_ones(plan.n_seg, P)  # T over composited pairs
     ox, oy = _pixel_offsets(plan.sub, colors)
     ar = torch.arange(chunk_rows, device=device)
-    segs = torch.nonzero(counts > 0).squeeze(1)
-    chunks = []
-    l0 = 0
-    while len(segs) > 0:
+    chunks: list[Chunk] = []
+
+    def block(segs: Tensor, l0: int) -> Tensor:
+        """Rows l0 .. l0 + chunk_rows of sub-tiles ``segs``; returns T after them [S_a, P]."""
         lens = counts.index_select(0, segs)
         pos = (starts.index_select(0, segs) + l0)[:, None] + ar[None, :]
         pos = torch.where((l0 + ar)[None, :] < lens[:, None], pos, plan.n_rows)  # pad -> R
@@ -151,12 +155,20 @@ def composite_forward(
         t_run.index_copy_(0, segs, last)
         kept = torch.rsub(alpha, 1.0).prod(-1)
         t_final.index_copy_(0, segs, t_final.index_select(0, segs).mul_(kept))
-        alpha_grad = alpha
-        if bool(raw.max() > ALPHA_MAX):  # clamped alphas pass no gradient to sigma
-            alpha_grad = alpha * torch.le(raw, ALPHA_MAX, out=mask)
-        chunks.append(Chunk(segs, idx, alpha, trans, alpha_grad))
+        if keep_chunks:
+            alpha_grad = alpha
+            if bool(raw.max() > ALPHA_MAX):  # clamped alphas pass no gradient to sigma
+                alpha_grad = alpha * torch.le(raw, ALPHA_MAX, out=mask)
+            chunks.append(Chunk(segs, idx, alpha, trans, alpha_grad))
+        return last
+
+    per_block = max(1, MAX_BLOCK_PAIRS // (P * chunk_rows))
+    segs = torch.nonzero(counts > 0).squeeze(1)
+    l0 = 0
+    while len(segs) > 0:
+        alive = [block(part, l0).amax(-1) > T_MIN for part in torch.split(segs, per_block)]
         l0 += chunk_rows
-        segs = segs[(lens > l0) & (last.amax(-1) > T_MIN)]
+        segs = segs[(counts.index_select(0, segs) > l0) & torch.cat(alive)]
     return out, t_final, chunks
 
 

@@ -71,7 +71,10 @@ def project_gaussians(
     tc = viewmats[:, :3, 3, None]  # [C, 3, 1]
     mean = means.t()  # [3, N]
     # Camera-space centers and R_cam @ M, [C, N] entries.
-    cam = [Rc[:, i, 0] * mean[0] + Rc[:, i, 1] * mean[1] + Rc[:, i, 2] * mean[2] + tc[:, i] for i in range(3)]
+    cam = [
+        Rc[:, i, 0] * mean[0] + Rc[:, i, 1] * mean[1] + Rc[:, i, 2] * mean[2] + tc[:, i]
+        for i in range(3)
+    ]
     Mc = [
         [Rc[:, i, 0] * M[0][j] + Rc[:, i, 1] * M[1][j] + Rc[:, i, 2] * M[2][j] for j in range(3)]
         for i in range(3)

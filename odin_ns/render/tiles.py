@@ -82,25 +82,6 @@ def _expand(counts: Tensor) -> tuple[Tensor, Tensor]:
     return owner, rank
 
 
-def _enumerate_rects(
-    x0: Tensor, x1: Tensor, y0: Tensor, y1: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Expand K rectangles into their cells, rectangle by rectangle, row-major inside.
-
-    Returns (owner [M], x [M], y [M]) with owner the rectangle index of each cell.
-    Two expansions (rows, then cells of a row) instead of integer division, which is slow
-    on CPU.
-    """
-    w = (x1 - x0).clamp(min=0)
-    h = (y1 - y0).clamp(min=0)
-    row_owner, row_rank = _expand(h)  # one entry per (rectangle, row)
-    cell_row, col_rank = _expand(w.index_select(0, row_owner))
-    owner = row_owner.index_select(0, cell_row)
-    x = x0.index_select(0, owner) + col_rank
-    y = (y0.index_select(0, row_owner) + row_rank).index_select(0, cell_row)
-    return owner, x, y
-
-
 @torch.no_grad()
 def isect_tiles(
     means2d: Tensor,  # [C, N, 2]
@@ -154,7 +135,14 @@ def _ellipse_terms(a: Tensor, b: Tensor, c: Tensor, level: Tensor) -> dict[str, 
     ex = torch.sqrt(2.0 * level * c / det)  # half extents
     ey = torch.sqrt(2.0 * level * a / det)
     # dy of the ellipse's extreme-x points, 2 a level, and 1 / a for the strip formula.
-    return {"ey": ey, "turn": b * ex / c, "b": b, "a2l": 2.0 * a * level, "det": det, "inv_a": 1.0 / a}
+    return {
+        "ey": ey,
+        "turn": b * ex / c,
+        "b": b,
+        "a2l": 2.0 * a * level,
+        "det": det,
+        "inv_a": 1.0 / a,
+    }
 
 
 def _strip_x_range(
@@ -254,15 +242,16 @@ def build_pair_plan(
     cols = table.index_select(0, strip_g).unbind(-1)
     band0 = (sy * sub).to(dtype)
     xa, xb, empty = _strip_x_range(
-        cols[0], cols[1], dict(zip(names, cols[2:])), band0, band0 + (sub - 1)
+        cols[0], cols[1], dict(zip(names, cols[2:], strict=True)), band0, band0 + (sub - 1)
     )
     xa, xb = torch.ceil(xa), torch.floor(xb)  # first and last pixel column inside
     empty = empty | (xa > xb)
     sx0 = torch.floor(xa / sub).clamp(-1, sub_w).long()
     sx1 = torch.floor(xb / sub).clamp(-1, sub_w).long() + 1
     g_pd = pd.index_select(0, strip_g)
-    sx0 = torch.where(g_pd, torch.maximum(sx0, tx0.index_select(0, strip_g)), tx0.index_select(0, strip_g))
-    sx1 = torch.where(g_pd, torch.minimum(sx1, tx1.index_select(0, strip_g)), tx1.index_select(0, strip_g))
+    gx0, gx1 = tx0.index_select(0, strip_g), tx1.index_select(0, strip_g)
+    sx0 = torch.where(g_pd, torch.maximum(sx0, gx0), gx0)
+    sx1 = torch.where(g_pd, torch.minimum(sx1, gx1), gx1)
     sx1 = torch.where(empty & g_pd, sx0, sx1)
 
     # Rows: one per (strip, sub-tile column), then grouped by sub-tile (stable: depth order).

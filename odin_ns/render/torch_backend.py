@@ -6,6 +6,8 @@ projection (autograd) -> colors / SH (autograd) -> tile lists (for ``info``) -> 
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -43,7 +45,9 @@ class Composite(torch.autograd.Function):
             colors.reshape(-1, D),
             opacities.reshape(-1),
         )
-        out, t_final, chunks = composite_forward(*flat, plan, chunk_rows)
+        out, t_final, chunks = composite_forward(
+            *flat, plan, chunk_rows, keep_chunks=any(ctx.needs_input_grad[:4])
+        )
         ctx.save_for_backward(means2d, conics, colors, opacities, t_final)
         ctx.plan = plan
         ctx.chunks = chunks
@@ -128,8 +132,8 @@ def rasterize_torch(
 ) -> tuple[Tensor, Tensor, dict]:
     """gsplat ``rasterization(packed=False)`` semantics on any device torch runs on.
 
-    ``sub_tile`` (pixels per sub-tile side) and ``chunk_rows`` (rows per sweep step) only
-    change speed, never results.
+    ``sub_tile`` (pixels per sub-tile side; its gcd with ``tile_size`` is used) and
+    ``chunk_rows`` (rows per sweep step) only change speed, never results.
     """
     C = viewmats.shape[0]
     proj = project_gaussians(
@@ -192,7 +196,7 @@ def rasterize_torch(
         tile_size,
         width,
         height,
-        sub=sub_tile,
+        sub=math.gcd(tile_size, sub_tile),
     )
     out, t_final = Composite.apply(
         proj.means2d,
