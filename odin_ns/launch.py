@@ -55,7 +55,10 @@ def _run_torchrun(args: argparse.Namespace, rest: list[str]) -> int:
         f"--distributed-timeout-s={args.distributed_timeout_s}",
         *rest,
     ]
-    return subprocess.call(cmd)
+    env = dict(os.environ)
+    # Ranks share the machine's cores: spinning OpenMP workers steal them from each other.
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return subprocess.call(cmd, env=env)
 
 
 def _worker(args: argparse.Namespace, rest: list[str]) -> None:

@@ -5,7 +5,12 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
+
+# Subprocesses (ns-train, odin-ns-train) inherit this: OpenMP threads that spin while the
+# other core is busy make CPU training many times slower on small machines.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 # Two cores: keep each test process (and the ranks it spawns) from oversubscribing them.
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

@@ -9,7 +9,9 @@ tiles; opacities 0.05..0.95; SH degree 3; fox intrinsics) rendered "RGB" with ab
 = mean squared color, backward to the raw parameters (activations included, as in
 splatfacto). Variants run alternately in one process so load changes hit all alike:
 the torch backend at each thread count of ``--threads``, and with CUDA, gsplat and the
-torch backend on the GPU. Best of ``--repeats`` (medians kept too).
+torch backend on the GPU. Best of ``--repeats`` (medians kept too). On a shared machine run it with
+``OMP_WAIT_POLICY=PASSIVE`` (recorded in the JSON): spinning OpenMP threads make the
+two-thread variant several times slower whenever the other core is busy.
 
 JSON: ``cases`` (one record per size, count and variant), ``fwdbwd_s_<variant>_<WxH>_<N>``
 headline keys (e.g. ``fwdbwd_s_torch_2t_68x120_20k``) and ``ratio_<variant>_<WxH>_<N>``
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -211,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "torch": torch.__version__,
         "cuda": torch.cuda.get_device_name() if cuda else None,
+        # OpenMP threads spin while they wait: on a busy machine, two torch threads can
+        # be far slower than one unless OMP_WAIT_POLICY=PASSIVE is set before start.
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "variants": [name for name, *_ in runs],
         "cases": [],
     }

@@ -7,10 +7,11 @@ to ``<= 1e-4``. Pixel centers sit at ``+0.5``.
 
 Layout: the sweep goes front to back in chunks of ``CHUNK_ROWS`` rows. A chunk is a dense
 ``[S_a, P, L]`` block (live sub-tiles x pixels of a sub-tile x rows, padded with a
-transparent Gaussian), so transmittance is a plain ``cumprod`` of ``1 - alpha`` along the
-last dimension times the carried transmittance (float products, as in gsplat), color sums are batched matmuls, and no
-per-pixel gather or scatter is needed. A sub-tile leaves the sweep when all its pixels
-have stopped, which skips most rows of a dense scene (as gsplat's early exit does).
+transparent Gaussian), so transmittance is a ``cumprod`` of ``1 - alpha`` along the last
+dimension times the carried transmittance (float products, as in gsplat), color sums are
+batched matmuls, and no per-pixel gather or scatter is needed. A sub-tile leaves the sweep
+when all its pixels have stopped, which skips the back rows of a dense scene (as gsplat's
+early exit does).
 
 The backward pass is the closed form gsplat's CUDA kernel uses (suffix sums of
 ``weight * color`` replace its back-to-front loop), so nothing per pair enters the autograd
@@ -61,15 +62,10 @@ def _chunk_rows(
     return mx - x0, my - y0, a, b, c, o
 
 
-def _deltas(mx: Tensor, my: Tensor, sub: int) -> tuple[Tensor, Tensor]:
-    """dx, dy = mean - pixel center, [S_a, P, L] each."""
-    ox, oy = _pixel_offsets(sub, mx)
-    return mx - ox, my - oy
-
-
 def _has_indefinite_conic(conics: Tensor, gid: Tensor) -> bool:
-    """Whether any planned row has a conic that is not positive definite (then sigma can
-    be negative and the per-pixel ``sigma < 0`` test is needed; it never is otherwise)."""
+    """Whether any planned row has a conic that is not positive definite. Only then can
+    sigma be negative (beyond rounding at sigma = 0) and the per-pixel ``sigma < 0`` test
+    matter; it is skipped otherwise."""
     con = conics.index_select(0, gid)
     a, b, c = con.unbind(-1)
     return bool(((a <= 0) | (a * c - b * b <= 0)).any())
@@ -118,12 +114,12 @@ def composite_forward(
     t_run = colors.new_ones(plan.n_seg, P)  # running T, including a stopping pair
     t_final = colors.new_ones(plan.n_seg, P)  # T over composited pairs
     ox, oy = _pixel_offsets(plan.sub, colors)
-    ar = torch.arange(chunk_rows, device=device)
     chunks: list[Chunk] = []
 
-    def block(segs: Tensor, l0: int) -> Tensor:
-        """Rows l0 .. l0 + chunk_rows of sub-tiles ``segs``; returns T after them [S_a, P]."""
+    def block(segs: Tensor, l0: int, rows: int) -> Tensor:
+        """Rows l0 .. l0 + rows of sub-tiles ``segs``; returns T after them [S_a, P]."""
         lens = counts.index_select(0, segs)
+        ar = torch.arange(rows, device=device)
         pos = (starts.index_select(0, segs) + l0)[:, None] + ar[None, :]
         pos = torch.where((l0 + ar)[None, :] < lens[:, None], pos, plan.n_rows)  # pad -> R
         idx = gid_pad.index_select(0, pos.reshape(-1)).reshape(pos.shape)
@@ -162,13 +158,25 @@ def composite_forward(
             chunks.append(Chunk(segs, idx, alpha, trans, alpha_grad))
         return last
 
-    per_block = max(1, MAX_BLOCK_PAIRS // (P * chunk_rows))
     segs = torch.nonzero(counts > 0).squeeze(1)
     l0 = 0
     while len(segs) > 0:
-        alive = [block(part, l0).amax(-1) > T_MIN for part in torch.split(segs, per_block)]
-        l0 += chunk_rows
-        segs = segs[(counts.index_select(0, segs) > l0) & torch.cat(alive)]
+        left = counts.index_select(0, segs) - l0
+        full = left >= chunk_rows
+        tails, segs = segs[~full], segs[full]
+        if len(tails):
+            # Sub-tiles with fewer rows left finish now, grouped by the power of two above
+            # their row count so that padding stays below 2x.
+            k_tail = torch.ceil(torch.log2(left[~full].double())).long()
+            for k in torch.unique(k_tail).tolist():
+                group = tails[k_tail == k]
+                for part in torch.split(group, max(1, MAX_BLOCK_PAIRS // (P << k))):
+                    block(part, l0, 1 << k)
+        if len(segs):
+            per_block = max(1, MAX_BLOCK_PAIRS // (P * chunk_rows))
+            last = torch.cat([block(part, l0, chunk_rows) for part in torch.split(segs, per_block)])
+            l0 += chunk_rows
+            segs = segs[(counts.index_select(0, segs) > l0) & (last.amax(-1) > T_MIN)]
     return out, t_final, chunks
 
 
@@ -195,9 +203,9 @@ def composite_backward(
     table = _row_table(means2d, conics, opacities)
     col_table = torch.cat([colors, colors.new_zeros(1, D)], dim=0)
     ox, oy = _pixel_offsets(plan.sub, colors)
-    # per row: v_mean (2), v_conic (3), v_opacity (1), absgrad (2)
-    v_geo = means2d.new_zeros(M + 1, 8)
-    v_col = colors.new_zeros(M + 1, D)
+    # per row, then per Gaussian: v_mean (2), v_conic (3), v_opacity (1), absgrad (2),
+    # v_color (D); one scatter per chunk
+    v_all = means2d.new_zeros(M + 1, 8 + D)
     later_sum = t_final * v_trans  # [S, P] later pairs' colors + the final T's term
     for ch in reversed(chunks):
         S_a, L = ch.idx.shape
@@ -206,7 +214,7 @@ def composite_backward(
         g = v_out.index_select(0, ch.segs)  # [S_a, P, D]
         weight = ch.alpha * ch.trans
         gc = torch.bmm(g, cols.transpose(1, 2))  # [S_a, P, L] color . v_out
-        v_col.index_add_(0, flat_idx, torch.bmm(weight.transpose(1, 2), g).reshape(-1, D))
+        v_col = torch.bmm(weight.transpose(1, 2), g)  # [S_a, L, D]
         s = weight.mul_(gc)
         total = s.sum(-1)  # [S_a, P]
         carry = later_sum.index_select(0, ch.segs)
@@ -241,6 +249,7 @@ def composite_backward(
             parts.append(ndx.mul_(b[:, None]).addcmul_(ndy, c[:, None]).abs_().sum(1))
         else:
             parts += [torch.zeros_like(s0), torch.zeros_like(s0)]
-        v_geo.index_add_(0, flat_idx, torch.stack(parts, dim=-1).reshape(-1, 8))
-    v_abs = v_geo[:M, 6:8] if need_abs else None
-    return v_geo[:M, 0:2], v_geo[:M, 2:5], v_col[:M], v_geo[:M, 5], v_abs
+        rows = torch.cat([torch.stack(parts, dim=-1), v_col], dim=-1).reshape(-1, 8 + D)
+        v_all.index_put_((flat_idx,), rows, accumulate=True)
+    v_abs = v_all[:M, 6:8] if need_abs else None
+    return v_all[:M, 0:2], v_all[:M, 2:5], v_all[:M, 8:], v_all[:M, 5], v_abs

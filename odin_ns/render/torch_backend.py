@@ -16,7 +16,7 @@ from .projection import project_gaussians
 from .sh import sh_to_color
 from .tiles import PairPlan, build_pair_plan, isect_tiles
 
-DEFAULT_SUB_TILE = 4  # pixels per sub-tile side; must divide tile_size
+DEFAULT_SUB_TILE = 4  # pixels per sub-tile side (its gcd with tile_size is used)
 
 
 class Composite(torch.autograd.Function):
