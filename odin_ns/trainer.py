@@ -60,7 +60,7 @@ class OdinTrainer(Trainer):
     def _load_checkpoint(self) -> None:
         try:
             super()._load_checkpoint()
-        except (AssertionError, EOFError, OSError, RuntimeError, KeyError, ValueError) as err:
+        except Exception as err:  # any failure to read it: unpickling raises many types
             where = self.config.load_checkpoint or self.config.load_dir
             reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise OdinInputError(f"cannot resume from checkpoint '{where}': {reason}") from err
