@@ -159,8 +159,12 @@ def test_bad_input_is_rejected():
     plan = ListPlan([[np.arange(10)], [np.arange(5, 20)]])
     with pytest.raises(ValueError, match="mode"):
         SyncConfig(mode="fast")
-    with pytest.raises(NotImplementedError, match="throughput-first"):
-        _engine(plan, mode="throughput-first")
+    with pytest.raises(ValueError, match="tau"):
+        SyncConfig(mode="throughput-first", tau=-0.1)
+    with pytest.raises(ValueError, match="tau"):
+        SyncConfig(mode="throughput-first", tau=float("nan"))
+    with pytest.raises(ValueError, match="staleness_window"):
+        SyncConfig(mode="throughput-first", staleness_window=-1)
     with pytest.raises(ValueError, match="world_size"):
         PrimitiveSyncEngine(toy_groups(300), plan, 0, 2, SyncConfig())
     eng = _engine(plan)

@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--downscale-factor", type=int, default=0)
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--modes", default="barrier,quality-first")
+    parser.add_argument("--modes", default="barrier,quality-first,throughput-first")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--refine-every", type=int, default=50)
@@ -227,6 +227,26 @@ def main(argv: list[str] | None = None) -> dict:
     if "quality-first" in results["modes"]:
         qf = results["modes"]["quality-first"]
         results["ideal_views_per_second"] = qf["ideal_views_per_second"]
+    if "throughput-first" in results["modes"]:
+        engines = [r["engine"] for r in summaries["throughput-first"]["ranks"]]
+        decisions = sum(e["decisions"] for e in engines)
+        results["max_staleness_tf"] = max(e["max_staleness"] for e in engines)
+        results["admitted_fraction_tf"] = sum(e["admitted"] for e in engines) / max(1, decisions)
+        results["delayed_primitive_reads_tf"] = sum(e["delayed_primitive_reads"] for e in engines)
+        results["fallbacks_tf"] = {
+            reason: sum(e["fallbacks"][reason] for e in engines)
+            for reason in engines[0]["fallbacks"]
+        }
+        hist: dict[str, int] = {}
+        for e in engines:
+            for k, v in e["staleness_hist"].items():
+                hist[k] = hist.get(k, 0) + v
+        results["staleness_hist_tf"] = hist
+        if "quality-first" in results["modes"]:
+            results["psnr_delta_tf_vs_qf"] = (
+                results["modes"]["throughput-first"]["psnr"]
+                - results["modes"]["quality-first"]["psnr"]
+            )
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))

@@ -1,4 +1,4 @@
-"""Primitive-sync engine: replicated data parallel without a global barrier (DESIGN 3.4).
+"""Primitive-sync engine: replicated data parallel without a global barrier (DESIGN 3.4, 3.5).
 
 Every rank holds a full replica. At step t rank r reads and writes exactly the rows
 ``plan.step_footprint(t, r)``. The update of step s is, per primitive p of the union of
@@ -19,6 +19,19 @@ Loop per rank::
         engine.publish(step, grads, visible)
         engine.progress()            # non-blocking: receive and apply what is ready
     engine.drain()                   # phase boundary / checkpoint / evaluation
+
+Modes (``SyncConfig.mode``) differ only in what ``validate`` waits for:
+
+- ``barrier``: every peer's publications of every earlier step;
+- ``quality-first``: peer q's publications up to ``plan.dependency[t, r, q]``, the last
+  step at which q wrote a row rank r reads at t (reads are always current);
+- ``throughput-first``: like quality-first, except that a pending publication of q whose
+  overlap with the read set is small (``<= tau`` of it), where q's recent gradients are
+  weak (``< tau`` x q's mean), no more than K steps old and inside the current phase may
+  be read around: the step runs on the rows' older versions (a delayed read) and the late
+  update is applied when it arrives. The exact rule is in ``odin_ns.runtime.admission``;
+  every decision is counted (``summary()``: ``admitted``, ``fallbacks`` by reason,
+  ``staleness_hist``, ``delayed_primitive_reads``).
 """
 
 from __future__ import annotations
@@ -37,6 +50,12 @@ import torch.distributed as dist
 from torch import Tensor
 
 from odin_ns.runtime import kernels
+from odin_ns.runtime.admission import (
+    FALLBACK_REASONS,
+    Decision,
+    GradientEvidence,
+    fallback_reason,
+)
 from odin_ns.runtime.errors import PeerFailure, SyncError, SyncTimeout
 from odin_ns.runtime.transport import Arrival, P2PTransport, Transport
 
@@ -73,7 +92,8 @@ class SyncConfig:
     Attributes:
         mode: "barrier" (wait for every peer's every earlier step: the synchronous
             baseline), "quality-first" (wait only for what the step's read set depends
-            on) or "throughput-first" (not implemented yet).
+            on) or "throughput-first" (quality-first, but a pending low-impact peer update
+            of the read set may be read around; bounded staleness).
         timeout_s: deadline of every blocking wait (validate, drain, plan check).
         idle_timeout_s: limit of the transport's background waits (a gloo wait that times
             out breaks the connection, so keep this long; deadlines above fire first).
@@ -81,9 +101,15 @@ class SyncConfig:
             rank's current step (capped at the plan's end). Posted receives cannot be
             cancelled, so with recv_ahead > 0 a phase must run to its plan's last step
             before ``rebind``.
-        tau, staleness_window: throughput-first admission (overlap/gradient ratio, max
-            staleness K in steps); reserved.
+        tau: throughput-first admission threshold (>= 0): a delayed read needs overlap
+            ratio <= tau and gradient-evidence ratio < tau (``odin_ns.runtime.admission``).
+            0 admits nothing (reads as in quality-first). Read at every decision, so it
+            may be changed between phases.
+        staleness_window: K, the most steps a delayed read may lag (t - s <= K).
         verify_plan: check at bind time that all ranks hold the same plan and model size.
+        record_reads: keep, per step, the version of every row read and the version
+            quality-first would have required (``read_records``) and every admission
+            decision (``decisions``). For tests: memory grows with the run.
     """
 
     mode: str = "quality-first"
@@ -93,6 +119,7 @@ class SyncConfig:
     tau: float = 0.2
     staleness_window: int = 4
     verify_plan: bool = True
+    record_reads: bool = False
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -104,13 +131,18 @@ class SyncConfig:
             )
         if self.recv_ahead < 0 or self.staleness_window < 0:
             raise ValueError("recv_ahead and staleness_window must be >= 0")
+        if not (math.isfinite(self.tau) and self.tau >= 0):
+            raise ValueError(f"SyncConfig.tau must be a finite number >= 0, got {self.tau}")
 
 
 @dataclass
 class StepMetrics:
     """What one step cost this rank. Applies and bytes between validate(t) and validate(t+1)
     count for step t. ``max_version_lag``: steps between t and the oldest step with an
-    update this replica has not applied yet, right after validate(t)."""
+    update this replica has not applied yet, right after validate(t). Throughput-first:
+    ``admitted`` delayed reads (pending peer publications read around), ``fallbacks``
+    (decisions that waited), ``delayed_rows`` (rows of the read set read at an older
+    version than quality-first would), ``max_staleness`` (largest t - s admitted)."""
 
     step: int
     wait_s: float = 0.0
@@ -119,6 +151,22 @@ class StepMetrics:
     bytes_recv: int = 0
     rows_applied: int = 0
     max_version_lag: int = 0
+    admitted: int = 0
+    fallbacks: int = 0
+    delayed_rows: int = 0
+    max_staleness: int = 0
+
+
+@dataclass
+class ReadRecord:
+    """What rank r read at a step (``SyncConfig.record_reads``): for every row of its read
+    set, the version (last applied global step) it had and the version quality-first would
+    have required (the last step < t whose footprints contain the row)."""
+
+    step: int
+    rows: Tensor  # [M] int64 the read set F(r, t)
+    version: Tensor  # [M] int64
+    required: Tensor  # [M] int64
 
 
 class _PendingStep:
@@ -215,11 +263,6 @@ class PrimitiveSyncEngine:
         transport: Transport | None = None,
     ):
         self.config = config if config is not None else SyncConfig()
-        if self.config.mode == "throughput-first":
-            raise NotImplementedError(
-                "SyncConfig.mode='throughput-first' (bounded-staleness admission) is not "
-                "implemented yet; use 'quality-first' or 'barrier'"
-            )
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, R={world_size}")
         self.rank = rank
@@ -231,6 +274,13 @@ class PrimitiveSyncEngine:
         self._cur = self._outside
         self._drains = 0
         self._drain_s = 0.0
+        self._throughput = self.config.mode == "throughput-first"
+        self._fallbacks = dict.fromkeys(FALLBACK_REASONS, 0)
+        self._staleness_hist: dict[int, int] = {}
+        self._delayed_reads = 0
+        self.admissions: list[Decision] = []  # every admitted delayed read
+        self.decisions: list[Decision] = []  # every decision (record_reads only)
+        self.read_records: list[ReadRecord] = []  # record_reads only
         _check_groups(groups)
         _check_plan(plan, world_size)
         if world_size > 1 and transport is None:
@@ -271,6 +321,14 @@ class PrimitiveSyncEngine:
         self._validated = -1
         self._published = -1
         self._dirty = False
+        if self._throughput:
+            # Evidence is per phase: after a structural change row ids mean other Gaussians.
+            self._evidence = GradientEvidence(n, self.world_size, self.device)
+            self._read_mask = torch.zeros(n, dtype=torch.bool, device=self.device)  # [N]
+        if self.config.record_reads:
+            self._last_write = versions.clone()  # [N] last planned write (global step)
+            self._writes: dict[int, Tensor] = {}  # local step -> union of its footprints
+            self._lw_upto = -1
         if self.world_size > 1 and self.config.verify_plan:
             self._verify_plan()
 
@@ -347,6 +405,8 @@ class PrimitiveSyncEngine:
             s = self._created + 1
             fps = [self._footprint(s, q) for q in range(self.world_size)]
             self._pending[s] = _PendingStep(fps)
+            if self.config.record_reads:
+                self._writes[s] = self._pending[s].ids
             self._created = s
         rec = self._pending.get(t)
         if rec is None:
@@ -376,7 +436,11 @@ class PrimitiveSyncEngine:
                     f"rank {self.rank}: publication of step {a.step} from peer {a.peer} out of "
                     "order"
                 )
-            self._record(s).add(a.peer, a.buf.to(self.device))
+            rec = self._record(s)
+            buf = a.buf.to(self.device)
+            rec.add(a.peer, buf)
+            if self._throughput:
+                self._evidence.observe(a.peer, rec.footprints[a.peer], buf)
             self._recv_done[a.peer] = s
             self._cur.bytes_recv += a.buf.numel() * a.buf.element_size()
             self._dirty = True
@@ -501,26 +565,167 @@ class PrimitiveSyncEngine:
         apply_before = self._cur.apply_s
         deadline = start + self.config.timeout_s
         self._post_receives(t)
-        if self.config.mode == "barrier":
-            need = [t - 1] * self.world_size
+        if self._throughput:
+            self._validate_throughput(t, int(step), deadline)
         else:
-            need = [int(d) for d in self._dependency[t, self.rank]]
-        self._wait(
-            self._recv_blocker(need), deadline, f"validate({step}) waiting for its publication"
-        )
-        fp = self._record(t).footprints[self.rank]
-        if self._conflict(t, fp) is not None:
-            # The plan's dependency table missed a writer: a bug upstream. Stay exact.
-            self.visibility_violations += 1
+            if self.config.mode == "barrier":
+                need = [t - 1] * self.world_size
+            else:
+                need = [int(d) for d in self._dependency[t, self.rank]]
             self._wait(
-                lambda: self._conflict(t, fp),
-                deadline,
-                f"validate({step}) waiting for an update of a row it reads",
+                self._recv_blocker(need), deadline, f"validate({step}) waiting for its publication"
             )
+            fp = self._record(t).footprints[self.rank]
+            if self._conflict(t, fp) is not None:
+                # The plan's dependency table missed a writer: a bug upstream. Stay exact.
+                self.visibility_violations += 1
+                self._wait(
+                    lambda: self._conflict(t, fp),
+                    deadline,
+                    f"validate({step}) waiting for an update of a row it reads",
+                )
         pending_rows = [s for s, rec in self._pending.items() if not rec.rows_done and s < t]
         self._cur.max_version_lag = t - min(pending_rows) if pending_rows else 0
         self._cur.wait_s = time.perf_counter() - start - (self._cur.apply_s - apply_before)
+        if self.config.record_reads:
+            self._record_reads(t)
         return self._cur.wait_s
+
+    # ------------------------------------------------------ throughput-first
+    def _validate_throughput(self, t: int, step: int, deadline: float) -> None:
+        """Decide on every pending overlapping peer publication; wait for the fallbacks and
+        decide again until every remaining one is admitted (odin_ns.runtime.admission)."""
+        fp = self._record(t).footprints[self.rank]
+        while True:
+            self._poll()
+            self._apply_ready()
+            decided, need = self._decide(t, fp)
+            fallbacks = [d for d, _, _ in decided if not d.admitted]
+            if not fallbacks:
+                break
+            self._count(fallbacks)
+            self._wait(
+                self._recv_blocker(need), deadline, f"validate({step}) waiting for its publication"
+            )
+        self._count([d for d, _, _ in decided])
+        excuse = None  # [M] per read row: the earliest admitted pending step that writes it
+        if decided:
+            excuse = torch.full_like(fp, self.num_steps)
+            for _, ids, s in decided:
+                pos = torch.searchsorted(fp, ids)
+                excuse[pos] = excuse[pos].clamp(max=s)
+        conflict, stale = self._stale_reads(t, fp, excuse)
+        if conflict is not None:
+            # An unapplied update of a read row that no admitted decision explains: the
+            # plan's dependency table missed a writer (a bug upstream). Stay exact.
+            self.visibility_violations += 1
+            self._wait(
+                lambda: self._stale_reads(t, fp, excuse)[0],
+                deadline,
+                f"validate({step}) waiting for an update of a row it reads",
+            )
+            _, stale = self._stale_reads(t, fp, excuse)
+        self._cur.delayed_rows = stale
+        self._delayed_reads += stale
+
+    def _decide(self, t: int, fp: Tensor) -> tuple[list[tuple[Decision, Tensor, int]], list[int]]:
+        """Decisions on peers' pending publications that overlap ``fp`` (newest first per
+        peer, up to the first fallback); returns ([(decision, overlap ids, local s)], need)
+        with need[q] the local step to wait for from q (-1: none)."""
+        need = [-1] * self.world_size
+        decided: list[tuple[Decision, Tensor, int]] = []
+        if fp.numel() == 0:
+            return decided, need
+        tau, window = float(self.config.tau), int(self.config.staleness_window)
+        mask = self._read_mask
+        mask[fp] = True
+        try:
+            for q in range(self.world_size):
+                if q == self.rank:
+                    continue
+                for s in range(int(self._dependency[t, self.rank, q]), self._recv_done[q], -1):
+                    fq = self._pending[s].footprints[q]
+                    hit = mask[fq]
+                    n = int(hit.sum())
+                    if n == 0:
+                        continue
+                    ids = fq[hit]
+                    reason, ratio = fallback_reason(
+                        self.step_offset + t,
+                        self.step_offset + s,
+                        self.step_offset,
+                        n,
+                        fp.numel(),
+                        lambda q=q, ids=ids: self._evidence.ratio(q, ids),
+                        tau,
+                        window,
+                    )
+                    decision = Decision(
+                        self.step_offset + t, q, self.step_offset + s, n, fp.numel(), ratio, reason
+                    )
+                    decided.append((decision, ids, s))
+                    if reason is not None:
+                        need[q] = s  # q's older publications arrive before s: no decision
+                        break
+        finally:
+            mask[fp] = False
+        return decided, need
+
+    def _count(self, decisions: Sequence[Decision]) -> None:
+        for d in decisions:
+            if d.admitted:
+                self.admissions.append(d)
+                self._staleness_hist[d.staleness] = self._staleness_hist.get(d.staleness, 0) + 1
+                self._cur.admitted += 1
+                self._cur.max_staleness = max(self._cur.max_staleness, d.staleness)
+            else:
+                self._fallbacks[str(d.reason)] += 1
+                self._cur.fallbacks += 1
+            if self.config.record_reads:
+                self.decisions.append(d)
+
+    def _stale_reads(
+        self, t: int, fp: Tensor, excuse: Tensor | None
+    ) -> tuple[tuple[int, int] | None, int]:
+        """(peer, step) of an unapplied update of a row of ``fp`` at a step < t that no
+        admitted decision explains (``excuse[i] > s``), or None; and how many rows of
+        ``fp`` have an unapplied update at a step < t (rows read stale)."""
+        stale = torch.zeros_like(fp, dtype=torch.bool)
+        conflict = None
+        for s in sorted(self._pending):
+            if s >= t:
+                break
+            rec = self._pending[s]
+            if rec.rows_done:
+                continue
+            rest = rec.unapplied()
+            self._scratch[rest] = True
+            hit = self._scratch[fp]
+            self._scratch[rest] = False
+            if not bool(hit.any()):
+                continue
+            stale |= hit
+            if conflict is None:
+                bad = hit if excuse is None else hit & (excuse > s)
+                if bool(bad.any()):
+                    missing = [q for q in range(self.world_size) if not rec.received[q]]
+                    conflict = (missing[0] if missing else -1), self.step_offset + s
+        return conflict, int(stale.sum())
+
+    def _record_reads(self, t: int) -> None:
+        while self._lw_upto < t - 1:
+            s = self._lw_upto + 1
+            self._last_write[self._writes.pop(s)] = self.step_offset + s
+            self._lw_upto = s
+        fp = self._record(t).footprints[self.rank]
+        self.read_records.append(
+            ReadRecord(
+                self.step_offset + t,
+                fp.clone(),
+                self.versions[fp].clone(),
+                self._last_write[fp].clone(),
+            )
+        )
 
     @torch.no_grad()
     def publish(self, step: int, grads: Mapping[str, Tensor | None], visible: Tensor) -> None:
@@ -617,10 +822,15 @@ class PrimitiveSyncEngine:
 
     # ---------------------------------------------------------------- metrics
     def summary(self) -> dict:
-        """Run totals (JSON-ready)."""
+        """Run totals (JSON-ready). The admission keys (``admitted`` ... ``staleness_hist``)
+        are zero / empty outside throughput-first; ``decisions`` = admitted + fallbacks."""
         ms = self.metrics
         waits = [m.wait_s for m in ms]
         every = [*ms, self._outside]
+        admitted = len(self.admissions)
+        decisions = admitted + sum(self._fallbacks.values())
+        overlap = [d.overlap_ratio for d in self.admissions]
+        evidence = [d.evidence_ratio for d in self.admissions]
         return {
             "rank": self.rank,
             "world_size": self.world_size,
@@ -638,7 +848,38 @@ class PrimitiveSyncEngine:
             "visibility_violations": self.visibility_violations,
             "drains": self._drains,
             "drain_s_total": self._drain_s,
+            "tau": float(self.config.tau),
+            "staleness_window": int(self.config.staleness_window),
+            "admitted": admitted,
+            "fallbacks": dict(self._fallbacks),
+            "decisions": decisions,
+            "admitted_fraction": admitted / decisions if decisions else 0.0,
+            "delayed_steps": int(sum(1 for m in ms if m.admitted)),
+            "delayed_primitive_reads": int(self._delayed_reads),
+            "max_staleness": max(self._staleness_hist, default=0),
+            "staleness_hist": {str(k): v for k, v in sorted(self._staleness_hist.items())},
+            "overlap_ratio_admitted_mean": float(np.mean(overlap)) if overlap else 0.0,
+            "overlap_ratio_admitted_max": float(max(overlap, default=0.0)),
+            "evidence_ratio_admitted_mean": float(np.mean(evidence)) if evidence else 0.0,
+            "evidence_ratio_admitted_max": float(max(evidence, default=0.0)),
         }
+
+    def admission_log(self) -> list[dict]:
+        """Every admitted delayed read: step, peer, pub_step, staleness, overlap rows and
+        ratio, evidence ratio (JSON-ready)."""
+        return [
+            {
+                "step": d.step,
+                "peer": d.peer,
+                "pub_step": d.pub_step,
+                "staleness": d.staleness,
+                "overlap_rows": d.overlap_rows,
+                "read_rows": d.read_rows,
+                "overlap_ratio": d.overlap_ratio,
+                "evidence_ratio": d.evidence_ratio,
+            }
+            for d in self.admissions
+        ]
 
     def step_metrics(self) -> list[dict]:
         """Per-step metrics as dicts."""
@@ -650,6 +891,7 @@ __all__ = [
     "ParamGroupState",
     "PeerFailure",
     "PrimitiveSyncEngine",
+    "ReadRecord",
     "StepMetrics",
     "SyncConfig",
     "SyncError",

@@ -12,7 +12,7 @@ import os
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -135,11 +135,19 @@ def grow_groups(groups: Sequence[ParamGroupState], extra: int, seed: int):
     return out
 
 
+WEAK_SCALE = 1e-3
+
+
 def toy_grads(
-    groups: Sequence[ParamGroupState], view: int, footprint: np.ndarray
+    groups: Sequence[ParamGroupState],
+    view: int,
+    footprint: np.ndarray,
+    weak: tuple[int, int] | None = None,
 ) -> tuple[dict[str, Tensor], Tensor]:
     """Gradient of a per-view quadratic loss ``w_v * |theta_p - target_v,p|^2`` over the
-    footprint rows (a deterministic function of the rows read), and a visible subset."""
+    footprint rows (a deterministic function of the rows read), and a visible subset.
+    Rows in ``weak = (lo, hi)`` get ``WEAK_SCALE`` x that gradient (low-impact primitives,
+    for throughput-first's gradient evidence)."""
     n = groups[0].param.shape[0]
     rows = torch.as_tensor(footprint, dtype=torch.int64)
     gen = torch.Generator().manual_seed(1000 + int(view))
@@ -149,6 +157,9 @@ def toy_grads(
         target = torch.randn(rows.numel(), *grp.param.shape[1:], generator=gen)
         grad = torch.zeros_like(grp.param)
         grad[rows] = 2.0 * weight * (grp.param[rows] - target)
+        if weak is not None:
+            low = rows[(rows >= weak[0]) & (rows < weak[1])]
+            grad[low] *= WEAK_SCALE
         grads[grp.name] = grad
     visible = torch.zeros(n, dtype=torch.bool)
     visible[rows[(rows + int(view)) % 4 != 0]] = True
@@ -164,13 +175,46 @@ class Phase:
     grow: int = 0
 
 
-def reference_train(groups: Sequence[ParamGroupState], phases: Sequence[Phase]):
+def _as_read(
+    groups: Sequence[ParamGroupState],
+    footprint: np.ndarray,
+    version: Tensor,
+    pre: dict[int, dict[str, Tensor]],
+    writes: dict[int, list[int]],
+) -> list[ParamGroupState]:
+    """The replica as a rank saw it: row p of ``footprint`` at version ``version[i]``, i.e.
+    its value just before its first write after that version (current if none)."""
+    params = {g.name: g.param.clone() for g in groups}
+    for p, v in zip(footprint.tolist(), version.tolist(), strict=True):
+        later = [w for w in writes.get(p, []) if w > v]
+        if later:
+            for name, param in params.items():
+                param[p] = pre[later[0]][name][p]
+    return [
+        ParamGroupState(g.name, params[g.name], g.exp_avg, g.exp_avg_sq, g.lr_at, g.betas, g.eps)
+        for g in groups
+    ]
+
+
+def reference_train(
+    groups: Sequence[ParamGroupState],
+    phases: Sequence[Phase],
+    weak: tuple[int, int] | None = None,
+    reads: Mapping[tuple[int, int], Tensor] | None = None,
+):
     """Synchronous single-process reference: the same sum in rank order, selective Adam.
+
+    With ``reads`` ((rank, global step) -> [M] int64 versions of the rows of
+    ``step_footprint`` that rank read, e.g. from ``ReadRecord``s), each rank's gradient is
+    computed from the rows at those versions instead of the current ones: the reference
+    for runs with delayed reads.
 
     Returns (groups, versions [N] int64).
     """
     groups = list(groups)
     versions = torch.full((groups[0].param.shape[0],), -1, dtype=torch.int64)
+    pre: dict[int, dict[str, Tensor]] = {}  # global step -> replica before that step
+    writes: dict[int, list[int]] = {}  # row -> global steps that wrote it
     for i, ph in enumerate(phases):
         if ph.grow:
             groups = grow_groups(groups, ph.grow, seed=i)
@@ -178,10 +222,15 @@ def reference_train(groups: Sequence[ParamGroupState], phases: Sequence[Phase]):
         world = ph.plan.views.shape[1]
         for t in range(ph.plan.views.shape[0]):
             step = ph.step_offset + t
+            if reads is not None:
+                pre[step] = {g.name: g.param.clone() for g in groups}
             outs = []
             for r in range(world):
                 fp = ph.plan.step_footprint(t, r)
-                outs.append((fp, *toy_grads(groups, ph.plan.views[t, r, 0], fp)))
+                seen = groups
+                if reads is not None:
+                    seen = _as_read(groups, fp, reads[(r, step)], pre, writes)
+                outs.append((fp, *toy_grads(seen, ph.plan.views[t, r, 0], fp, weak)))
             touched = torch.zeros(groups[0].param.shape[0], dtype=torch.bool)
             visible = torch.zeros_like(touched)
             total = {g.name: torch.zeros_like(g.param) for g in groups}
@@ -206,6 +255,9 @@ def reference_train(groups: Sequence[ParamGroupState], phases: Sequence[Phase]):
                     step=step + 1,
                 )
             versions[touched] = step
+            if reads is not None:
+                for p in touched.nonzero().squeeze(1).tolist():
+                    writes.setdefault(p, []).append(step)
     return groups, versions
 
 
@@ -221,6 +273,7 @@ class ToyRun:
     jitter_s: float = 0.0  # random extra sleep per step, up to this
     die_at: dict[int, int] = field(default_factory=dict)  # rank -> os._exit(1) at step
     stall_at: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (step, s)
+    weak: tuple[int, int] | None = None  # rows with WEAK_SCALE x gradient (toy_grads)
 
 
 def run_toy_rank(rank: int, world_size: int, run: ToyRun, transport=None, process_group=None):
@@ -256,7 +309,7 @@ def run_toy_rank(rank: int, world_size: int, run: ToyRun, transport=None, proces
             if rank in run.stall_at and run.stall_at[rank][0] == step:
                 time.sleep(run.stall_at[rank][1])
             fp = ph.plan.step_footprint(t, rank)
-            grads, visible = toy_grads(groups, ph.plan.views[t, rank, 0], fp)
+            grads, visible = toy_grads(groups, ph.plan.views[t, rank, 0], fp, run.weak)
             pause = run.sleep_s.get(rank, 0.0) + run.jitter_s * float(rng.random())
             if pause:
                 time.sleep(pause)
@@ -274,6 +327,8 @@ def toy_result(groups: Sequence[ParamGroupState], engine: PrimitiveSyncEngine) -
         "versions": engine.versions.clone(),
         "summary": engine.summary(),
         "steps": engine.step_metrics(),
+        "admissions": engine.admission_log(),
+        "reads": [(r.step, r.rows, r.version, r.required) for r in engine.read_records],
     }
 
 
@@ -307,15 +362,16 @@ class LoopbackHub:
             self.held.add((src, dst))
 
     def release(self, src: int, dst: int) -> None:
-        """Deliver what was held from ``src`` to ``dst`` and stop holding."""
+        """Deliver what was held from ``src`` to ``dst`` (all at once) and stop holding."""
         with self.lock:
             self.held.discard((src, dst))
             port = self.ports[dst]
-            for (peer, tag), spec in sorted(port.posted.items(), key=lambda kv: kv[1][0]):
-                msg = self.mail.pop((src, dst, tag), None) if peer == src else None
-                if msg is not None:
-                    del port.posted[(peer, tag)]
-                    port._deliver(peer, spec, *msg)
+            with port.cond:  # re-entrant: the receiver sees all of it or none of it
+                for (peer, tag), spec in sorted(port.posted.items(), key=lambda kv: kv[1][0]):
+                    msg = self.mail.pop((src, dst, tag), None) if peer == src else None
+                    if msg is not None:
+                        del port.posted[(peer, tag)]
+                        port._deliver(peer, spec, *msg)
 
 
 class LoopbackTransport:

@@ -1,0 +1,368 @@
+"""Tests of throughput-first admission (odin_ns/runtime/admission.py and the engine's
+throughput-first mode): the rule on crafted cases (one per fallback reason and an admitted
+one), bounded staleness measured from read records (not from the engine's counters), no
+delayed read across a phase boundary, tau = 0 equals quality-first bit for bit, and after
+a drain every replica equals a single-process reference that uses the same stale reads."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from odin_ns.runtime import FALLBACK_REASONS, PrimitiveSyncEngine, SyncConfig, fallback_reason
+from odin_ns.runtime.admission import GradientEvidence
+from odin_ns.runtime.testing import (
+    ListPlan,
+    LoopbackHub,
+    Phase,
+    ToyRun,
+    random_footprints,
+    reference_train,
+    run_threads,
+    spawn_ranks,
+    toy_grads,
+    toy_groups,
+    toy_runs_worker,
+)
+
+WEAK = (95, 100)  # the rows both ranks of the edge plans share, with weak gradients
+
+
+def _same(groups_a, groups_b) -> bool:
+    return all(
+        torch.equal(a.param, b.param)
+        and torch.equal(a.exp_avg, b.exp_avg)
+        and torch.equal(a.exp_avg_sq, b.exp_avg_sq)
+        for a, b in zip(groups_a, groups_b, strict=True)
+    )
+
+
+def _edge_plan(steps: int) -> ListPlan:
+    """Rank 0 reads rows [0, 100) every step; rank 1 rows [95, 195) at even steps (5 shared
+    rows, 5 %) and [100, 195) at odd steps. So at odd steps rank 0 alone updates the shared
+    rows: on a replica that has not yet heard of rank 1's previous update of them, that
+    complete update must wait (per-primitive version order)."""
+    return ListPlan(
+        [[np.arange(0, 100), np.arange(95 if t % 2 == 0 else 100, 195)] for t in range(steps)]
+    )
+
+
+def _writes(phases) -> dict[int, list[int]]:
+    """Row -> sorted global steps whose union of footprints contains it (from the plans)."""
+    out: dict[int, list[int]] = {}
+    for ph in phases:
+        plan = ph.plan
+        for t in range(plan.views.shape[0]):
+            rows = np.unique(
+                np.concatenate([plan.step_footprint(t, r) for r in range(plan.views.shape[1])])
+            )
+            for p in rows.tolist():
+                out.setdefault(p, []).append(ph.step_offset + t)
+    return out
+
+
+def _stale_reads(records, writes) -> list[tuple[int, int, int]]:
+    """(step t, row p, first missed version m) of every read older than quality-first's.
+
+    A row read at version v missed every write of it in (v, required]; it is stale by
+    t - m where m is the first of them."""
+    out = []
+    for step, rows, version, required in records:
+        assert torch.all(version <= required), "a read newer than any planned write"
+        for p, v, need in zip(rows.tolist(), version.tolist(), required.tolist(), strict=True):
+            assert need == max([w for w in writes.get(p, []) if w < step], default=need)
+            if v < need:
+                out.append((step, p, min(w for w in writes[p] if w > v)))
+    return out
+
+
+def _records(engine) -> list:
+    return [(r.step, r.rows, r.version, r.required) for r in engine.read_records]
+
+
+def _reads_map(engines) -> dict:
+    return {(e.rank, r.step): r.version for e in engines for r in e.read_records}
+
+
+# ---------------------------------------------------------------- the rule itself
+def test_fallback_reason_rule():
+    def never():
+        raise AssertionError("evidence evaluated after an earlier condition failed")
+
+    tau, k = 0.2, 4
+    # admitted: overlap 20 / 100 = tau exactly, evidence below tau, staleness = K
+    assert fallback_reason(10, 6, 0, 20, 100, lambda: 0.19, tau, k) == (None, 0.19)
+    # one reason each
+    assert fallback_reason(10, 9, 0, 21, 100, never, tau, k)[0] == "overlap"
+    reason, ratio = fallback_reason(10, 9, 0, 5, 100, lambda: 0.2, tau, k)
+    assert (reason, ratio) == ("evidence", 0.2)  # strictly below tau x mean
+    assert fallback_reason(10, 5, 0, 5, 100, never, tau, k)[0] == "staleness"
+    assert fallback_reason(10, 9, 10, 5, 100, never, tau, k)[0] == "phase"
+    # order: phase, staleness, overlap, evidence
+    assert fallback_reason(10, 2, 5, 90, 100, never, tau, k)[0] == "phase"
+    assert fallback_reason(10, 2, 0, 90, 100, never, tau, k)[0] == "staleness"
+    assert math.isnan(fallback_reason(10, 9, 0, 90, 100, never, tau, k)[1])
+    # tau = 0 admits nothing (a decision always has a non-empty overlap)
+    assert fallback_reason(10, 9, 0, 1, 100, lambda: 0.0, 0.0, k)[0] == "overlap"
+    assert set(FALLBACK_REASONS) == {"overlap", "evidence", "staleness", "phase"}
+
+
+def test_gradient_evidence_matches_brute_force():
+    g = torch.Generator().manual_seed(0)
+    n, width = 40, 6
+    ev = GradientEvidence(n, 3, torch.device("cpu"))
+    assert ev.ratio(1, torch.tensor([3, 4])) == 1.0  # nothing known: unknown is not low-impact
+    last: dict[int, float] = {}
+    for _ in range(5):
+        rows = torch.randperm(n, generator=g)[:12].sort().values
+        buf = torch.randn(12, width, generator=g)
+        buf[:, -1] = 1.0  # visible flag: not part of the strength
+        ev.observe(1, rows, buf)
+        for p, row in zip(rows.tolist(), buf, strict=True):
+            last[p] = float(row[:-1].double().norm())
+    mean = sum(last.values()) / len(last)
+    assert ev.mean(1) == pytest.approx(mean, rel=1e-6) and ev.mean(2) is None
+    unknown = next(p for p in range(n) if p not in last)
+    known = list(last)[:3]
+    overlap = torch.tensor(sorted([*known, unknown]))
+    want = (sum(last[p] for p in known) + mean) / 4 / mean
+    assert ev.ratio(1, overlap) == pytest.approx(want, rel=1e-6)
+
+
+# ------------------------------------------------------ crafted cases in the engine
+def _crafted(case: str):
+    """Two engines in this thread over a loopback hub; rank 0 reads [0, 100).
+
+    Rank 1 writes rows ``early`` at steps 0-1 and ``late`` at steps 2-3; its publications
+    to rank 0 are held from step ``hold_from`` on, so they are pending when rank 0 reaches
+    step 3. Both ranks run steps 0-2 and rank 1 step 3. Returns (engines, hub, plan,
+    ``step(rank, t, release_after)``, the weak rows)."""
+    tau, k, weak = 0.2, 4, WEAK
+    early, late, hold_from = np.arange(95, 195), np.r_[95:100, 150:195], 2
+    if case == "overlap":
+        late, weak = np.r_[70:100, 150:195], (70, 100)  # 30 % of rank 0's reads
+    elif case == "evidence":
+        weak = None  # rank 1's gradient on the shared rows is as strong as elsewhere
+    elif case == "evidence-unknown":
+        early = np.arange(150, 195)  # rank 1 never published the shared rows before
+    elif case == "staleness":
+        k, hold_from = 1, 1
+    plan = ListPlan([[np.arange(0, 100), early if t < 2 else late] for t in range(4)])
+    cfg = SyncConfig(
+        mode="throughput-first", tau=tau, staleness_window=k, timeout_s=10, record_reads=True
+    )
+    hub = LoopbackHub(2)
+    engines = [
+        PrimitiveSyncEngine(toy_groups(300), plan, r, 2, cfg, transport=hub.transport(r))
+        for r in range(2)
+    ]
+
+    def step(r: int, t: int, release_after: float | None = None) -> float:
+        timer = None
+        if release_after is not None:
+            timer = threading.Timer(release_after, hub.release, (1, 0))
+            timer.start()
+        wait = engines[r].validate(t)
+        if timer is not None:
+            timer.join()
+        eng = engines[r]
+        eng.publish(t, *toy_grads(eng.groups, plan.views[t, r, 0], plan.step_footprint(t, r), weak))
+        eng.progress()
+        return wait
+
+    for t in range(3):
+        if t == hold_from:
+            hub.hold(1, 0)
+        step(1, t)
+        step(0, t)
+    step(1, 3)
+    return engines, hub, plan, step, weak
+
+
+@pytest.mark.parametrize(
+    "case,reason",
+    [
+        ("admitted", None),
+        ("overlap", "overlap"),
+        ("evidence", "evidence"),
+        ("evidence-unknown", "evidence"),
+        ("staleness", "staleness"),
+    ],
+)
+def test_crafted_decisions(case, reason):
+    engines, hub, plan, step, weak = _crafted(case)
+    eng = engines[0]
+    before = list(eng.decisions)
+    if case == "staleness":
+        # at step 2, rank 1's step 1 (1 step old) was admitted
+        assert [(d.step, d.pub_step, d.reason) for d in before] == [(2, 1, None)]
+    else:
+        assert before == []
+    wait = step(0, 3, None if reason is None else 0.2)
+    new = eng.decisions[len(before) :]
+    s = eng.summary()
+    if reason is None:
+        [d] = new
+        assert (d.step, d.peer, d.pub_step, d.staleness, d.reason) == (3, 1, 2, 1, None)
+        assert d.overlap_rows == 5 and d.read_rows == 100 and d.evidence_ratio < 0.01
+        assert s["admitted"] == 1 and s["staleness_hist"] == {"1": 1} and s["max_staleness"] == 1
+        assert s["delayed_primitive_reads"] == 5 and s["delayed_steps"] == 1
+        rec = eng.read_records[-1]
+        stale = rec.rows[rec.version < rec.required]
+        assert stale.tolist() == list(range(95, 100))  # exactly the shared rows
+        assert eng.step_metrics()[-1]["admitted"] == 1
+        assert eng.step_metrics()[-1]["delayed_rows"] == 5
+    else:
+        # one fallback at step 3; the newest pending publication is decided first, and
+        # with K = 1 the older one (step 1, 2 steps old) is the one that must be awaited
+        want_pub = 1 if case == "staleness" else 2
+        assert [(d.step, d.pub_step, d.reason) for d in new] == [(3, want_pub, reason)]
+        assert s["fallbacks"] == {r: int(r == reason) for r in FALLBACK_REASONS}
+        assert wait > 0.1  # it really waited for the held publication
+        assert eng.step_metrics()[-1]["delayed_rows"] == 0
+        rec = eng.read_records[-1]
+        assert torch.equal(rec.version, rec.required)
+        if case == "evidence":
+            assert new[0].evidence_ratio > 0.2
+        if case == "evidence-unknown":
+            assert new[0].evidence_ratio == pytest.approx(1.0)
+    assert s["fallbacks"]["phase"] == 0
+    assert json.loads(json.dumps(s)) == s
+    hub.release(1, 0)
+    for eng in engines:
+        eng.drain()
+    ref, ref_versions = reference_train(
+        toy_groups(300), [Phase(plan, 0)], weak=weak, reads=_reads_map(engines)
+    )
+    for eng in engines:
+        assert _same(eng.groups, ref) and torch.equal(eng.versions, ref_versions)
+
+
+# ------------------------------------------------------------ threaded training runs
+def _check_run(results, phases, window: int) -> tuple[int, int]:
+    """Replicas identical, equal to the stale-read reference, staleness <= K from the read
+    records; returns (admitted, stale row reads) summed over ranks."""
+    engines = [e for _, e in results]
+    groups0 = results[0][0]
+    for groups, eng in results:
+        assert _same(groups, groups0)
+        assert torch.equal(eng.versions, engines[0].versions)
+        assert eng.visibility_violations == 0
+    ref, ref_versions = reference_train(
+        toy_groups(300), phases, weak=WEAK, reads=_reads_map(engines)
+    )
+    assert _same(groups0, ref) and torch.equal(engines[0].versions, ref_versions)
+    writes = _writes(phases)
+    admitted = stale_rows = 0
+    for eng in engines:
+        stale = _stale_reads(_records(eng), writes)
+        assert all(t - m <= window for t, _, m in stale), max(t - m for t, _, m in stale)
+        assert len(stale) == eng.summary()["delayed_primitive_reads"]
+        admitted += eng.summary()["admitted"]
+        stale_rows += len(stale)
+    return admitted, stale_rows
+
+
+def test_slow_peer_reads_at_most_k_steps_stale():
+    """Rank 1 is slow; rank 0 would run ahead: it reads the 5 shared rows stale, never by
+    more than K steps, and every replica still ends equal to the stale-read reference."""
+    k = 3
+    phases = [Phase(_edge_plan(24), 0)]
+    cfg = SyncConfig(mode="throughput-first", staleness_window=k, timeout_s=20, record_reads=True)
+    results = run_threads(2, ToyRun(phases, cfg, sleep_s={1: 0.02}, weak=WEAK))
+    admitted, stale_rows = _check_run(results, phases, k)
+    s0 = results[0][1].summary()
+    assert admitted > 0 and stale_rows > 0
+    assert s0["fallbacks"]["staleness"] > 0  # the bound was reached, not just respected
+    assert 1 <= s0["max_staleness"] <= k
+    assert sum(int(c) for c in s0["staleness_hist"].values()) == s0["admitted"]
+    assert 0.0 < s0["admitted_fraction"] < 1.0
+    # the delayed reads changed the result: it differs from quality-first's
+    qf, _ = reference_train(toy_groups(300), phases, weak=WEAK)
+    assert not _same(results[0][0], qf)
+    # quality-first under the same slow peer: every read is current
+    cfg_qf = SyncConfig(mode="quality-first", timeout_s=20, record_reads=True)
+    for groups, eng in run_threads(2, ToyRun(phases, cfg_qf, sleep_s={1: 0.02}, weak=WEAK)):
+        assert _same(groups, qf)
+        assert _stale_reads(_records(eng), _writes(phases)) == []
+        assert eng.summary()["admitted"] == 0 and eng.summary()["decisions"] == 0
+
+
+def test_no_delayed_read_across_phase_boundary():
+    """Two phases (rows appended in between) with delayed reads in both: rebind drains, so
+    the first step of phase 2 reads every row current and no stale read in phase 2 misses
+    an update of phase 1."""
+    k = 4
+    second = 16
+    phases = [Phase(_edge_plan(14), 0), Phase(_edge_plan(10), second, grow=20)]
+    cfg = SyncConfig(mode="throughput-first", staleness_window=k, timeout_s=20, record_reads=True)
+    results = run_threads(2, ToyRun(phases, cfg, sleep_s={1: 0.02}, weak=WEAK))
+    admitted, _ = _check_run(results, phases, k)
+    assert admitted > 0
+    writes = _writes(phases)
+    for _, eng in results:
+        for rec in eng.read_records:
+            if rec.step == second:
+                assert torch.equal(rec.version, rec.required)
+        for t, _, m in _stale_reads(_records(eng), writes):
+            assert (t < second) == (m < second)  # a stale read never reaches across
+        assert all((d.step < second) == (d.pub_step < second) for d in eng.admissions)
+        assert eng.summary()["fallbacks"]["phase"] == 0
+    rank0 = results[0][1]
+    assert any(d.step >= second for d in rank0.admissions)  # delays in phase 2 as well
+    assert any(d.step < second for d in rank0.admissions)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_tau_zero_is_quality_first_bitwise(world):
+    phases = [
+        Phase(ListPlan(random_footprints(300, 12, world, seed=21)), 0),
+        Phase(ListPlan(random_footprints(340, 6, world, seed=22)), 15, grow=40),
+    ]
+    ref, ref_versions = reference_train(toy_groups(300), phases)
+    cfg = SyncConfig(mode="throughput-first", tau=0.0, timeout_s=20, record_reads=True)
+    results = run_threads(world, ToyRun(phases, cfg, sleep_s={1: 0.01}, jitter_s=0.002))
+    fallbacks = 0
+    for groups, eng in results:
+        assert _same(groups, ref) and torch.equal(eng.versions, ref_versions)
+        assert _stale_reads(_records(eng), _writes(phases)) == []
+        s = eng.summary()
+        assert s["admitted"] == 0 and s["delayed_primitive_reads"] == 0
+        assert s["fallbacks"]["overlap"] == s["decisions"]
+        fallbacks += s["decisions"]
+    assert fallbacks > 0  # rank 1 is slow: others had pending publications to decide on
+
+
+# ------------------------------------------------------------ 2 processes over gloo
+@pytest.mark.slow
+def test_gloo_throughput_first_exact_after_drain(tmp_path):
+    """Over gloo, with a slow rank 1 and a phase boundary: delayed reads happen, none is
+    more than K steps stale, replicas are identical after the drain and equal to the
+    stale-read reference."""
+    k = 3
+    phases = [Phase(_edge_plan(12), 0), Phase(_edge_plan(8), 14, grow=20)]
+    cfg = SyncConfig(mode="throughput-first", staleness_window=k, timeout_s=20, record_reads=True)
+    run = ToyRun(phases, cfg, sleep_s={1: 0.03}, weak=WEAK)
+    codes, results, errors, _ = spawn_ranks(toy_runs_worker, 2, tmp_path, ([run],), timeout_s=90)
+    assert codes == [0, 0], errors
+    res = [results[r][0] for r in range(2)]
+    for name, p in res[0]["params"].items():
+        assert torch.equal(p, res[1]["params"][name])
+    assert torch.equal(res[0]["versions"], res[1]["versions"])
+    reads = {(r, step): version for r in range(2) for step, _, version, _ in res[r]["reads"]}
+    ref, ref_versions = reference_train(toy_groups(300), phases, weak=WEAK, reads=reads)
+    for g in ref:
+        assert torch.equal(res[0]["params"][g.name], g.param)
+    assert torch.equal(res[0]["versions"], ref_versions)
+    writes = _writes(phases)
+    for r in range(2):
+        stale = _stale_reads(res[r]["reads"], writes)
+        assert all(t - m <= k and (t < 14) == (m < 14) for t, _, m in stale)
+        assert len(stale) == res[r]["summary"]["delayed_primitive_reads"]
+    assert res[0]["summary"]["admitted"] > 0
+    assert len(res[0]["admissions"]) == res[0]["summary"]["admitted"]
