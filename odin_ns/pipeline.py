@@ -59,6 +59,10 @@ class OdinPipelineConfig(VanillaPipelineConfig):
     """Pixels added around each projected 3-sigma footprint when planning."""
     max_phase_steps: int = 100
     """Re-plan (fresh footprints) at least this often, even without a structural change."""
+    emulate_jitter_ms: float = 0.0
+    """Benchmarks only: add an exponentially distributed delay with this mean to every step
+    (seeded by rank and step, so every mode sees the same delays) to emulate uneven per-view
+    costs and stragglers, which a 2-core CPU machine does not have."""
     snapshot_every: int = 5
     """Rank 0 refreshes the viewer panels' snapshot every this many steps."""
 
@@ -163,6 +167,9 @@ class OdinPipeline(VanillaPipeline):
                     f"rank {self.rank}: non-finite gradient of '{name}' at step {step}; "
                     "refusing to publish it"
                 )
+        if self.config.emulate_jitter_ms > 0:
+            rng = np.random.default_rng([self._plan_seed(), self.rank, step])
+            time.sleep(rng.exponential(self.config.emulate_jitter_ms) / 1000.0)
         compute_s = time.perf_counter() - tic
         self.engine.publish(step, grads, self.model.visible_rows)
         self._accumulate_densification_stats(step, rows)
