@@ -42,6 +42,7 @@ from odin_ns.model import (
 )
 from odin_ns.runtime import ParamGroupState, PrimitiveSyncEngine, SyncConfig
 from odin_ns.schedule import build_plan, compute_footprints, plan_conflict
+from odin_ns.viewer_ext import OdinPanelsElement
 
 
 @dataclass
@@ -63,6 +64,8 @@ class OdinPipelineConfig(VanillaPipelineConfig):
     """Benchmarks only: add an exponentially distributed delay with this mean to every step
     (seeded by rank and step, so every mode sees the same delays) to emulate uneven per-view
     costs and stragglers, which a 2-core CPU machine does not have."""
+    run_summary_path: Path | None = None
+    """Where the run's odin_run.json goes (set when the config is saved); ns-viewer reads it."""
     snapshot_every: int = 5
     """Rank 0 refreshes the viewer panels' snapshot every this many steps."""
 
@@ -97,7 +100,14 @@ class OdinPipeline(VanillaPipeline):
         self._peer_steps: dict[int, list[dict]] = {}  # rank 0: other ranks' steps, per phase
         self._gathered_upto = 0
         self.sync_snapshot: dict = {}  # replaced wholesale, read by the viewer panels' thread
-        self.panels = None
+        # nerfstudio's ViewerState installs ViewerElements found on the pipeline: live panels on
+        # rank 0 of a distributed run, saved ones when ns-viewer opens a finished run.
+        self.panels: OdinPanelsElement | None = None
+        summary = config.run_summary_path
+        if world_size > 1 and self.rank == 0:
+            self.panels = OdinPanelsElement(lambda: self.sync_snapshot)
+        elif world_size == 1 and summary is not None and Path(summary).exists():
+            self.panels = OdinPanelsElement.from_run_json(Path(summary))
         if self.distributed:
             self._check_distributed_setup()
             self.model.external_densification = True
@@ -189,7 +199,8 @@ class OdinPipeline(VanillaPipeline):
             "end": time.time(),
         }
         self._step_log.append(record)
-        if self.panels is not None and step % self.config.snapshot_every == 0:
+        shown = self.panels is not None and self.panels.panels is not None
+        if shown and step % self.config.snapshot_every == 0:
             self.sync_snapshot = self._build_snapshot(step)
         metrics_dict["odin_wait_s"] = wait_s
         metrics_dict["odin_compute_s"] = compute_s
@@ -303,7 +314,7 @@ class OdinPipeline(VanillaPipeline):
     def _build_snapshot(self, step: int, window: int = 200) -> dict:
         """What the viewer panels show: this rank live, peers as of the last phase start."""
         assert self.engine is not None
-        bytes_by_step = {m["step"]: m["bytes_sent"] for m in self.engine.step_metrics()[-window:]}
+        bytes_by_step = {m.step: m.bytes_sent for m in self.engine.metrics[-window:]}
         ranks = []
         for rank in range(self.world_size):
             steps = self._step_log if rank == 0 else self._peer_steps.get(rank, [])
@@ -353,16 +364,6 @@ class OdinPipeline(VanillaPipeline):
             "tau": self.config.sync.tau,
             "staleness_window": self.config.sync.staleness_window,
         }
-
-    def get_training_callbacks(self, training_callback_attributes):
-        callbacks = super().get_training_callbacks(training_callback_attributes)
-        trainer = training_callback_attributes.trainer
-        viewer_state = getattr(trainer, "viewer_state", None) if trainer is not None else None
-        if self.distributed and self.rank == 0 and viewer_state is not None:
-            from odin_ns.viewer_ext import attach_to_viewer
-
-            self.panels = attach_to_viewer(viewer_state, lambda: self.sync_snapshot)
-        return callbacks
 
     def _plan_seed(self) -> int:
         return int(self.datamanager.config.train_cameras_sampling_seed)
@@ -529,7 +530,7 @@ class OdinPipeline(VanillaPipeline):
     def write_run_summary(self, base_dir: Path) -> None:
         summary = self.run_summary()
         if self.rank == 0:
-            path = Path(base_dir) / "odin_run.json"
+            path = Path(self.config.run_summary_path or Path(base_dir) / "odin_run.json")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(summary, indent=1))
             waits = [sum(s["wait_s"] for s in r["steps"]) for r in summary["ranks"]]

@@ -24,6 +24,11 @@ class OdinTrainerConfig(TrainerConfig):
 
     _target: type = field(default_factory=lambda: OdinTrainer)
 
+    def save_config(self) -> None:
+        # Saved configs point at the run's sync summary, so ns-viewer can show its panels.
+        self.pipeline.run_summary_path = self.get_base_dir() / "odin_run.json"
+        super().save_config()
+
 
 class OdinTrainer(Trainer):
     """Trainer that delegates distributed steps to :class:`OdinPipeline`."""

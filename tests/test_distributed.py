@@ -134,3 +134,52 @@ def test_more_ranks_than_views_is_a_clear_error(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode != 0
     assert "3 ranks but only 2 training views" in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_ns_viewer_shows_the_runs_sync_panels(two_rank_runs, tmp_path):
+    """`ns-viewer --load-config` on a finished 2-rank run shows the Odin panels (real browser)."""
+    import socket
+    import time
+
+    from odin_ns.viewer_ext.headless import HeadlessChromium, find_chromium
+
+    if find_chromium() is None:
+        pytest.skip("Debian's chromium is not installed (make test installs it)")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    run = two_rank_runs["quality-first"]
+    viewer = subprocess.Popen(
+        [
+            str(BIN / "ns-viewer"),
+            "--load-config",
+            str(run / "config.yml"),
+            "--viewer.websocket-port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert viewer.poll() is None, "ns-viewer exited"
+            time.sleep(1.0)
+        with HeadlessChromium(f"http://127.0.0.1:{port}") as page:
+            page.wait_for(
+                "document.body.innerText.includes('Critical-path wait hidden')", timeout_s=120
+            )
+            text = page.text()
+            assert "quality-first" in text
+            assert "ranks" in text and "2" in text
+            page.screenshot(tmp_path / "ns_viewer_panels.png")
+            if os.environ.get("ODIN_UPDATE_SCREENSHOT") == "1":
+                page.screenshot(Path(__file__).parents[1] / "docs" / "viewer_panels_run.png")
+    finally:
+        os.killpg(viewer.pid, 15)
+        viewer.wait(timeout=30)
