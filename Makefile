@@ -8,6 +8,8 @@ DEMO_OUT ?= outputs/demo
 DEMO_STEPS ?= 300
 DEMO_RANKS ?= 2
 SRC := odin_ns method_configs viewer_ext tests
+# Ranks and tests share few cores: OpenMP workers must not spin while waiting.
+export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: venv test lint demo bench clean
 
