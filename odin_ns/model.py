@@ -212,7 +212,7 @@ class OdinSplatfactoModel(SplatfactoModel):
         else:
             camera_to_worlds = camera.camera_to_worlds
 
-        rows = self.active_rows
+        rows = self.active_rows if self.training else None  # evaluation sees every primitive
         if self.crop_box is not None and not self.training:
             crop = self.crop_box.within(self.means).squeeze(-1)
             if crop.sum() == 0:
