@@ -183,3 +183,66 @@ def test_ns_viewer_shows_the_runs_sync_panels(two_rank_runs, tmp_path):
     finally:
         os.killpg(viewer.pid, 15)
         viewer.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_a_dead_rank_ends_the_whole_run(street_scene, tmp_path):
+    """SIGKILL rank 1 mid-run: every rank ends, non-zero, well within the sync timeout."""
+    import time
+
+    import psutil
+
+    cmd = [
+        str(BIN / "odin-ns-train"),
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(29500 + (os.getpid() + 11) % 2000),
+        "odin-splatfacto",
+        "--data",
+        str(street_scene),
+        "--output-dir",
+        str(tmp_path),
+        "--max-num-iterations",
+        "100000",
+        *TRAINING,
+        "--pipeline.sync.timeout-s",
+        "60",
+    ]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    launcher = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    try:
+        victim, deadline = None, time.time() + 300
+        while victim is None and time.time() < deadline:
+            time.sleep(2.0)
+            assert launcher.poll() is None, launcher.stdout.read()[-3000:]
+            if not list(tmp_path.rglob("config.yml")):
+                continue  # not training yet
+            for proc in psutil.Process(launcher.pid).children(recursive=True):
+                try:
+                    if proc.environ().get("RANK") == "1" and "odin_ns.launch" in " ".join(
+                        proc.cmdline()
+                    ):
+                        victim = proc
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+        assert victim is not None, "rank 1 never started"
+        time.sleep(10.0)  # let it train a few steps
+        killed_at = time.time()
+        victim.kill()
+        output, _ = launcher.communicate(timeout=120)
+        print(output[-2500:])
+        assert launcher.returncode != 0
+        assert time.time() - killed_at < 90, "the surviving rank did not end in time"
+        assert "rank" in output.lower() and ("failed" in output.lower() or "peer" in output.lower())
+        leftovers = [
+            p
+            for p in psutil.Process().children(recursive=True)
+            if "odin_ns.launch" in " ".join(p.cmdline())
+        ]
+        assert not leftovers, "a rank survived its peer's death"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
