@@ -83,11 +83,11 @@ class OdinSplatfactoModel(SplatfactoModel):
     config: OdinSplatfactoModelConfig
 
     def populate_modules(self):
-        if self.config.rasterizer == "gsplat" and not torch.cuda.is_available():
-            raise OdinInputError(
-                "rasterizer 'gsplat' needs CUDA, which is not available on this machine; "
-                "use --pipeline.model.rasterizer torch (or auto)"
-            )
+        # The render module's own backend check, as a one-line CLI error ("gsplat" without CUDA).
+        try:
+            resolve_backend(self.config.rasterizer, "cuda" if torch.cuda.is_available() else "cpu")
+        except ValueError as err:
+            raise OdinInputError(str(err)) from err
         # Same initialisation as splatfacto, without its hard-coded `.cuda()` and without
         # building LPIPS (which downloads AlexNet weights) in the constructor.
         dim_sh = num_sh_bases(self.config.sh_degree)
@@ -197,10 +197,6 @@ class OdinSplatfactoModel(SplatfactoModel):
         return self.visible_rows if self.config.selective_adam else None
 
     # ------------------------------------------------------------------ rendering
-
-    @property
-    def raster_backend(self) -> str:
-        return resolve_backend(self.config.rasterizer, self.means.device)
 
     def get_outputs(self, camera: Cameras) -> dict[str, Tensor | list]:
         if not isinstance(camera, Cameras):

@@ -223,7 +223,8 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def run_one(scene: Scene, ranks: int, steps: int | None, seed: int, window: int, console) -> dict:
+def timed_footprints(scene: Scene):
+    """The scene's footprints with the wall and CPU seconds they took."""
     t0, c0 = time.perf_counter(), time.process_time()
     F = compute_footprints(
         scene.means,
@@ -235,8 +236,11 @@ def run_one(scene: Scene, ranks: int, steps: int | None, seed: int, window: int,
         scene.width,
         scene.height,
     )
-    footprint_s = time.perf_counter() - t0
-    footprint_cpu = time.process_time() - c0
+    return F, time.perf_counter() - t0, time.process_time() - c0
+
+
+def run_one(scene: Scene, ranks: int, steps: int | None, seed: int, window: int, console) -> dict:
+    F, footprint_s, footprint_cpu = timed_footprints(scene)
     num_views = F.shape[0]
     if steps is None:
         steps = -(-num_views // ranks)  # one epoch
@@ -356,18 +360,7 @@ def run_scaling(args, console) -> dict:
         task = progress.add_task("scaling", total=len(sizes) * len(ranks))
         for views, prims in sizes:
             scene = make_city(views, prims, args.seed)
-            t0, c0 = time.perf_counter(), time.process_time()
-            F = compute_footprints(
-                scene.means,
-                scene.scales,
-                scene.quats,
-                scene.opacities,
-                scene.viewmats,
-                scene.Ks,
-                scene.width,
-                scene.height,
-            )
-            fp_s, fp_cpu = time.perf_counter() - t0, time.process_time() - c0
+            F, fp_s, fp_cpu = timed_footprints(scene)
             del scene
             costs = view_costs(F)
             for r in ranks:
