@@ -40,7 +40,7 @@ def _split_launcher_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]
     return known, rest
 
 
-def _run_torchrun(args: argparse.Namespace, rest: list[str]) -> int:
+def _run_torchrun(args: argparse.Namespace, rest: list[str], worker_module: str) -> int:
     cmd = [
         sys.executable,
         "-m",
@@ -51,7 +51,7 @@ def _run_torchrun(args: argparse.Namespace, rest: list[str]) -> int:
         f"--master-addr={args.master_addr}",
         f"--master-port={args.master_port}",
         "-m",
-        "odin_ns.launch",
+        worker_module,
         f"--distributed-timeout-s={args.distributed_timeout_s}",
         *rest,
     ]
@@ -114,12 +114,19 @@ def _worker(args: argparse.Namespace, rest: list[str]) -> None:
         dist.destroy_process_group()
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, worker_module: str = "odin_ns.launch") -> None:
+    """Launch (no ``RANK`` in the environment) or be one torchrun worker.
+
+    ``worker_module`` is the module torchrun runs as each worker (``python -m``); a wrapper
+    module (a benchmark) that calls ``main(worker_module="pkg.wrapper")`` (its own name;
+    ``__name__`` is ``"__main__"`` under ``python -m``) runs itself in every rank, so it can
+    set things up before training.
+    """
     args, rest = _split_launcher_args(list(sys.argv[1:] if argv is None else argv))
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         _worker(args, rest)
         return
-    sys.exit(_run_torchrun(args, rest))
+    sys.exit(_run_torchrun(args, rest, worker_module))
 
 
 if __name__ == "__main__":
