@@ -52,6 +52,7 @@ bench: venv
 	$(PY) -m odin_ns.bench.raster --out bench/raster.json
 	$(PY) -m odin_ns.bench.schedule --views 2000 --primitives 200000 --ranks 8 --out bench/schedule.json
 	$(PY) -m odin_ns.bench.ops --out bench/ops.json
+	$(PY) -m odin_ns.bench.viewer_overhead --out bench/viewer_overhead.json
 	$(PY) -m odin_ns.data.synthetic --out $(DEMO_DIR) --layout street
 	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --out bench/sync_street.json
 

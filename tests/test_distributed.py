@@ -142,7 +142,7 @@ def test_ns_viewer_shows_the_runs_sync_panels(two_rank_runs, tmp_path):
     import socket
     import time
 
-    from odin_ns.viewer_ext.headless import HeadlessChromium, find_chromium
+    from odin_ns.bench.headless import HeadlessChromium, find_chromium
 
     if find_chromium() is None:
         pytest.skip("Debian's chromium is not installed (make test installs it)")

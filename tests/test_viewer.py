@@ -23,7 +23,6 @@ import numpy as np
 import pytest
 from odin_ns.viewer_ext import OdinPanels, attach_to_viewer, snapshot_from_run
 from odin_ns.viewer_ext.figures import bin_series
-from odin_ns.viewer_ext.headless import ChromiumOptions, HeadlessChromium, find_chromium
 from odin_ns.viewer_ext.snapshot import MISSING
 from odin_ns.viewer_ext.tables import (
     compute_wait_markdown,
@@ -34,6 +33,8 @@ from odin_ns.viewer_ext.tables import (
     publications_markdown,
     wait_hidden_markdown,
 )
+
+from odin_ns.bench.headless import ChromiumOptions, HeadlessChromium, find_chromium
 
 REPO = Path(__file__).resolve().parents[1]
 WORLD, WINDOW = 3, 24
