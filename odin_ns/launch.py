@@ -61,6 +61,33 @@ def _run_torchrun(args: argparse.Namespace, rest: list[str], worker_module: str)
     return subprocess.call(cmd, env=env)
 
 
+def _bind_cuda_device(config, local_rank: int, local_world_size: int) -> str:
+    """Bind this rank to a GPU; return the default process group's backend.
+
+    Rule: local rank ``i`` uses ``cuda:{i % torch.cuda.device_count()}``. With at least one
+    GPU per local rank that is ``cuda:{i}`` and NCCL, as ``ns-train`` does. With fewer GPUs
+    than local ranks, ranks share devices round-robin; NCCL cannot hold two ranks on one
+    device, so the default group is gloo (the Odin runtime runs over gloo anyway), and the
+    device is pinned in ``config.machine.device_type`` (``cuda:K``) because nerfstudio's
+    Trainer would otherwise use ``cuda:{local_rank}``. Every node must have as many GPUs.
+    """
+    import torch
+
+    count = torch.cuda.device_count()
+    index = local_rank % count
+    torch.cuda.set_device(index)
+    if count >= local_world_size:
+        return "nccl"
+    config.machine.device_type = f"cuda:{index}"
+    if local_rank == 0:
+        print(
+            f"odin-ns-train: {local_world_size} ranks share {count} GPU(s) round-robin; "
+            "default process group: gloo",
+            flush=True,
+        )
+    return "gloo"
+
+
 def _worker(args: argparse.Namespace, rest: list[str]) -> None:
     import torch
     import torch.distributed as dist
@@ -83,14 +110,15 @@ def _worker(args: argparse.Namespace, rest: list[str]) -> None:
     if device_type == "cpu":
         # Ranks on one machine share its cores; oversubscription slows every rank.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
+        backend = "gloo"
     else:
-        torch.cuda.set_device(local_rank)
+        backend = _bind_cuda_device(config, local_rank, local_world_size)
     config.machine.num_devices = local_world_size
     config.machine.num_machines = world_size // local_world_size
     config.machine.machine_rank = rank // local_world_size
 
     dist.init_process_group(
-        backend="nccl" if device_type == "cuda" else "gloo",
+        backend=backend,
         timeout=timedelta(seconds=args.distributed_timeout_s),
     )
     # Every rank must write to the same run directory: rank 0 picks the timestamp.
