@@ -1,25 +1,37 @@
 """Primitive-sync extension (odin_ns.cuda): compiled ops against their torch references.
 
-The CPU library is built once per session (and cached across runs in $ODIN_NS_EXT_DIR,
-default ~/.cache/odin_ns/ext). Inputs are random and fresh each run; the seed is printed
-(shown on failure) and can be fixed with ODIN_NS_TEST_SEED.
+Every op's compiled CPU kernel must equal its pure-torch reference bit for bit (random
+sizes, repeated ids where defined, empty lists), and bad input must raise ValueError before
+anything is written, in both. ``apply_ready_rows`` must also equal selective Adam /
+torch.optim.Adam(foreach=False). The CPU library is built once per session (cached across
+runs in $ODIN_NS_EXT_DIR, default ~/.cache/odin_ns/ext). Inputs are random and fresh each
+run; the seed is printed (shown on failure) and can be fixed with ODIN_NS_TEST_SEED.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 
 import pytest
 import torch
 
-from odin_ns.cuda import build, gpu_check, ops, reference
+from odin_ns.cuda import build, cases, ops, reference
 from odin_ns.optim import selective_adam_update_
 
 OPS = ops.OPS
+ID_OPS = ("pack_rows", "accumulate_ready_rows", "apply_ready_rows", "validate_reads")
+ID_ARG = {
+    "pack_rows": "ids",
+    "accumulate_ready_rows": "positions",
+    "apply_ready_rows": "ids",
+    "validate_reads": "read_ids",
+}
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +43,7 @@ def odin_ops():
     result = build.load_cpu()
     state = "compiled" if result.compiled else "cached"
     print(f"CPU extension {state} in {result.seconds:.1f} s")
+    assert ops.status("cpu").compiled
     return torch.ops.odin
 
 
@@ -41,11 +54,18 @@ def gen() -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def run_both(odin_ops, op: str, inputs: dict):
+def compiled(op: str) -> Callable:
+    """The compiled CPU op with the reference's Python signature."""
+    fn = ops._compiled(op, "cpu")
+    assert fn is not None, f"{op} has no compiled CPU kernel"
+    return fn
+
+
+def run_both(op: str, inputs: dict) -> tuple[dict, dict]:
     """Outputs of the compiled CPU op and of the reference on copies of ``inputs``."""
-    compiled = gpu_check.run_op(getattr(odin_ops, op), op, gpu_check.copy_inputs(inputs, "cpu"))
-    ref = gpu_check.run_op(getattr(reference, op), op, gpu_check.copy_inputs(inputs, "cpu"))
-    return compiled, ref
+    ours = cases.run_op(compiled(op), op, cases.copy_inputs(inputs, "cpu"))
+    ref = cases.run_op(getattr(reference, op), op, cases.copy_inputs(inputs, "cpu"))
+    return ours, ref
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -62,53 +82,73 @@ def assert_equal_outputs(a: dict, b: dict) -> None:
         assert torch.equal(bits(a[name]), bits(b[name])), f"{name} differs"
 
 
-# ---- every op, realistic random inputs ---------------------------------------------------
+def test_every_op_is_compiled(odin_ops):
+    for op in OPS:
+        assert ops.has_kernel(op, "cpu"), op
+        assert ops.implementation(op, "cpu") is compiled(op), op
+
+
+# ---- every op, random inputs ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("n", [0, 1, 3000])
 def test_op_matches_reference(odin_ops, gen, op, n):
-    inputs = gpu_check.make_inputs(op, n, gen)
-    compiled, ref = run_both(odin_ops, op, inputs)
-    assert_equal_outputs(compiled, ref)
+    inputs = cases.make_inputs(op, n, gen)
+    ours, ref = run_both(op, inputs)
+    assert_equal_outputs(ours, ref)
 
 
-@pytest.mark.parametrize("op", ["pack_rows", "unpack_accumulate", "validate_reads"])
+@pytest.mark.parametrize("op", OPS)
+def test_random_sizes_match_reference(odin_ops, gen, op):
+    for _ in range(4):
+        n = int(torch.randint(0, 5000, (1,), generator=gen))
+        fraction = float(torch.rand(1, generator=gen)) * 1.5
+        inputs = cases.make_inputs(op, n, gen, fraction=fraction)
+        ours, ref = run_both(op, inputs)
+        assert_equal_outputs(ours, ref)
+
+
+@pytest.mark.parametrize("op", list(cases.DUPLICATES_DEFINED))
 def test_duplicate_ids(odin_ops, gen, op):
     # pack copies a repeated row each time; accumulate adds it each time, in list order.
-    inputs = gpu_check.make_inputs(op, 200, gen, fraction=2.0, duplicates=True)
-    ids = inputs.get("ids", inputs.get("read_ids"))
+    inputs = cases.make_inputs(op, 200, gen, fraction=2.0, duplicates=True)
+    ids = inputs[cases.DUPLICATES_DEFINED[op]]
     assert ids.unique().numel() < ids.numel()
-    compiled, ref = run_both(odin_ops, op, inputs)
-    assert_equal_outputs(compiled, ref)
+    ours, ref = run_both(op, inputs)
+    assert_equal_outputs(ours, ref)
 
 
-@pytest.mark.parametrize("op", ["pack_rows", "unpack_accumulate", "validate_reads"])
+@pytest.mark.parametrize("op", ID_OPS)
 def test_empty_ids(odin_ops, gen, op):
-    inputs = gpu_check.make_inputs(op, 100, gen, fraction=0.0)
-    compiled, ref = run_both(odin_ops, op, inputs)
-    assert_equal_outputs(compiled, ref)
-    if op == "unpack_accumulate":
-        assert torch.equal(compiled["accum"], inputs["accum"])
-        assert torch.equal(compiled["arrivals"], inputs["arrivals"])
+    inputs = cases.make_inputs(op, 100, gen, fraction=0.0)
+    ours, ref = run_both(op, inputs)
+    assert_equal_outputs(ours, ref)
+    if op in cases.INPLACE_OUTPUTS:  # nothing moved
+        assert_equal_outputs(ours, cases.run_op(lambda **_: None, op, inputs))
     else:
-        assert next(iter(compiled.values())).shape[0] == 0
+        assert next(iter(ours.values())).shape[0] == 0
 
 
 @pytest.mark.parametrize("impl", ["compiled", "reference"])
-@pytest.mark.parametrize("op", ["pack_rows", "unpack_accumulate", "validate_reads"])
+@pytest.mark.parametrize("op", ID_OPS)
 @pytest.mark.parametrize("bad", [-1, 100])
 def test_out_of_range_ids_raise_before_writing(odin_ops, gen, impl, op, bad):
-    inputs = gpu_check.make_inputs(op, 100, gen, fraction=0.3)
-    key = "read_ids" if op == "validate_reads" else "ids"
-    inputs[key][len(inputs[key]) // 2] = bad
-    fn = getattr(odin_ops if impl == "compiled" else reference, op)
-    run = gpu_check.copy_inputs(inputs, "cpu")
+    inputs = cases.make_inputs(op, 100, gen, fraction=0.3)
+    key = ID_ARG[op]
+    if op == "apply_ready_rows":  # keep the ids increasing: corrupt an end
+        inputs[key][0 if bad < 0 else -1] = bad
+        inputs["ready"][:] = True
+    else:
+        inputs[key][len(inputs[key]) // 2] = bad
+    fn = compiled(op) if impl == "compiled" else getattr(reference, op)
+    run = cases.copy_inputs(inputs, "cpu")
     with pytest.raises(ValueError, match="out of range"):
         fn(**run)
-    if op == "unpack_accumulate":
-        assert torch.equal(run["accum"], inputs["accum"])
-        assert torch.equal(run["arrivals"], inputs["arrivals"])
+    if op in cases.INPLACE_OUTPUTS:
+        assert_equal_outputs(
+            cases.run_op(lambda **_: None, op, run), cases.run_op(lambda **_: None, op, inputs)
+        )
 
 
 # ---- op-specific cases ---------------------------------------------------------------------
@@ -116,7 +156,7 @@ def test_out_of_range_ids_raise_before_writing(odin_ops, gen, impl, op, bad):
 
 def test_footprint_cull_edges(odin_ops, gen):
     """Boundaries, non-finite centres, thresholds hit exactly, integer radii."""
-    inputs = gpu_check.make_inputs("footprint_cull", 2000, gen)
+    inputs = cases.make_inputs("footprint_cull", 2000, gen)
     w, h, margin = inputs["width"], inputs["height"], inputs["margin_px"]
     xy, radii, depths = inputs["means2d"], inputs["radii"], inputs["depths"]
     # Discs that exactly touch the image from outside (culled: distance == r).
@@ -128,86 +168,145 @@ def test_footprint_cull_edges(odin_ops, gen):
     radii[0, 4:8] = float("inf")
     depths[1, :10] = inputs["near_plane"]  # culled: depth must exceed near_plane (float32)
     inputs["opacities"][:10] = torch.tensor(inputs["opacity_threshold"], dtype=torch.float32)
-    compiled, ref = run_both(odin_ops, "footprint_cull", inputs)
-    assert_equal_outputs(compiled, ref)
-    indptr, indices = compiled["indptr"], compiled["indices"]
+    ours, ref = run_both("footprint_cull", inputs)
+    assert_equal_outputs(ours, ref)
+    indptr, indices = ours["indptr"], ours["indices"]
     nnz_per_view = indptr.diff()
     assert (nnz_per_view > 0).all() and (nnz_per_view < 2000).all()  # the test is not vacuous
     assert 7 in indices[: indptr[1]].tolist() and 4 not in indices[: indptr[1]].tolist()
     inputs["radii"] = radii.round().to(torch.int32)  # gsplat's integer radii
-    compiled, ref = run_both(odin_ops, "footprint_cull", inputs)
-    assert_equal_outputs(compiled, ref)
+    ours, ref = run_both("footprint_cull", inputs)
+    assert_equal_outputs(ours, ref)
 
 
 def test_pack_rows_dtypes_and_layouts(odin_ops, gen):
     n = 300
     ids = torch.randint(0, n, (120,), generator=gen)
-    tensors = [
+    columns = [
         torch.randn(n, 3, generator=gen, dtype=torch.float64),
         torch.randn(3, n, generator=gen).t(),  # non-contiguous
         torch.randn(n, generator=gen, dtype=torch.float16),  # 1-D
     ]
-    out = odin_ops.pack_rows(ids, tensors)
+    out = ops.pack_rows(ids, columns)
     assert out.shape == (120, 7) and out.dtype == torch.float32
-    assert torch.equal(out, reference.pack_rows(ids, tensors))
+    assert torch.equal(out, reference.pack_rows(ids, columns))
 
 
-def _adam_case(gen, n, shape, dtype):
-    full = (n, *shape)
+def test_accumulate_ready_rows_in_rank_order(odin_ops, gen):
+    """The engine's use: zeroed acc, one call per rank in rank order; equals the per-row sum
+    in rank order, and rows not ready stay zero."""
+    u, width = 500, cases.WIDTH
+    ready = torch.rand(u, generator=gen) < 0.7
+    acc = torch.zeros(u, width)
+    want = torch.zeros(u, width)
+    for _rank in range(3):
+        positions = cases.subset_ids(u, 300, gen)
+        contrib = cases.publication(len(positions), gen)
+        ops.accumulate_ready_rows(acc, ready, positions, contrib)
+        sel = ready[positions]
+        want[positions[sel]] = want[positions[sel]] + contrib[sel]
+    assert torch.equal(bits(acc), bits(want))
+    assert not acc[~ready].any()
+
+
+def _adam_groups(gen, n, shapes, dtype):
     return dict(
-        param=torch.randn(full, generator=gen, dtype=dtype),
-        exp_avg=torch.zeros(full, dtype=dtype),
-        exp_avg_sq=torch.zeros(full, dtype=dtype),
-        versions=torch.zeros(n, dtype=torch.int64),
+        params=[torch.randn(n, *s, generator=gen, dtype=dtype) for s in shapes],
+        exp_avgs=[torch.zeros(n, *s, dtype=dtype) for s in shapes],
+        exp_avg_sqs=[torch.zeros(n, *s, dtype=dtype) for s in shapes],
     )
 
 
+@pytest.mark.parametrize("impl", ["compiled", "reference"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("shape", [(), (3,), (15, 3)])
 @pytest.mark.parametrize("betas", [(0.9, 0.999), (0.3, 0.99)])
-def test_selective_adam_matches_optim(odin_ops, gen, dtype, shape, betas):
-    """Several steps, fresh masks: masked rows equal selective_adam_update_ bit for bit,
-    unmasked rows keep their bits, versions of masked rows advance."""
-    n, lr, eps = 700, 1e-2, 1e-15
-    ours = _adam_case(gen, n, shape, dtype)
-    theirs = {k: v.clone() for k, v in ours.items()}
-    for step in range(1, 5):
-        grad = torch.randn((n, *shape), generator=gen, dtype=dtype)
-        mask = torch.rand(n, generator=gen) < 0.4
-        before = {k: v.clone() for k, v in ours.items()}
-        odin_ops.selective_adam_apply(
-            ours["param"], grad, ours["exp_avg"], ours["exp_avg_sq"], mask, ours["versions"],
-            lr, betas[0], betas[1], eps, step, step,
-        )  # fmt: skip
-        selective_adam_update_(
-            theirs["param"], grad, theirs["exp_avg"], theirs["exp_avg_sq"], mask,
-            lr, betas[0], betas[1], eps, step,
-        )  # fmt: skip
-        theirs["versions"][mask] = step
-        for name in ("param", "exp_avg", "exp_avg_sq", "versions"):
-            assert torch.equal(bits(ours[name]), bits(theirs[name])), f"{name} differs, step {step}"
-            assert torch.equal(bits(ours[name][~mask]), bits(before[name][~mask])), f"{name} moved"
-        assert not torch.equal(ours["param"][mask], before["param"][mask])
+def test_apply_ready_rows_matches_selective_adam(odin_ops, gen, impl, dtype, betas):
+    """Several steps, fresh unions and masks: ready visible rows equal selective_adam_update_
+    bit for bit, every other row keeps its bits, versions of ready rows become the step."""
+    fn = compiled("apply_ready_rows") if impl == "compiled" else reference.apply_ready_rows
+    n, shapes = 700, [(), (3,), (15, 3)]
+    lrs, eps = [1e-2, 3e-3, 1e-4], [1e-15, 1e-8, 1e-15]
+    ours = _adam_groups(gen, n, shapes, dtype)
+    theirs = {k: [t.clone() for t in v] for k, v in ours.items()}
+    versions = torch.full((n,), -1, dtype=torch.int64)
+    want_versions = versions.clone()
+    width = 1 + 1 + 3 + 45
+    for step in range(6):
+        ids = cases.subset_ids(n, 400, gen)
+        ready = torch.rand(len(ids), generator=gen) < 0.8
+        acc = torch.randn(len(ids), width, generator=gen) * 1e-2
+        acc[:, -1] = torch.randint(0, 3, (len(ids),), generator=gen).float()
+        before = {k: [t.clone() for t in v] for k, v in ours.items()}
+        fn(**ours, ids=ids, acc=acc, ready=ready, lrs=lrs, betas=[betas] * 3, eps=eps,
+           step=step, versions=versions)  # fmt: skip
+        move = ready & (acc[:, -1] > 0)
+        rows, off = ids[move], 0
+        for g, s in enumerate(shapes):
+            d = math.prod(s)
+            grad = acc[move][:, off : off + d].reshape(len(rows), *s).to(dtype)
+            off += d
+            selective_adam_update_(
+                theirs["params"][g], grad, theirs["exp_avgs"][g], theirs["exp_avg_sqs"][g],
+                rows, lrs[g], betas[0], betas[1], eps[g], step + 1,
+            )  # fmt: skip
+        want_versions[ids[ready]] = step
+        still = torch.ones(n, dtype=torch.bool)
+        still[rows] = False
+        for name in ours:
+            for g in range(len(shapes)):
+                a, b = ours[name][g], theirs[name][g]
+                assert torch.equal(bits(a), bits(b)), f"{name}[{g}] differs at step {step}"
+                assert torch.equal(bits(a[still]), bits(before[name][g][still])), f"{name} moved"
+        assert torch.equal(versions, want_versions)
+        assert rows.numel() > 0 and not torch.equal(
+            ours["params"][2][rows], before["params"][2][rows]
+        )
 
 
-def test_selective_adam_default_cpu_kernels_and_cached_load(odin_ops):
+def test_apply_ready_rows_equals_torch_adam(odin_ops, gen):
+    """Rows visible at every step follow torch.optim.Adam(foreach=False) bit for bit."""
+    n = 64
+    params = [torch.randn(n, 3, generator=gen), torch.randn(n, generator=gen)]
+    exp_avgs = [torch.zeros_like(p) for p in params]
+    exp_avg_sqs = [torch.zeros_like(p) for p in params]
+    torch_params = [torch.nn.Parameter(p.clone()) for p in params]
+    adam = torch.optim.Adam(
+        [{"params": [torch_params[0]], "lr": 1e-2}, {"params": [torch_params[1]], "lr": 3e-3}],
+        betas=(0.9, 0.999),
+        eps=1e-15,
+        foreach=False,
+    )
+    ids, versions = torch.arange(n), torch.zeros(n, dtype=torch.int64)
+    for step in range(5):
+        acc = torch.randn(n, 5, generator=gen)
+        acc[:, -1] = 1.0
+        ops.apply_ready_rows(params, exp_avgs, exp_avg_sqs, ids, acc, torch.ones(n, dtype=torch.bool),
+                             [1e-2, 3e-3], [(0.9, 0.999)] * 2, [1e-15] * 2, step, versions)  # fmt: skip
+        torch_params[0].grad, torch_params[1].grad = acc[:, :3].clone(), acc[:, 3].clone()
+        adam.step()
+        for ours, theirs in zip(params, torch_params, strict=True):
+            assert torch.equal(bits(ours), bits(theirs.detach())), f"step {step}"
+    assert (versions == 4).all()
+
+
+def test_apply_ready_rows_default_cpu_kernels_and_cached_load(odin_ops):
     """With torch's DEFAULT (non-FMA) kernels the op still matches; a second process loads
     the cached library without compiling."""
     script = textwrap.dedent(
         """
         import torch
-        from odin_ns.cuda import build, gpu_check, reference
+        from odin_ns.cuda import build, cases, ops, reference
         assert torch.backends.cpu.get_cpu_capability() == "DEFAULT"
         result = build.load_cpu()
         g = torch.Generator().manual_seed(0)
         for beta1 in (0.9, 0.3):
-            inputs = gpu_check.make_inputs("selective_adam_apply", 5000, g)
-            inputs["beta1"] = beta1
-            runs = [gpu_check.copy_inputs(inputs, "cpu") for _ in range(2)]
-            torch.ops.odin.selective_adam_apply(**runs[0])
-            reference.selective_adam_apply(**runs[1])
-            for name in ("param", "exp_avg", "exp_avg_sq", "versions"):
-                assert torch.equal(runs[0][name], runs[1][name]), name
+            inputs = cases.make_inputs("apply_ready_rows", 5000, g)
+            inputs["betas"] = [(beta1, 0.999)] * len(inputs["betas"])
+            runs = [cases.copy_inputs(inputs, "cpu") for _ in range(2)]
+            a = cases.run_op(ops._compiled("apply_ready_rows", "cpu"), "apply_ready_rows", runs[0])
+            b = cases.run_op(reference.apply_ready_rows, "apply_ready_rows", runs[1])
+            for name in a:
+                assert torch.equal(a[name], b[name]), name
         print("compiled", result.compiled, "seconds", result.seconds)
         """
     )
@@ -224,44 +323,58 @@ def test_selective_adam_default_cpu_kernels_and_cached_load(odin_ops):
 # ---- bad input ---------------------------------------------------------------------------------
 
 
+def _bad_cases(gen) -> list[tuple[str, dict, str]]:
+    """(op, inputs, message) triples, each input set wrong in one way."""
+    out = []
+    rm = cases.make_inputs("ready_mask", 10, gen)
+    out.append(("ready_mask", {**rm, "arrived": rm["arrived"].long()}, "int32"))
+    out.append(("ready_mask", {**rm, "applied": rm["applied"][:5]}, "shape"))
+    out.append(("pack_rows", {"ids": torch.arange(4), "columns": []}, "empty"))
+    acc_in = cases.make_inputs("accumulate_ready_rows", 50, gen, fraction=0.5)
+    out.append(("accumulate_ready_rows", {**acc_in, "contrib": acc_in["contrib"][:, :7]}, "shape"))
+    out.append(("accumulate_ready_rows", {**acc_in, "ready": acc_in["ready"].int()}, "bool"))
+    out.append(("accumulate_ready_rows", {**acc_in, "acc": acc_in["acc"].t().contiguous().t()},
+                "contiguous"))  # fmt: skip
+    ap = cases.make_inputs("apply_ready_rows", 50, gen, fraction=0.5)
+    out.append(("apply_ready_rows", {**ap, "step": -1}, "step"))
+    out.append(("apply_ready_rows", {**ap, "acc": ap["acc"][:, :-1].contiguous()}, "columns"))
+    out.append(("apply_ready_rows", {**ap, "ids": ap["ids"].flip(0)}, "increasing"))
+    out.append(("apply_ready_rows", {**ap, "lrs": ap["lrs"][:-1]}, "groups"))
+    out.append(("apply_ready_rows", {**ap, "betas": [(1.0, 0.999)] * 6}, "betas"))
+    out.append(("apply_ready_rows", {**ap, "versions": ap["versions"].int()}, "int64"))
+    params = list(ap["params"])
+    params[4] = params[4].double()
+    out.append(("apply_ready_rows", {**ap, "params": params}, "exp_avgs"))
+    cull = cases.make_inputs("footprint_cull", 10, gen)
+    out.append(("footprint_cull", {**cull, "means2d": torch.zeros(4, 10, 3)}, "means2d"))
+    vr = cases.make_inputs("validate_reads", 50, gen)
+    out.append(("validate_reads", {**vr, "required": vr["required"][:-1]}, "shape"))
+    return out
+
+
 @pytest.mark.parametrize("impl", ["compiled", "reference"])
-def test_bad_input_raises_value_error(odin_ops, gen, impl):
-    lib = odin_ops if impl == "compiled" else reference
-    n = 10
-    ids = torch.arange(4)
-    with pytest.raises(ValueError, match="int32"):
-        lib.ready_mask(torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int32),
-                       torch.zeros(n, dtype=torch.bool))  # fmt: skip
-    with pytest.raises(ValueError, match="shape"):
-        lib.unpack_accumulate(torch.zeros(4, 3), ids, torch.zeros(n, 2),
-                              torch.zeros(n, dtype=torch.int32))  # fmt: skip
-    with pytest.raises(ValueError, match="empty"):
-        lib.pack_rows(ids, [])
-    with pytest.raises(ValueError, match="step"):
-        t = torch.zeros(n, 2)
-        lib.selective_adam_apply(t, t.clone(), t.clone(), t.clone(),
-                                 torch.ones(n, dtype=torch.bool), torch.zeros(n, dtype=torch.int64),
-                                 1e-3, 0.9, 0.999, 1e-15, 0, 1)  # fmt: skip
-    with pytest.raises(ValueError, match="means2d"):
-        lib.footprint_cull(torch.zeros(2, n, 3), torch.zeros(2, n), torch.zeros(2, n),
-                           torch.zeros(n), 64, 48, 0.0, 0.01, 0.0)  # fmt: skip
-    with pytest.raises(ValueError, match="contiguous"):
-        lib.unpack_accumulate(torch.zeros(4, 3), ids, torch.zeros(3, n).t(),
-                              torch.zeros(n, dtype=torch.int32))  # fmt: skip
+def test_bad_input_raises_value_error_before_writing(odin_ops, gen, impl):
+    for op, inputs, message in _bad_cases(gen):
+        fn = compiled(op) if impl == "compiled" else getattr(reference, op)
+        run = cases.copy_inputs(inputs, "cpu")
+        with pytest.raises(ValueError, match=message):
+            fn(**run)
+        if op in cases.INPLACE_OUTPUTS:
+            untouched = cases.run_op(lambda **_: None, op, inputs)
+            assert_equal_outputs(cases.run_op(lambda **_: None, op, run), untouched)
 
 
 # ---- dispatcher ---------------------------------------------------------------------------------
 
 
 def test_dispatcher_routes_and_env_override(odin_ops, gen, monkeypatch):
-    inputs = gpu_check.make_inputs("pack_rows", 500, gen)
-    assert ops.status("cpu").compiled
+    inputs = cases.make_inputs("pack_rows", 500, gen)
     assert ops.implementation("pack_rows", "cpu") is odin_ops.pack_rows
-    compiled = ops.pack_rows(**inputs)
+    ours = ops.pack_rows(**inputs)
     monkeypatch.setenv("ODIN_NS_EXT", "0")
     assert not ops.status("cpu").compiled
     assert ops.implementation("pack_rows", "cpu") is reference.pack_rows
-    assert torch.equal(ops.pack_rows(**inputs), compiled)
+    assert torch.equal(ops.pack_rows(**inputs), ours)
 
 
 def test_failed_build_falls_back_to_reference(gen, monkeypatch):
@@ -274,19 +387,40 @@ def test_failed_build_falls_back_to_reference(gen, monkeypatch):
         with pytest.warns(RuntimeWarning, match="simulated compiler failure"):
             st = ops.status("cpu")
         assert not st.compiled and "simulated" in st.reason
-        inputs = gpu_check.make_inputs("validate_reads", 300, gen)
+        inputs = cases.make_inputs("validate_reads", 300, gen)
         assert torch.equal(ops.validate_reads(**inputs), reference.validate_reads(**inputs))
     finally:
         ops._load.cache_clear()
 
 
+def test_missing_or_stale_op_falls_back_per_op(odin_ops, gen, monkeypatch):
+    """An op the library lacks, or registers with another signature, runs its reference."""
+    monkeypatch.setattr(ops, "has_kernel", lambda name, device_type: name != "ready_mask")
+    ops._compiled.cache_clear()
+    try:
+        assert ops.implementation("ready_mask", "cpu") is reference.ready_mask
+        assert ops.implementation("validate_reads", "cpu") is odin_ops.validate_reads
+    finally:
+        ops._compiled.cache_clear()
+
+    def renamed_args(ids, versions, required):  # a signature the library does not have
+        raise AssertionError("must not be called")
+
+    monkeypatch.setattr(reference, "validate_reads", renamed_args)
+    try:
+        with pytest.warns(RuntimeWarning, match="rebuild"):
+            assert ops._compiled("validate_reads", "cpu") is None
+    finally:
+        ops._compiled.cache_clear()
+
+
 def test_dispatcher_runs_in_place_on_parameters(odin_ops, gen):
     """nn.Parameter rows update in place without autograd complaints (ops run no_grad)."""
-    inputs = gpu_check.make_inputs("selective_adam_apply", 200, gen)
-    inputs["param"] = torch.nn.Parameter(inputs["param"])
-    before = inputs["param"].detach().clone()
-    ops.selective_adam_apply(**inputs)
-    assert not torch.equal(inputs["param"].detach(), before)
+    inputs = cases.make_inputs("apply_ready_rows", 200, gen)
+    inputs["params"] = [torch.nn.Parameter(p) for p in inputs["params"]]
+    before = inputs["params"][0].detach().clone()
+    ops.apply_ready_rows(**inputs)
+    assert not torch.equal(inputs["params"][0].detach(), before)
 
 
 # ---- CUDA --------------------------------------------------------------------------------------
@@ -310,7 +444,11 @@ def test_cuda_variant_compiles_and_registers():
 def test_cuda_ops_match_cpu(gen, op):
     build.load_cuda()
     for n, dup, fraction in ((0, False, 0.2), (1000, True, 0.5), (20000, False, 0.2)):
-        if dup and op not in ("pack_rows", "unpack_accumulate", "validate_reads"):
+        if dup and op not in cases.DUPLICATES_DEFINED:
             continue
-        result = gpu_check.check_case(op, n, gen, duplicates=dup, fraction=fraction)
+        inputs = cases.make_inputs(op, n, gen, fraction=fraction, duplicates=dup)
+        fn = ops._compiled(op, "cpu")
+        want = cases.run_op(fn, op, cases.copy_inputs(inputs, "cpu"))
+        got = cases.run_op(ops._compiled(op, "cuda"), op, cases.copy_inputs(inputs, "cuda"))
+        result = cases.compare(op, want, got)
         assert result["match"], result

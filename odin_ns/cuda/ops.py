@@ -9,6 +9,7 @@ build never raises here: it warns once and the torch reference is used (same res
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -22,11 +23,12 @@ from odin_ns.cuda import reference
 OPS = (
     "footprint_cull",
     "pack_rows",
-    "unpack_accumulate",
+    "accumulate_ready_rows",
     "ready_mask",
-    "selective_adam_apply",
+    "apply_ready_rows",
     "validate_reads",
 )
+_DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 
 
 @dataclass(frozen=True)
@@ -71,12 +73,58 @@ def status(device_type: str = "cpu") -> BackendStatus:
     return _load(device_type)
 
 
+def has_kernel(name: str, device_type: str) -> bool:
+    """Whether the loaded extension registers a ``device_type`` kernel for op ``name``."""
+    key = _DISPATCH_KEYS.get(device_type)
+    if key is None or not hasattr(torch.ops.odin, name):
+        return False
+    try:
+        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(f"odin::{name}", key))
+    except (AttributeError, RuntimeError):
+        return True
+
+
+@functools.cache
+def _compiled(name: str, device_type: str) -> Callable | None:
+    """The compiled op with the reference's Python signature, or None (per op fallback)."""
+    if not has_kernel(name, device_type):
+        return None
+    fn = getattr(torch.ops.odin, name)
+    # A library built from older sources may register the name with another signature.
+    schema_args = [a.name for a in fn.default._schema.arguments]
+    if schema_args != list(inspect.signature(getattr(reference, name)).parameters):
+        warnings.warn(
+            f"odin_ns.cuda: compiled {name} has arguments {schema_args}, not the reference's; "
+            "using the reference (rebuild with python -m odin_ns.cuda build)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+    if name != "apply_ready_rows":
+        return fn
+
+    def apply_ready_rows(params, exp_avgs, exp_avg_sqs, ids, acc, ready, lrs, betas, eps,
+                         step, versions):  # fmt: skip
+        # The schema takes betas as one flat float[] (beta1_0, beta2_0, beta1_1, ...).
+        flat = [float(b) for pair in betas for b in pair]
+        fn(list(params), list(exp_avgs), list(exp_avg_sqs), ids, acc, ready,
+           [float(x) for x in lrs], flat, [float(x) for x in eps], int(step), versions)  # fmt: skip
+
+    return apply_ready_rows
+
+
 def implementation(name: str, device: torch.device | str) -> Callable:
-    """The callable ``name`` runs for tensors on ``device``: compiled op or reference."""
+    """The callable ``name`` runs for tensors on ``device``: compiled op or reference.
+
+    Falls back per op: an op the loaded library does not register runs its reference.
+    """
     if name not in OPS:
         raise ValueError(f"unknown op {name!r}; ops are {OPS}")
-    if status(torch.device(device).type).compiled:
-        return getattr(torch.ops.odin, name)
+    device_type = device.type if isinstance(device, torch.device) else torch.device(device).type
+    if status(device_type).compiled:
+        fn = _compiled(name, device_type)
+        if fn is not None:
+            return fn
     return getattr(reference, name)
 
 
@@ -107,53 +155,41 @@ def footprint_cull(
     )
 
 
-@torch.no_grad()
-def pack_rows(ids: Tensor, tensors: Sequence[Tensor]) -> Tensor:
-    """[M, sum(cols)] float32 buffer of rows ``ids`` ([M] int64) of every [N, ...] tensor."""
-    return implementation("pack_rows", ids.device)(ids, list(tensors))
+def pack_rows(ids: Tensor, columns: Sequence[Tensor]) -> Tensor:
+    """[M, W] float32: rows ``ids`` ([M] int64) of every [N, d_g] column group, side by side."""
+    return implementation("pack_rows", ids.device)(ids, list(columns))
+
+
+def accumulate_ready_rows(acc: Tensor, ready: Tensor, positions: Tensor, contrib: Tensor) -> None:
+    """In place: acc[positions[i]] += contrib[i] where ready[positions[i]], i in order.
+
+    acc [U, W] float32, ready [U] bool, positions [M] int64, contrib [M, W] float32.
+    """
+    implementation("accumulate_ready_rows", acc.device)(acc, ready, positions, contrib)
+
+
+def ready_mask(arrived: Tensor, expected: Tensor, applied: Tensor, blocked: Tensor) -> Tensor:
+    """[U] bool: (arrived == expected) & ~applied & ~blocked (int32, int32, bool, bool)."""
+    return implementation("ready_mask", arrived.device)(arrived, expected, applied, blocked)
 
 
 @torch.no_grad()
-def unpack_accumulate(buffer: Tensor, ids: Tensor, accum: Tensor, arrivals: Tensor) -> None:
-    """In place: accum[ids] += buffer ([M, D]), arrivals[ids] += 1; repeats add each time."""
-    implementation("unpack_accumulate", accum.device)(buffer, ids, accum, arrivals)
-
-
-@torch.no_grad()
-def ready_mask(arrivals: Tensor, expected: Tensor, blocked: Tensor) -> Tensor:
-    """[N] bool: arrivals == expected & expected > 0 & ~blocked."""
-    return implementation("ready_mask", arrivals.device)(arrivals, expected, blocked)
-
-
-@torch.no_grad()
-def selective_adam_apply(
-    param: Tensor,
-    grad: Tensor,
-    exp_avg: Tensor,
-    exp_avg_sq: Tensor,
-    mask: Tensor,  # [N] bool
-    versions: Tensor,  # [N] int64
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    step: int,
-    new_version: int,
+def apply_ready_rows(
+    params: Sequence[Tensor],  # per group [N, ...], updated in place
+    exp_avgs: Sequence[Tensor],  # per group [N, ...], updated in place
+    exp_avg_sqs: Sequence[Tensor],  # per group [N, ...], updated in place
+    ids: Tensor,  # [U] int64 strictly increasing
+    acc: Tensor,  # [U, W] float32, W = sum(d_g) + 1 (last column: visible flag)
+    ready: Tensor,  # [U] bool
+    lrs: Sequence[float],
+    betas: Sequence[tuple[float, float]],
+    eps: Sequence[float],
+    step: int,  # 0-based global step; bias correction uses step + 1
+    versions: Tensor,  # [N] int64, updated in place
 ) -> None:
-    """In place: Adam step on the masked rows (torch.optim.Adam arithmetic), version bump."""
-    implementation("selective_adam_apply", param.device)(
-        param,
-        grad,
-        exp_avg,
-        exp_avg_sq,
-        mask,
-        versions,
-        float(lr),
-        float(beta1),
-        float(beta2),
-        float(eps),
-        int(step),
-        int(new_version),
+    """Selective Adam on the ready, visible rows; versions[ids[ready]] = step."""
+    implementation("apply_ready_rows", versions.device)(
+        params, exp_avgs, exp_avg_sqs, ids, acc, ready, lrs, betas, eps, step, versions
     )
 
 

@@ -2,8 +2,10 @@
 
 Each function has the signature of its compiled op and the same defined behaviour:
 
-- repeated ids: ``pack_rows`` copies a repeated row once per occurrence; ``unpack_accumulate``
-  adds it once per occurrence, in id-list order (``index_add_``);
+- repeated ids: ``pack_rows`` copies a repeated row once per occurrence;
+  ``accumulate_ready_rows`` adds it once per occurrence, in list order (``index_add_``);
+  ``validate_reads`` reports it once per occurrence; ``apply_ready_rows`` requires strictly
+  increasing ids (the engine's union of footprints is sorted and unique);
 - empty id lists give empty outputs and leave in-place arguments untouched;
 - bad input (shape, dtype, device, out-of-range ids) raises ValueError before anything is
   written.
@@ -14,6 +16,7 @@ They run on any device; the compiled CPU kernels match them bit for bit.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -117,159 +120,230 @@ def footprint_cull(
 
 def pack_rows(
     ids: Tensor,  # [M] int64 row ids
-    tensors: list[Tensor],  # K tensors of shape [N, ...], floating point
+    columns: list[Tensor],  # K column groups of shape [N, ...] (flattened to [N, d_g]), float
 ) -> Tensor:
-    """Gather rows ``ids`` of every tensor into one [M, sum(cols)] float32 send buffer."""
+    """Gather rows ``ids`` of every column group into one [M, W = sum(d_g)] float32 buffer."""
     op = "pack_rows"
-    _check(len(tensors) > 0, op, "tensors must not be empty")
+    _check(len(columns) > 0, op, "columns must not be empty")
     _check(
-        tensors[0].dim() >= 1,
+        columns[0].dim() >= 1,
         op,
-        f"tensors[0] must have shape [N, ...], got {list(tensors[0].shape)}",
+        f"columns[0] must have shape [N, ...], got {list(columns[0].shape)}",
     )
-    N = tensors[0].shape[0]
-    for k, t in enumerate(tensors):
+    N = columns[0].shape[0]
+    for k, t in enumerate(columns):
         _check(
             t.dim() >= 1 and t.shape[0] == N,
             op,
-            f"tensors[{k}] must have shape [N, ...] with N = {N}, got {list(t.shape)}",
+            f"columns[{k}] must have shape [N, ...] with N = {N}, got {list(t.shape)}",
         )
         _check(
             t.is_floating_point(),
             op,
-            f"tensors[{k}] must be a floating-point tensor, got {t.dtype}",
+            f"columns[{k}] must be a floating-point tensor, got {t.dtype}",
         )
         _check(
-            t.device == ids.device, op, f"tensors[{k}] is on {t.device} but ids is on {ids.device}"
+            t.device == ids.device, op, f"columns[{k}] is on {t.device} but ids is on {ids.device}"
         )
     _check_ids(ids, N, op)
-    return torch.cat([t.reshape(N, math.prod(t.shape[1:]))[ids].float() for t in tensors], dim=1)
+    return torch.cat([t.reshape(N, math.prod(t.shape[1:]))[ids].float() for t in columns], dim=1)
 
 
-def unpack_accumulate(
-    buffer: Tensor,  # [M, D] float32 received rows
-    ids: Tensor,  # [M] int64 destination rows
-    accum: Tensor,  # [N, D] float32, updated in place
-    arrivals: Tensor,  # [N] int32, updated in place
+def accumulate_ready_rows(
+    acc: Tensor,  # [U, W] float32 accumulator over the step's union rows, updated in place
+    ready: Tensor,  # [U] bool rows being applied now
+    positions: Tensor,  # [M] int64 union position of each contribution row
+    contrib: Tensor,  # [M, W] float32 one rank's publication rows
 ) -> None:
-    """``accum[ids] += buffer`` and ``arrivals[ids] += 1``; repeated ids add once each."""
-    op = "unpack_accumulate"
-    _check(accum.dim() == 2, op, f"accum must have shape [N, D], got {list(accum.shape)}")
-    N, D = accum.shape
-    _check(ids.dim() == 1, op, f"ids must be 1-D, got shape {list(ids.shape)}")
-    M = ids.shape[0]
+    """In place, for i = 0..M-1 in order: if ready[positions[i]]: acc[positions[i]] += contrib[i].
+
+    The engine zeroes ``acc`` and calls this once per rank in rank order, so every replica
+    adds the same floats in the same order (bitwise identical sums). Repeated positions add
+    once per occurrence, in list order (``index_add_``).
+    """
+    op = "accumulate_ready_rows"
+    _check(acc.dim() == 2, op, f"acc must have shape [U, W], got {list(acc.shape)}")
+    U, W = acc.shape
+    _check(positions.dim() == 1, op, f"positions must be 1-D, got shape {list(positions.shape)}")
+    M = positions.shape[0]
     _check(
-        list(buffer.shape) == [M, D],
+        list(contrib.shape) == [M, W],
         op,
-        f"buffer must have shape [{M}, {D}], got {list(buffer.shape)}",
+        f"contrib must have shape [{M}, {W}], got {list(contrib.shape)}",
     )
-    _check(
-        list(arrivals.shape) == [N],
-        op,
-        f"arrivals must have shape [{N}], got {list(arrivals.shape)}",
-    )
+    _check(list(ready.shape) == [U], op, f"ready must have shape [{U}], got {list(ready.shape)}")
     for name, t, dtype in (
-        ("buffer", buffer, torch.float32),
-        ("accum", accum, torch.float32),
-        ("arrivals", arrivals, torch.int32),
+        ("acc", acc, torch.float32),
+        ("ready", ready, torch.bool),
+        ("contrib", contrib, torch.float32),
     ):
         _check(t.dtype == dtype, op, f"{name} must be {dtype}, got {t.dtype}")
-    _check_same_device(op, accum.device, buffer=buffer, ids=ids, arrivals=arrivals)
-    _check(accum.is_contiguous(), op, "accum must be contiguous (it is updated in place)")
-    _check(arrivals.is_contiguous(), op, "arrivals must be contiguous (it is updated in place)")
-    _check_ids(ids, N, op)
+    _check_same_device(op, acc.device, ready=ready, positions=positions, contrib=contrib)
+    _check(acc.is_contiguous(), op, "acc must be contiguous (it is updated in place)")
+    _check_ids(positions, U, op, "positions")
     if M == 0:
         return
-    accum.index_add_(0, ids, buffer)
-    arrivals.index_add_(0, ids, torch.ones(M, dtype=torch.int32, device=ids.device))
+    keep = ready.index_select(0, positions)
+    acc.index_add_(0, positions[keep], contrib[keep])
 
 
 def ready_mask(
-    arrivals: Tensor,  # [N] int32 contributions received for the pending step
-    expected: Tensor,  # [N] int32 contributions that step needs (0: none pending)
-    blocked: Tensor,  # [N] bool an earlier update of the primitive is still pending
+    arrived: Tensor,  # [U] int32 writers whose publication has arrived
+    expected: Tensor,  # [U] int32 writers the plan says the row has
+    applied: Tensor,  # [U] bool already applied
+    blocked: Tensor,  # [U] bool an earlier update of the primitive is still unapplied
 ) -> Tensor:
-    """[N] bool: rows whose update is complete and may be applied now (in version order)."""
+    """[U] bool: (arrived == expected) & ~applied & ~blocked, the rows to apply now."""
     op = "ready_mask"
-    _check(arrivals.dim() == 1, op, f"arrivals must have shape [N], got {list(arrivals.shape)}")
-    N = arrivals.shape[0]
+    _check(arrived.dim() == 1, op, f"arrived must have shape [U], got {list(arrived.shape)}")
+    U = arrived.shape[0]
     for name, t, dtype in (
-        ("arrivals", arrivals, torch.int32),
+        ("arrived", arrived, torch.int32),
         ("expected", expected, torch.int32),
+        ("applied", applied, torch.bool),
         ("blocked", blocked, torch.bool),
     ):
-        _check(list(t.shape) == [N], op, f"{name} must have shape [{N}], got {list(t.shape)}")
+        _check(list(t.shape) == [U], op, f"{name} must have shape [{U}], got {list(t.shape)}")
         _check(t.dtype == dtype, op, f"{name} must be {dtype}, got {t.dtype}")
-    _check_same_device(op, arrivals.device, expected=expected, blocked=blocked)
-    return (arrivals == expected) & (expected > 0) & ~blocked
+    _check_same_device(op, arrived.device, expected=expected, applied=applied, blocked=blocked)
+    return (arrived == expected) & ~applied & ~blocked
+
+
+def check_apply_inputs(
+    params: Sequence[Tensor],
+    exp_avgs: Sequence[Tensor],
+    exp_avg_sqs: Sequence[Tensor],
+    ids: Tensor,
+    acc: Tensor,
+    ready: Tensor,
+    lrs: Sequence[float],
+    betas: Sequence[tuple[float, float]],
+    eps: Sequence[float],
+    step: int,
+    versions: Tensor,
+) -> list[int]:
+    """Validate ``apply_ready_rows``'s arguments (ValueError); per group the row size d_g."""
+    op = "apply_ready_rows"
+    G = len(params)
+    _check(G > 0, op, "params must not be empty")
+    for name, seq in (
+        ("exp_avgs", exp_avgs),
+        ("exp_avg_sqs", exp_avg_sqs),
+        ("lrs", lrs),
+        ("betas", betas),
+        ("eps", eps),
+    ):
+        _check(len(seq) == G, op, f"{name} has {len(seq)} entries but there are {G} groups")
+    _check(versions.dim() == 1, op, f"versions must have shape [N], got {list(versions.shape)}")
+    _check(versions.dtype == torch.int64, op, f"versions must be torch.int64, got {versions.dtype}")
+    N = versions.shape[0]
+    device = versions.device
+    dims = []
+    for g in range(G):
+        p = params[g]
+        _check(
+            p.dim() >= 1 and p.shape[0] == N,
+            op,
+            f"params[{g}] must have shape [N, ...] with N = {N}, got {list(p.shape)}",
+        )
+        _check(
+            p.dtype in (torch.float32, torch.float64),
+            op,
+            f"params[{g}] must be float32 or float64, got {p.dtype}",
+        )
+        for name, t in (("exp_avgs", exp_avgs[g]), ("exp_avg_sqs", exp_avg_sqs[g])):
+            _check(
+                t.shape == p.shape,
+                op,
+                f"{name}[{g}] must have shape {list(p.shape)} like params[{g}], "
+                f"got {list(t.shape)}",
+            )
+            _check(t.dtype == p.dtype, op, f"{name}[{g}] must be {p.dtype}, got {t.dtype}")
+        for name, t in (("params", p), ("exp_avgs", exp_avgs[g]), ("exp_avg_sqs", exp_avg_sqs[g])):
+            _check(
+                t.device == device, op, f"{name}[{g}] is on {t.device} but versions is on {device}"
+            )
+            _check(
+                t.is_contiguous(), op, f"{name}[{g}] must be contiguous (it is updated in place)"
+            )
+        b1, b2 = betas[g]
+        _check(
+            0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0,
+            op,
+            f"betas[{g}] must lie in [0, 1), got ({b1}, {b2})",
+        )
+        dims.append(math.prod(p.shape[1:]))
+    _check(acc.dim() == 2, op, f"acc must have shape [U, W], got {list(acc.shape)}")
+    U, W = acc.shape
+    _check(
+        W == sum(dims) + 1,
+        op,
+        f"acc must have {sum(dims) + 1} columns (groups {dims} + the visible flag), got {W}",
+    )
+    _check(acc.dtype == torch.float32, op, f"acc must be torch.float32, got {acc.dtype}")
+    _check(list(ready.shape) == [U], op, f"ready must have shape [{U}], got {list(ready.shape)}")
+    _check(ready.dtype == torch.bool, op, f"ready must be torch.bool, got {ready.dtype}")
+    _check(versions.is_contiguous(), op, "versions must be contiguous (it is updated in place)")
+    _check(step >= 0, op, f"step is the 0-based global step, got {step}")
+    _check_same_device(op, device, ids=ids, acc=acc, ready=ready)
+    _check(
+        ids.dim() == 1 and ids.shape[0] == U,
+        op,
+        f"ids must have shape [{U}], got {list(ids.shape)}",
+    )
+    _check_ids(ids, N, op)
+    if U > 1:
+        _check(
+            bool((ids[1:] > ids[:-1]).all()),
+            op,
+            "ids must be strictly increasing (the step's sorted union of footprints)",
+        )
+    return dims
 
 
 @torch.no_grad()
-def selective_adam_apply(
-    param: Tensor,  # [N, ...] updated in place
-    grad: Tensor,  # [N, ...]
-    exp_avg: Tensor,  # [N, ...] updated in place
-    exp_avg_sq: Tensor,  # [N, ...] updated in place
-    mask: Tensor,  # [N] bool rows to update
-    versions: Tensor,  # [N] int64, masked rows set to new_version
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    step: int,
-    new_version: int,
+def apply_ready_rows(
+    params: Sequence[Tensor],  # per group [N, ...] float32/float64, updated in place
+    exp_avgs: Sequence[Tensor],  # per group [N, ...] like params, updated in place
+    exp_avg_sqs: Sequence[Tensor],  # per group [N, ...] like params, updated in place
+    ids: Tensor,  # [U] int64 strictly increasing primitive ids (the step's union)
+    acc: Tensor,  # [U, W] float32 summed rows: groups' columns in order, then visible flag
+    ready: Tensor,  # [U] bool rows to apply
+    lrs: Sequence[float],  # per group learning rate of this step
+    betas: Sequence[tuple[float, float]],  # per group (beta1, beta2)
+    eps: Sequence[float],  # per group epsilon
+    step: int,  # 0-based global step of the update
+    versions: Tensor,  # [N] int64 per-primitive applied version, updated in place
 ) -> None:
-    """Fused selective Adam on the masked rows plus version bump; other rows untouched.
+    """Apply global step ``step``'s summed update to the ready rows.
 
-    The arithmetic is ``odin_ns.optim.selective_adam_update_`` (torch.optim.Adam's
-    single-tensor step), so every path of the project computes the same bits.
+    For every i with ready[i]: versions[ids[i]] = step; if acc[i, W-1] > 0 (some writer saw
+    the primitive), every group g gets the selective Adam update of row ids[i] with gradient
+    acc[i, off_g:off_g + d_g] cast to its dtype and bias-correction count ``step + 1``
+    (``odin_ns.optim.selective_adam_update_``, bitwise torch.optim.Adam(foreach=False)).
+    Rows not ready, and invisible ready rows, keep their parameters and moments bit for bit.
     """
     from odin_ns.optim import selective_adam_update_
 
-    op = "selective_adam_apply"
-    _check(param.dim() >= 1, op, f"param must have shape [N, ...], got {list(param.shape)}")
-    _check(
-        param.dtype in (torch.float32, torch.float64),
-        op,
-        f"param must be float32 or float64, got {param.dtype}",
+    dims = check_apply_inputs(
+        params, exp_avgs, exp_avg_sqs, ids, acc, ready, lrs, betas, eps, step, versions
     )
-    N = param.shape[0]
-    for name, t in (("grad", grad), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
-        _check(
-            t.shape == param.shape,
-            op,
-            f"{name} must have shape {list(param.shape)} like param, got {list(t.shape)}",
-        )
-        _check(t.dtype == param.dtype, op, f"{name} must be {param.dtype}, got {t.dtype}")
-    for name, t, dtype in (("mask", mask, torch.bool), ("versions", versions, torch.int64)):
-        _check(list(t.shape) == [N], op, f"{name} must have shape [{N}], got {list(t.shape)}")
-        _check(t.dtype == dtype, op, f"{name} must be {dtype}, got {t.dtype}")
-    _check_same_device(
-        op,
-        param.device,
-        grad=grad,
-        exp_avg=exp_avg,
-        exp_avg_sq=exp_avg_sq,
-        mask=mask,
-        versions=versions,
-    )
-    for name, t in (
-        ("param", param),
-        ("exp_avg", exp_avg),
-        ("exp_avg_sq", exp_avg_sq),
-        ("versions", versions),
-    ):
-        _check(t.is_contiguous(), op, f"{name} must be contiguous (it is updated in place)")
-    _check(step >= 1, op, f"step is the 1-based bias-correction count, got {step}")
-    _check(
-        0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0,
-        op,
-        f"betas must lie in [0, 1), got ({beta1}, {beta2})",
-    )
-    rows = mask.nonzero().squeeze(-1)
-    if rows.numel() > 0 and param.numel() > 0:
-        selective_adam_update_(param, grad, exp_avg, exp_avg_sq, rows, lr, beta1, beta2, eps, step)
-    versions.masked_fill_(mask, new_version)
+    move = ready & (acc[:, -1] > 0)
+    rows = ids[move]
+    if rows.numel() > 0:
+        grad_rows = acc[move]
+        off = 0
+        for param, m, v, lr, (b1, b2), e, d in zip(
+            params, exp_avgs, exp_avg_sqs, lrs, betas, eps, dims, strict=True
+        ):
+            if d > 0:
+                grad = grad_rows[:, off : off + d].reshape(rows.shape[0], *param.shape[1:])
+                # rows is sorted, so a full-size gradient (every row moves) is also in order.
+                selective_adam_update_(
+                    param, grad.to(param.dtype), m, v, rows, lr, b1, b2, e, step=step + 1
+                )
+            off += d
+    versions[ids[ready]] = step
 
 
 def validate_reads(
