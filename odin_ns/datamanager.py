@@ -9,7 +9,6 @@ runtime's dependency table describes exactly what each rank reads and writes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 from nerfstudio.cameras.cameras import Cameras
@@ -18,7 +17,7 @@ from nerfstudio.data.datamanagers.full_images_datamanager import (
     FullImageDatamanagerConfig,
 )
 
-from odin_ns.errors import OdinInputError
+from odin_ns.preflight import check_data_path, check_has_training_images, reading_scene
 
 
 @dataclass
@@ -35,17 +34,12 @@ class OdinDataManager(FullImageDatamanager):
 
     def __init__(self, config: OdinDataManagerConfig, *args, **kwargs):
         data = config.data if config.data is not None else config.dataparser.data
-        if data is None or not Path(data).exists():
-            raise OdinInputError(f"data path '{data}' does not exist (pass --data DIR)")
-        try:
+        check_data_path(data)
+        with reading_scene(data):
             super().__init__(config, *args, **kwargs)
             if self.test_mode != "inference":
                 _ = self.cached_train  # decode now: a bad image fails here with one line
-        except (AssertionError, FileNotFoundError, IndexError, KeyError, ValueError) as err:
-            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise OdinInputError(f"could not read a scene from '{data}': {reason}") from err
-        if len(self.train_dataset) == 0:
-            raise OdinInputError(f"the scene at '{data}' has no training images")
+        check_has_training_images(data, len(self.train_dataset))
         self._plan_views: np.ndarray | None = None
         self._plan_start = 0
 

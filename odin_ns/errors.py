@@ -18,3 +18,18 @@ class OdinInputError(SystemExit):
 
     def __str__(self) -> str:
         return str(self.code)
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message, or its type name when it has none."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def rank_reason(rank: int, err: BaseException, with_type: bool = False) -> str:
+    """``err`` as one line that starts with ``rank R:`` (added unless the message has it)."""
+    text = err.message if isinstance(err, OdinInputError) else first_line(err)
+    if with_type:
+        text = f"{type(err).__name__}: {text}"
+    prefix = f"rank {rank}:"
+    return text if text.startswith(prefix) else f"{prefix} {text}"

@@ -7,24 +7,45 @@ without CUDA. This entry point covers the rest with PyTorch's own launcher:
     odin-ns-train --nnodes 2 --node-rank 0 --master-addr HOST --nproc-per-node 4 \
         odin-splatfacto --data DIR                                        # multi-node
 
-Without ``RANK`` in the environment it re-executes itself under ``torch.distributed.run``;
-inside each worker it builds the same tyro config as ``ns-train``, initialises the process
-group from torchrun's environment and runs nerfstudio's own train loop. torchrun ends all
-workers when one fails, so a dead rank never leaves the others hanging.
+Without ``RANK`` in the environment it is the launcher: it parses the same tyro config the
+ranks will, runs the preflight checks (``odin_ns.preflight``: data path, images, world size
+against views, options that cannot run distributed) before any rank or output folder
+exists, then runs torchrun's agent (``torch.distributed.run``) with this module (or
+``worker_module``) as each rank. Inside each worker it builds the config, initialises the
+process group from torchrun's environment and runs nerfstudio's own train loop. torchrun
+ends all workers when one fails, so a dead rank never leaves the others hanging.
+
+Failures end with one line, last: ``odin-ns-train: error: <reason>``. A rank that fails
+with a reason (``OdinInputError``, ``SyncTimeout`` / ``PeerFailure``, ``FloatingPointError``)
+appends ``rank R: ...`` to the file named by ``ODIN_NS_FAILURE_FILE`` (chosen per run by the
+launcher) and exits 1 quietly; after torchrun's report the launcher prints the earliest
+reason, or the root-cause rank's exit code or signal when it left none.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
+import shutil
 import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
+from typing import NoReturn
+
+from odin_ns.errors import OdinInputError, first_line, rank_reason
+
+FAILURE_FILE_ENV = "ODIN_NS_FAILURE_FILE"
+PROG = "odin-ns-train"
 
 
 def _split_launcher_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(
-        prog="odin-ns-train",
+        prog=PROG,
         description="Run `ns-train`-style training on several processes with torchrun.",
         add_help=False,
     )
@@ -40,11 +61,9 @@ def _split_launcher_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]
     return known, rest
 
 
-def _run_torchrun(args: argparse.Namespace, rest: list[str], worker_module: str) -> int:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
+def _torchrun_args(args: argparse.Namespace, rest: list[str], worker_module: str) -> list[str]:
+    """Arguments of ``python -m torch.distributed.run`` that run ``worker_module`` per rank."""
+    return [
         f"--nproc-per-node={args.nproc_per_node}",
         f"--nnodes={args.nnodes}",
         f"--node-rank={args.node_rank}",
@@ -55,10 +74,115 @@ def _run_torchrun(args: argparse.Namespace, rest: list[str], worker_module: str)
         f"--distributed-timeout-s={args.distributed_timeout_s}",
         *rest,
     ]
-    env = dict(os.environ)
-    # Ranks share the machine's cores: spinning OpenMP workers steal them from each other.
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    return subprocess.call(cmd, env=env)
+
+
+def _fail(reason: str, code: int = 1) -> NoReturn:
+    """End the launcher with ``reason`` as the last line printed."""
+    sys.stdout.flush()
+    print(f"{PROG}: error: {reason}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def _preflight(args: argparse.Namespace, rest: list[str]) -> None:
+    """Check the run in this process; exit 2 (bad arguments) or 1 (bad input) on failure."""
+    from odin_ns.preflight import parse_training_config, preflight
+
+    try:
+        with warnings.catch_warnings():  # nerfstudio's import-time deprecations: the ranks say them
+            warnings.simplefilter("ignore", FutureWarning)
+            config = parse_training_config(rest)
+    except SystemExit as exit_:
+        if exit_.code in (0, None):  # --help
+            raise
+        _fail("invalid training arguments (see the message above)", code=2)
+    try:
+        preflight(config, args.nproc_per_node * args.nnodes)
+    except OdinInputError as err:
+        _fail(err.message)
+
+
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``values`` set (torchrun's children inherit it), then restored."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def record_failure(path: Path, reason: str) -> None:
+    """Append one rank's one-line reason (with the time) to the run's failure file."""
+    line = f"{time.time():.6f}\t{' '.join(reason.split())}\n".encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)  # one small O_APPEND write: ranks never interleave
+    finally:
+        os.close(fd)
+
+
+def read_failures(path: Path) -> list[tuple[float, str]]:
+    """The reasons ranks wrote, earliest first."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        stamp, _, reason = line.partition("\t")
+        if reason:
+            rows.append((float(stamp), reason))
+    return sorted(rows)
+
+
+def _failure_reason(written: list[tuple[float, str]], err) -> str:
+    """The line to print last for torchrun's ``ChildFailedError``.
+
+    A root-cause rank killed by a signal without a word wins (its peers' reasons describe
+    the consequence); else the earliest reason written; else the root cause's exit code.
+    """
+    rank, failure = err.get_first_failure()
+    spoke = any(reason.startswith(f"rank {rank}:") for _, reason in written)
+    if failure.exitcode < 0 and not spoke:
+        return f"rank {rank} was killed by {failure.signal_name()}"
+    if written:
+        return written[0][1]
+    return f"rank {rank} exited with code {failure.exitcode}"
+
+
+def _run_torchrun(args: argparse.Namespace, rest: list[str], worker_module: str) -> int:
+    """Run torchrun's agent here (``python -m torch.distributed.run`` in this process).
+
+    In-process so that a failed run ends with torchrun's report and then the reason, not
+    with the ``ChildFailedError`` traceback of a torchrun subprocess.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    run_dir = Path(tempfile.mkdtemp(prefix="odin-ns-train-"))
+    failure_file = run_dir / "failures.tsv"
+    env = {
+        FAILURE_FILE_ENV: str(failure_file),
+        # Ranks share the machine's cores: spinning OpenMP workers steal them from each other.
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+    }
+    try:
+        with _environment(env):
+            run(parse_args(_torchrun_args(args, rest, worker_module)))
+    except ChildFailedError as err:
+        print(err.format_msg(), file=sys.stderr)  # torchrun's own report
+        _fail(_failure_reason(read_failures(failure_file), err))
+    except SignalException as err:
+        _fail(f"stopped by {err.sigval.name}", code=128 + int(err.sigval))
+    except Exception as err:  # rendezvous, port in use, ...: torchrun could not start the ranks
+        _fail(f"torchrun failed: {first_line(err)}")
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return 0
 
 
 def _bind_cuda_device(config, local_rank: int, local_world_size: int) -> str:
@@ -89,21 +213,38 @@ def _bind_cuda_device(config, local_rank: int, local_world_size: int) -> str:
 
 
 def _worker(args: argparse.Namespace, rest: list[str]) -> None:
+    """One torchrun rank; a failure with a reason goes to the launcher's failure file."""
+    from odin_ns.runtime.errors import SyncError
+
+    rank = int(os.environ["RANK"])
+    failure_file = os.environ.get(FAILURE_FILE_ENV)
+    try:
+        _train_rank(args, rest)
+    except (OdinInputError, SyncError, FloatingPointError) as err:
+        if not failure_file:
+            raise
+        record_failure(Path(failure_file), rank_reason(rank, err))
+        sys.exit(1)  # quietly: the launcher prints the reason last
+    except Exception as err:
+        if failure_file:
+            record_failure(Path(failure_file), rank_reason(rank, err, with_type=True))
+        raise
+
+
+def _train_rank(args: argparse.Namespace, rest: list[str]) -> None:
     import torch
     import torch.distributed as dist
-    import tyro
-    from nerfstudio.configs.method_configs import AnnotatedBaseConfigUnion
     from nerfstudio.scripts.train import train_loop
     from nerfstudio.utils import comms
+
+    from odin_ns.preflight import parse_training_config
 
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
-    config = tyro.cli(AnnotatedBaseConfigUnion, args=rest)
-    if config.data:
-        config.pipeline.datamanager.data = config.data
+    config = parse_training_config(rest)
     device_type = config.machine.device_type
     if device_type == "cuda" and not torch.cuda.is_available():
         device_type = config.machine.device_type = "cpu"
@@ -154,6 +295,7 @@ def main(argv: list[str] | None = None, worker_module: str = "odin_ns.launch") -
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         _worker(args, rest)
         return
+    _preflight(args, rest)
     sys.exit(_run_torchrun(args, rest, worker_module))
 
 

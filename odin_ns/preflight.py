@@ -1,0 +1,176 @@
+"""Input checks that fail with one clear line, shared by the launcher and the ranks.
+
+``odin-ns-train`` runs :func:`preflight` in its own process, before torchrun starts any rank
+and before any output folder exists; the data manager, model and pipeline run the same
+``check_*`` functions inside every rank (where ``ns-train`` or a hand-made torchrun got
+there without the launcher). Each check raises :class:`OdinInputError` with the message the
+user sees.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from odin_ns.errors import OdinInputError, first_line
+
+if TYPE_CHECKING:
+    from nerfstudio.engine.trainer import TrainerConfig
+
+# What nerfstudio's dataparsers and image loading raise on a malformed scene.
+SCENE_ERRORS: tuple[type[Exception], ...] = (
+    AssertionError,
+    FileNotFoundError,
+    IndexError,
+    KeyError,
+    ValueError,
+)
+
+
+# ------------------------------------------------------------------ the scene
+
+
+def check_data_path(data: Path | str | None) -> Path:
+    """The data path, which must exist."""
+    if data is None or not Path(data).exists():
+        raise OdinInputError(f"data path '{data}' does not exist (pass --data DIR)")
+    return Path(data)
+
+
+@contextmanager
+def reading_scene(data: Path | str | None) -> Iterator[None]:
+    """Turn a dataparser's or image loader's failure into one line naming the scene."""
+    try:
+        yield
+    except SCENE_ERRORS as err:
+        raise OdinInputError(f"could not read a scene from '{data}': {first_line(err)}") from err
+
+
+def check_has_training_images(data: Path | str | None, num_images: int) -> None:
+    if num_images == 0:
+        raise OdinInputError(f"the scene at '{data}' has no training images")
+
+
+def check_image_files(data: Path | str | None, filenames: Sequence[Path | str]) -> None:
+    """Every image the dataparser lists exists (decoding them is the ranks' job)."""
+    for name in filenames:
+        if not Path(name).is_file():
+            raise OdinInputError(f"could not read a scene from '{data}': image '{name}' is missing")
+
+
+def count_training_views(dataparser_config: Any, data: Path | str) -> int:
+    """Parse the scene once, as the data manager will (no image decoding), and check it."""
+    parser_config = copy.deepcopy(dataparser_config)
+    parser_config.data = Path(data)
+    with reading_scene(data):
+        outputs = parser_config.setup().get_dataparser_outputs(split="train")
+    check_has_training_images(data, len(outputs.image_filenames))
+    check_image_files(data, outputs.image_filenames)
+    return len(outputs.image_filenames)
+
+
+# ------------------------------------------------------------------ options
+
+
+def check_rasterizer(name: str) -> None:
+    """The rasterizer backend can run on this machine (``gsplat`` needs CUDA)."""
+    import torch
+
+    from odin_ns.render.api import resolve_backend
+
+    try:
+        resolve_backend(name, "cuda" if torch.cuda.is_available() else "cpu")
+    except ValueError as err:
+        raise OdinInputError(str(err)) from err
+
+
+def check_views_for_ranks(world_size: int, num_views: int) -> None:
+    """Every rank needs at least one training view per step."""
+    if num_views < world_size:
+        raise OdinInputError(
+            f"{world_size} ranks but only {num_views} training views: "
+            "every rank needs at least one view per step"
+        )
+
+
+def check_dense_parameters(model_config: Any) -> None:
+    """No dense extra parameters (camera optimizer, bilateral grid): Odin syncs primitives."""
+    camera_optimizer = getattr(model_config, "camera_optimizer", None)
+    camera_opt_on = camera_optimizer is not None and camera_optimizer.mode != "off"
+    if camera_opt_on or getattr(model_config, "use_bilateral_grid", False):
+        raise OdinInputError(
+            "the camera optimizer and bilateral grid are dense parameters that Odin does not "
+            "synchronize; run with --pipeline.model.camera-optimizer.mode off and "
+            "--pipeline.model.use-bilateral-grid False"
+        )
+
+
+def check_process_group(world_size: int) -> None:
+    """torch.distributed is initialised with exactly ``world_size`` ranks."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise OdinInputError(
+            f"world size {world_size} but torch.distributed is not initialised; "
+            "launch with `odin-ns-train --nproc-per-node N` or `ns-train --machine.num-devices N`"
+        )
+    if dist.get_world_size() != world_size:
+        raise OdinInputError(
+            f"world size {world_size} does not match the process group's "
+            f"{dist.get_world_size()} ranks"
+        )
+
+
+def check_distributed_setup(world_size: int, num_views: int, model_config: Any) -> None:
+    """Everything OdinPipeline needs of a run on ``world_size`` > 1 ranks, in one call."""
+    check_process_group(world_size)
+    check_views_for_ranks(world_size, num_views)
+    check_dense_parameters(model_config)
+
+
+def check_checkpoint_exists(path: Path | None) -> None:
+    if path is not None and not Path(path).is_file():
+        raise OdinInputError(f"cannot resume from checkpoint '{path}': it does not exist")
+
+
+# ------------------------------------------------------------------ the launcher's preflight
+
+
+def parse_training_config(args: Sequence[str]) -> TrainerConfig:
+    """The ``ns-train``-style tyro config, exactly as every rank parses it."""
+    import tyro
+    from nerfstudio.configs.method_configs import AnnotatedBaseConfigUnion
+
+    config = tyro.cli(AnnotatedBaseConfigUnion, args=list(args))
+    if config.data:
+        config.pipeline.datamanager.data = config.data
+    return config
+
+
+def _is_odin_pipeline(config: TrainerConfig) -> bool:
+    from odin_ns.pipeline import OdinPipelineConfig
+
+    return isinstance(config.pipeline, OdinPipelineConfig)
+
+
+def preflight(config: TrainerConfig, world_size: int) -> None:
+    """What a run on ``world_size`` ranks can be checked for before any rank starts.
+
+    Cheap checks first (paths, options), then one parse of the scene's training split.
+    Creates nothing.
+    """
+    datamanager = config.pipeline.datamanager
+    data = check_data_path(datamanager.data or datamanager.dataparser.data)
+    check_checkpoint_exists(config.load_checkpoint)
+    model_config = config.pipeline.model
+    if hasattr(model_config, "rasterizer"):
+        check_rasterizer(model_config.rasterizer)
+    distributed = world_size > 1 and _is_odin_pipeline(config)
+    if distributed:
+        check_dense_parameters(model_config)
+    num_views = count_training_views(datamanager.dataparser, data)
+    if distributed:
+        check_views_for_ranks(world_size, num_views)
