@@ -9,7 +9,10 @@
 #include <ATen/ATen.h>
 #include <ATen/Version.h>
 
+#include <algorithm>
 #include <string>
+#include <utility>
+#include <vector>
 #include <tuple>
 
 namespace odin {
@@ -42,17 +45,33 @@ inline void check_shape_1d(const at::Tensor& t, int64_t n, const char* op, const
                     "], got ", t.sizes());
 }
 
-// ids: [M] int64, every value in [0, n). One device->host copy of (min, max) on CUDA.
+// (min, max) of a non-empty [M] int64 tensor: a plain loop on CPU (no torch op overhead),
+// one device->host copy on CUDA.
+inline std::pair<int64_t, int64_t> id_bounds(const at::Tensor& ids) {
+  if (ids.device().is_cpu()) {
+    const auto c = ids.contiguous();
+    const int64_t* p = c.data_ptr<int64_t>();
+    int64_t lo = p[0];
+    int64_t hi = p[0];
+    for (int64_t i = 1; i < c.numel(); ++i) {
+      lo = std::min(lo, p[i]);
+      hi = std::max(hi, p[i]);
+    }
+    return {lo, hi};
+  }
+  auto [lo_t, hi_t] = at::aminmax(ids);
+  const auto bounds = at::stack({lo_t, hi_t}).cpu();
+  return {bounds[0].item<int64_t>(), bounds[1].item<int64_t>()};
+}
+
+// ids: [M] int64, every value in [0, n).
 inline void check_ids(const at::Tensor& ids, int64_t n, const char* op, const char* name) {
   TORCH_CHECK_VALUE(ids.dim() == 1, op, ": ", name, " must be 1-D, got shape ", ids.sizes());
   check_dtype(ids, at::kLong, op, name);
   if (ids.numel() == 0) {
     return;
   }
-  auto [lo_t, hi_t] = at::aminmax(ids);
-  const auto bounds = at::stack({lo_t, hi_t}).cpu();
-  const int64_t lo = bounds[0].item<int64_t>();
-  const int64_t hi = bounds[1].item<int64_t>();
+  const auto [lo, hi] = id_bounds(ids);
   TORCH_CHECK_VALUE(lo >= 0 && hi < n, op, ": ", name, " out of range: values span [", lo,
                     ", ", hi, "] but must lie in [0, ", n, ")");
 }
@@ -105,102 +124,180 @@ inline CullInputs check_cull_inputs(const at::Tensor& means2d, const at::Tensor&
 
 // Validated [N, cols] float32 views of pack_rows's tensors (same device as ids).
 inline std::vector<at::Tensor> check_pack_inputs(const at::Tensor& ids,
-                                                 at::TensorList tensors) {
+                                                 at::TensorList columns) {
   const char* op = "pack_rows";
-  TORCH_CHECK_VALUE(!tensors.empty(), op, ": tensors must not be empty");
-  TORCH_CHECK_VALUE(tensors[0].dim() >= 1, op, ": tensors[0] must have shape [N, ...], got ",
-                    tensors[0].sizes());
-  const int64_t N = tensors[0].size(0);
-  for (size_t k = 0; k < tensors.size(); ++k) {
-    const auto& t = tensors[k];
-    TORCH_CHECK_VALUE(t.dim() >= 1 && t.size(0) == N, op, ": tensors[", k,
+  TORCH_CHECK_VALUE(!columns.empty(), op, ": columns must not be empty");
+  TORCH_CHECK_VALUE(columns[0].dim() >= 1, op, ": columns[0] must have shape [N, ...], got ",
+                    columns[0].sizes());
+  const int64_t N = columns[0].size(0);
+  for (size_t k = 0; k < columns.size(); ++k) {
+    const auto& t = columns[k];
+    TORCH_CHECK_VALUE(t.dim() >= 1 && t.size(0) == N, op, ": columns[", k,
                       "] must have shape [N, ...] with N = ", N, ", got ", t.sizes());
-    TORCH_CHECK_VALUE(at::isFloatingType(t.scalar_type()), op, ": tensors[", k,
+    TORCH_CHECK_VALUE(at::isFloatingType(t.scalar_type()), op, ": columns[", k,
                       "] must be a floating-point tensor, got ", dtype_name(t.scalar_type()));
-    TORCH_CHECK_VALUE(t.device() == ids.device(), op, ": tensors[", k, "] is on ", t.device(),
+    TORCH_CHECK_VALUE(t.device() == ids.device(), op, ": columns[", k, "] is on ", t.device(),
                       " but ids is on ", ids.device());
   }
   check_ids(ids, N, op, "ids");
   std::vector<at::Tensor> rows;
-  rows.reserve(tensors.size());
-  for (const auto& t : tensors) {
+  rows.reserve(columns.size());
+  for (const auto& t : columns) {
     const int64_t cols = c10::multiply_integers(t.sizes().slice(1));
     rows.push_back(t.reshape({N, cols}).to(at::kFloat).contiguous());
   }
   return rows;
 }
 
-inline void check_unpack_inputs(const at::Tensor& buffer, const at::Tensor& ids,
-                                const at::Tensor& accum, const at::Tensor& arrivals) {
-  const char* op = "unpack_accumulate";
-  TORCH_CHECK_VALUE(accum.dim() == 2, op, ": accum must have shape [N, D], got ",
-                    accum.sizes());
-  const int64_t N = accum.size(0);
-  const int64_t D = accum.size(1);
-  TORCH_CHECK_VALUE(ids.dim() == 1, op, ": ids must be 1-D, got shape ", ids.sizes());
-  TORCH_CHECK_VALUE(buffer.dim() == 2 && buffer.size(0) == ids.size(0) && buffer.size(1) == D,
-                    op, ": buffer must have shape [", ids.size(0), ", ", D, "], got ",
-                    buffer.sizes());
-  check_shape_1d(arrivals, N, op, "arrivals");
-  check_dtype(buffer, at::kFloat, op, "buffer");
-  check_dtype(accum, at::kFloat, op, "accum");
-  check_dtype(arrivals, at::kInt, op, "arrivals");
-  const auto device = accum.device();
-  check_device(buffer, device, op, "buffer");
-  check_device(ids, device, op, "ids");
-  check_device(arrivals, device, op, "arrivals");
-  check_contiguous(accum, op, "accum");
-  check_contiguous(arrivals, op, "arrivals");
-  check_ids(ids, N, op, "ids");
+inline void check_accumulate_inputs(const at::Tensor& acc, const at::Tensor& ready,
+                                    const at::Tensor& positions, const at::Tensor& contrib) {
+  const char* op = "accumulate_ready_rows";
+  TORCH_CHECK_VALUE(acc.dim() == 2, op, ": acc must have shape [U, W], got ", acc.sizes());
+  const int64_t U = acc.size(0);
+  const int64_t W = acc.size(1);
+  TORCH_CHECK_VALUE(positions.dim() == 1, op, ": positions must be 1-D, got shape ",
+                    positions.sizes());
+  const int64_t M = positions.size(0);
+  TORCH_CHECK_VALUE(contrib.dim() == 2 && contrib.size(0) == M && contrib.size(1) == W, op,
+                    ": contrib must have shape [", M, ", ", W, "], got ", contrib.sizes());
+  check_shape_1d(ready, U, op, "ready");
+  check_dtype(acc, at::kFloat, op, "acc");
+  check_dtype(ready, at::kBool, op, "ready");
+  check_dtype(contrib, at::kFloat, op, "contrib");
+  const auto device = acc.device();
+  check_device(ready, device, op, "ready");
+  check_device(positions, device, op, "positions");
+  check_device(contrib, device, op, "contrib");
+  check_contiguous(acc, op, "acc");
+  check_ids(positions, U, op, "positions");
 }
 
-inline void check_ready_inputs(const at::Tensor& arrivals, const at::Tensor& expected,
-                               const at::Tensor& blocked) {
+inline void check_ready_inputs(const at::Tensor& arrived, const at::Tensor& expected,
+                               const at::Tensor& applied, const at::Tensor& blocked) {
   const char* op = "ready_mask";
-  TORCH_CHECK_VALUE(arrivals.dim() == 1, op, ": arrivals must have shape [N], got ",
-                    arrivals.sizes());
-  const int64_t N = arrivals.size(0);
-  check_shape_1d(expected, N, op, "expected");
-  check_shape_1d(blocked, N, op, "blocked");
-  check_dtype(arrivals, at::kInt, op, "arrivals");
+  TORCH_CHECK_VALUE(arrived.dim() == 1, op, ": arrived must have shape [U], got ",
+                    arrived.sizes());
+  const int64_t U = arrived.size(0);
+  check_shape_1d(expected, U, op, "expected");
+  check_shape_1d(applied, U, op, "applied");
+  check_shape_1d(blocked, U, op, "blocked");
+  check_dtype(arrived, at::kInt, op, "arrived");
   check_dtype(expected, at::kInt, op, "expected");
+  check_dtype(applied, at::kBool, op, "applied");
   check_dtype(blocked, at::kBool, op, "blocked");
-  check_device(expected, arrivals.device(), op, "expected");
-  check_device(blocked, arrivals.device(), op, "blocked");
+  const auto device = arrived.device();
+  check_device(expected, device, op, "expected");
+  check_device(applied, device, op, "applied");
+  check_device(blocked, device, op, "blocked");
 }
 
-inline void check_adam_inputs(const at::Tensor& param, const at::Tensor& grad,
-                              const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
-                              const at::Tensor& mask, const at::Tensor& versions,
-                              double beta1, double beta2, int64_t step) {
-  const char* op = "selective_adam_apply";
-  TORCH_CHECK_VALUE(param.dim() >= 1, op, ": param must have shape [N, ...], got ",
-                    param.sizes());
-  TORCH_CHECK_VALUE(param.scalar_type() == at::kFloat || param.scalar_type() == at::kDouble,
-                    op, ": param must be float32 or float64, got ", dtype_name(param.scalar_type()));
-  const int64_t N = param.size(0);
-  const auto device = param.device();
-  for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{grad, "grad"},
-                                {exp_avg, "exp_avg"},
-                                {exp_avg_sq, "exp_avg_sq"}}) {
-    TORCH_CHECK_VALUE(t.sizes() == param.sizes(), op, ": ", name, " must have shape ",
-                      param.sizes(), " like param, got ", t.sizes());
-    check_dtype(t, param.scalar_type(), op, name);
-    check_device(t, device, op, name);
-  }
-  check_shape_1d(mask, N, op, "mask");
-  check_shape_1d(versions, N, op, "versions");
-  check_dtype(mask, at::kBool, op, "mask");
+// Row size d_g = prod(shape[1:]) of each parameter group of apply_ready_rows, after checking
+// every argument (mirrors reference.check_apply_inputs, same messages).
+inline std::vector<int64_t> check_apply_inputs(
+    at::TensorList params, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+    const at::Tensor& ids, const at::Tensor& acc, const at::Tensor& ready,
+    at::ArrayRef<double> lrs, at::ArrayRef<double> betas, at::ArrayRef<double> eps,
+    int64_t step, const at::Tensor& versions) {
+  const char* op = "apply_ready_rows";
+  const size_t G = params.size();
+  TORCH_CHECK_VALUE(G > 0, op, ": params must not be empty");
+  TORCH_CHECK_VALUE(exp_avgs.size() == G, op, ": exp_avgs has ", exp_avgs.size(),
+                    " entries but there are ", G, " groups");
+  TORCH_CHECK_VALUE(exp_avg_sqs.size() == G, op, ": exp_avg_sqs has ", exp_avg_sqs.size(),
+                    " entries but there are ", G, " groups");
+  TORCH_CHECK_VALUE(lrs.size() == G, op, ": lrs has ", lrs.size(), " entries but there are ",
+                    G, " groups");
+  TORCH_CHECK_VALUE(betas.size() == 2 * G, op, ": betas has ", betas.size() / 2,
+                    " entries but there are ", G, " groups");
+  TORCH_CHECK_VALUE(eps.size() == G, op, ": eps has ", eps.size(), " entries but there are ",
+                    G, " groups");
+  TORCH_CHECK_VALUE(versions.dim() == 1, op, ": versions must have shape [N], got ",
+                    versions.sizes());
   check_dtype(versions, at::kLong, op, "versions");
-  check_device(mask, device, op, "mask");
-  check_device(versions, device, op, "versions");
-  check_contiguous(param, op, "param");
-  check_contiguous(exp_avg, op, "exp_avg");
-  check_contiguous(exp_avg_sq, op, "exp_avg_sq");
+  const int64_t N = versions.size(0);
+  const auto device = versions.device();
+  std::vector<int64_t> dims;
+  dims.reserve(G);
+  for (size_t g = 0; g < G; ++g) {
+    const auto& p = params[g];
+    TORCH_CHECK_VALUE(p.dim() >= 1 && p.size(0) == N, op, ": params[", g,
+                      "] must have shape [N, ...] with N = ", N, ", got ", p.sizes());
+    TORCH_CHECK_VALUE(p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble, op,
+                      ": params[", g, "] must be float32 or float64, got ",
+                      dtype_name(p.scalar_type()));
+    for (const auto& [t, name] :
+         {std::pair<const at::Tensor&, const char*>{exp_avgs[g], "exp_avgs"},
+          {exp_avg_sqs[g], "exp_avg_sqs"}}) {
+      TORCH_CHECK_VALUE(t.sizes() == p.sizes(), op, ": ", name, "[", g, "] must have shape ",
+                        p.sizes(), " like params[", g, "], got ", t.sizes());
+      TORCH_CHECK_VALUE(t.scalar_type() == p.scalar_type(), op, ": ", name, "[", g,
+                        "] must be ", dtype_name(p.scalar_type()), ", got ",
+                        dtype_name(t.scalar_type()));
+    }
+    for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{p, "params"},
+                                  {exp_avgs[g], "exp_avgs"},
+                                  {exp_avg_sqs[g], "exp_avg_sqs"}}) {
+      TORCH_CHECK_VALUE(t.device() == device, op, ": ", name, "[", g, "] is on ", t.device(),
+                        " but versions is on ", device);
+      TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", name, "[", g,
+                        "] must be contiguous (it is updated in place)");
+    }
+    const double b1 = betas[2 * g];
+    const double b2 = betas[2 * g + 1];
+    TORCH_CHECK_VALUE(b1 >= 0.0 && b1 < 1.0 && b2 >= 0.0 && b2 < 1.0, op, ": betas[", g,
+                      "] must lie in [0, 1), got (", b1, ", ", b2, ")");
+    dims.push_back(c10::multiply_integers(p.sizes().slice(1)));
+  }
+  int64_t total = 1;
+  for (const int64_t d : dims) {
+    total += d;
+  }
+  TORCH_CHECK_VALUE(acc.dim() == 2, op, ": acc must have shape [U, W], got ", acc.sizes());
+  const int64_t U = acc.size(0);
+  TORCH_CHECK_VALUE(acc.size(1) == total, op, ": acc must have ", total, " columns (groups ",
+                    at::IntArrayRef(dims), " + the visible flag), got ", acc.size(1));
+  check_dtype(acc, at::kFloat, op, "acc");
+  check_shape_1d(ready, U, op, "ready");
+  check_dtype(ready, at::kBool, op, "ready");
   check_contiguous(versions, op, "versions");
-  TORCH_CHECK_VALUE(step >= 1, op, ": step is the 1-based bias-correction count, got ", step);
-  TORCH_CHECK_VALUE(beta1 >= 0.0 && beta1 < 1.0 && beta2 >= 0.0 && beta2 < 1.0, op,
-                    ": betas must lie in [0, 1), got (", beta1, ", ", beta2, ")");
+  TORCH_CHECK_VALUE(step >= 0, op, ": step is the 0-based global step, got ", step);
+  check_device(ids, device, op, "ids");
+  check_device(acc, device, op, "acc");
+  check_device(ready, device, op, "ready");
+  TORCH_CHECK_VALUE(ids.dim() == 1 && ids.size(0) == U, op, ": ids must have shape [", U,
+                    "], got ", ids.sizes());
+  check_dtype(ids, at::kLong, op, "ids");
+  if (U == 0) {
+    return dims;
+  }
+  // Range and strict increase together: one pass on CPU, one device->host copy on CUDA.
+  int64_t lo = 0;
+  int64_t hi = 0;
+  bool increasing = true;
+  if (ids.device().is_cpu()) {
+    const auto c = ids.contiguous();
+    const int64_t* p = c.data_ptr<int64_t>();
+    lo = p[0];
+    hi = p[0];
+    for (int64_t i = 1; i < U; ++i) {
+      increasing &= p[i] > p[i - 1];
+      lo = std::min(lo, p[i]);
+      hi = std::max(hi, p[i]);
+    }
+  } else {
+    auto [lo_t, hi_t] = at::aminmax(ids);
+    auto inc_t = U > 1 ? (ids.slice(0, 1) > ids.slice(0, 0, U - 1)).all().to(at::kLong)
+                       : at::ones({}, ids.options());
+    const auto host = at::stack({lo_t, hi_t, inc_t}).cpu();
+    lo = host[0].item<int64_t>();
+    hi = host[1].item<int64_t>();
+    increasing = host[2].item<int64_t>() != 0;
+  }
+  TORCH_CHECK_VALUE(lo >= 0 && hi < N, op, ": ids out of range: values span [", lo, ", ", hi,
+                    "] but must lie in [0, ", N, ")");
+  TORCH_CHECK_VALUE(increasing, op,
+                    ": ids must be strictly increasing (the step's sorted union of footprints)");
+  return dims;
 }
 
 inline void check_validate_inputs(const at::Tensor& read_ids, const at::Tensor& versions,

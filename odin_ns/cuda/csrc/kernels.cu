@@ -124,60 +124,72 @@ __global__ void pack_rows_kernel(const int64_t* ids, int64_t M, int64_t D, PackB
   }
 }
 
-__global__ void unpack_accumulate_kernel(const float* buffer, const int64_t* ids, int64_t M,
-                                         int64_t D, float* accum, int32_t* arrivals) {
+__global__ void accumulate_ready_rows_kernel(float* acc, const bool* ready,
+                                             const int64_t* positions, const float* contrib,
+                                             int64_t M, int64_t W) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  for (int64_t e = first; e < M * D; e += stride) {
-    const int64_t i = e / D;
-    atomicAdd(accum + ids[i] * D + (e % D), buffer[e]);
-  }
-  for (int64_t i = first; i < M; i += stride) {
-    atomicAdd(arrivals + ids[i], 1);
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < M * W;
+       e += stride) {
+    const int64_t p = positions[e / W];
+    if (ready[p]) {
+      atomicAdd(acc + p * W + (e % W), contrib[e]);
+    }
   }
 }
 
-__global__ void ready_mask_kernel(const int32_t* arrivals, const int32_t* expected,
-                                  const bool* blocked, bool* ready, int64_t N) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < N;
+__global__ void ready_mask_kernel(const int32_t* arrived, const int32_t* expected,
+                                  const bool* applied, const bool* blocked, bool* ready,
+                                  int64_t U) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < U;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    ready[i] = (arrivals[i] == expected[i]) && (expected[i] > 0) && !blocked[i];
+    ready[i] = (arrived[i] == expected[i]) && !applied[i] && !blocked[i];
   }
 }
 
 template <typename T, bool kFma>
-__global__ void selective_adam_kernel(T* param, const T* grad, T* exp_avg, T* exp_avg_sq,
-                                      const bool* mask, int64_t* versions, int64_t N,
-                                      int64_t cols, AdamScalars<T> s, int64_t new_version) {
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < N * cols;
+__global__ void apply_ready_group_kernel(T* param, T* exp_avg, T* exp_avg_sq,
+                                         const int64_t* ids, const float* acc,
+                                         const bool* ready, int64_t U, int64_t W, int64_t off,
+                                         int64_t d, AdamScalars<T> s) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < U * d;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = e / cols;
-    if (!mask[r]) {
+    const int64_t i = e / d;
+    const int64_t c = e % d;
+    if (!ready[i] || !(acc[i * W + W - 1] > 0.0f)) {
       continue;
     }
-    T m = exp_avg[e];
-    T v = exp_avg_sq[e];
-    adam_moments<T, kFma>(grad[e], m, v, s);
-    param[e] = adam_param<T>(param[e], m, fp_sqrt(v), s);
-    exp_avg[e] = m;
-    exp_avg_sq[e] = v;
-    if (e % cols == 0) {
-      versions[r] = new_version;
+    const int64_t x = ids[i] * d + c;
+    T m = exp_avg[x];
+    T v = exp_avg_sq[x];
+    adam_moments<T, kFma>(static_cast<T>(acc[i * W + off + c]), m, v, s);
+    param[x] = adam_param<T>(param[x], m, fp_sqrt(v), s);
+    exp_avg[x] = m;
+    exp_avg_sq[x] = v;
+  }
+}
+
+__global__ void apply_ready_versions_kernel(const int64_t* ids, const bool* ready, int64_t U,
+                                            int64_t step, int64_t* versions) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < U;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (ready[i]) {
+      versions[ids[i]] = step;
     }
   }
 }
 
 template <typename T>
-cudaError_t launch_adam(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, const bool* mask,
-                        int64_t* versions, int64_t N, int64_t cols, const AdamScalars<T>& s,
-                        bool fma, int64_t new_version, cudaStream_t stream) {
-  const int grid = grid_for(N * cols);
+cudaError_t launch_apply_group(T* param, T* exp_avg, T* exp_avg_sq, const int64_t* ids,
+                               const float* acc, const bool* ready, int64_t U, int64_t W,
+                               int64_t off, int64_t d, const AdamScalars<T>& s, bool fma,
+                               cudaStream_t stream) {
+  const int grid = grid_for(U * d);
   if (fma) {
-    selective_adam_kernel<T, true><<<grid, kThreads, 0, stream>>>(
-        param, grad, exp_avg, exp_avg_sq, mask, versions, N, cols, s, new_version);
+    apply_ready_group_kernel<T, true><<<grid, kThreads, 0, stream>>>(
+        param, exp_avg, exp_avg_sq, ids, acc, ready, U, W, off, d, s);
   } else {
-    selective_adam_kernel<T, false><<<grid, kThreads, 0, stream>>>(
-        param, grad, exp_avg, exp_avg_sq, mask, versions, N, cols, s, new_version);
+    apply_ready_group_kernel<T, false><<<grid, kThreads, 0, stream>>>(
+        param, exp_avg, exp_avg_sq, ids, acc, ready, U, W, off, d, s);
   }
   return cudaGetLastError();
 }
@@ -210,34 +222,42 @@ cudaError_t pack_rows(const int64_t* ids, int64_t M, int64_t D, const PackBatch&
   return cudaGetLastError();
 }
 
-cudaError_t unpack_accumulate(const float* buffer, const int64_t* ids, int64_t M, int64_t D,
-                              float* accum, int32_t* arrivals, cudaStream_t stream) {
-  unpack_accumulate_kernel<<<grid_for(M * std::max<int64_t>(D, 1)), kThreads, 0, stream>>>(
-      buffer, ids, M, D, accum, arrivals);
+cudaError_t accumulate_ready_rows(float* acc, const bool* ready, const int64_t* positions,
+                                  const float* contrib, int64_t M, int64_t W,
+                                  cudaStream_t stream) {
+  accumulate_ready_rows_kernel<<<grid_for(M * W), kThreads, 0, stream>>>(acc, ready, positions,
+                                                                         contrib, M, W);
   return cudaGetLastError();
 }
 
-cudaError_t ready_mask(const int32_t* arrivals, const int32_t* expected, const bool* blocked,
-                       bool* ready, int64_t N, cudaStream_t stream) {
-  ready_mask_kernel<<<grid_for(N), kThreads, 0, stream>>>(arrivals, expected, blocked, ready,
-                                                           N);
+cudaError_t ready_mask(const int32_t* arrived, const int32_t* expected, const bool* applied,
+                       const bool* blocked, bool* ready, int64_t U, cudaStream_t stream) {
+  ready_mask_kernel<<<grid_for(U), kThreads, 0, stream>>>(arrived, expected, applied, blocked,
+                                                           ready, U);
   return cudaGetLastError();
 }
 
-cudaError_t selective_adam_apply(float* param, const float* grad, float* exp_avg,
-                                 float* exp_avg_sq, const bool* mask, int64_t* versions,
-                                 int64_t N, int64_t cols, const AdamScalars<float>& s,
-                                 bool fma, int64_t new_version, cudaStream_t stream) {
-  return launch_adam<float>(param, grad, exp_avg, exp_avg_sq, mask, versions, N, cols, s, fma,
-                            new_version, stream);
+cudaError_t apply_ready_group(float* param, float* exp_avg, float* exp_avg_sq,
+                              const int64_t* ids, const float* acc, const bool* ready,
+                              int64_t U, int64_t W, int64_t off, int64_t d,
+                              const AdamScalars<float>& s, bool fma, cudaStream_t stream) {
+  return launch_apply_group<float>(param, exp_avg, exp_avg_sq, ids, acc, ready, U, W, off, d,
+                                   s, fma, stream);
 }
 
-cudaError_t selective_adam_apply(double* param, const double* grad, double* exp_avg,
-                                 double* exp_avg_sq, const bool* mask, int64_t* versions,
-                                 int64_t N, int64_t cols, const AdamScalars<double>& s,
-                                 bool fma, int64_t new_version, cudaStream_t stream) {
-  return launch_adam<double>(param, grad, exp_avg, exp_avg_sq, mask, versions, N, cols, s,
-                             fma, new_version, stream);
+cudaError_t apply_ready_group(double* param, double* exp_avg, double* exp_avg_sq,
+                              const int64_t* ids, const float* acc, const bool* ready,
+                              int64_t U, int64_t W, int64_t off, int64_t d,
+                              const AdamScalars<double>& s, bool fma, cudaStream_t stream) {
+  return launch_apply_group<double>(param, exp_avg, exp_avg_sq, ids, acc, ready, U, W, off, d,
+                                    s, fma, stream);
+}
+
+cudaError_t apply_ready_versions(const int64_t* ids, const bool* ready, int64_t U,
+                                 int64_t step, int64_t* versions, cudaStream_t stream) {
+  apply_ready_versions_kernel<<<grid_for(U), kThreads, 0, stream>>>(ids, ready, U, step,
+                                                                     versions);
+  return cudaGetLastError();
 }
 
 cudaError_t validate_count(const int64_t* read_ids, const int64_t* versions,

@@ -35,20 +35,27 @@ cudaError_t cull_write(const float* means2d, const float* radii, const float* de
 cudaError_t pack_rows(const int64_t* ids, int64_t M, int64_t D, const PackBatch& batch,
                       float* out, cudaStream_t stream);
 
-cudaError_t unpack_accumulate(const float* buffer, const int64_t* ids, int64_t M, int64_t D,
-                              float* accum, int32_t* arrivals, cudaStream_t stream);
+// accumulate_ready_rows: acc[pos[i], c] += contrib[i, c] where ready[pos[i]] (atomics).
+cudaError_t accumulate_ready_rows(float* acc, const bool* ready, const int64_t* positions,
+                                  const float* contrib, int64_t M, int64_t W,
+                                  cudaStream_t stream);
 
-cudaError_t ready_mask(const int32_t* arrivals, const int32_t* expected, const bool* blocked,
-                       bool* ready, int64_t N, cudaStream_t stream);
+cudaError_t ready_mask(const int32_t* arrived, const int32_t* expected, const bool* applied,
+                       const bool* blocked, bool* ready, int64_t U, cudaStream_t stream);
 
-cudaError_t selective_adam_apply(float* param, const float* grad, float* exp_avg,
-                                 float* exp_avg_sq, const bool* mask, int64_t* versions,
-                                 int64_t N, int64_t cols, const AdamScalars<float>& s,
-                                 bool fma, int64_t new_version, cudaStream_t stream);
-cudaError_t selective_adam_apply(double* param, const double* grad, double* exp_avg,
-                                 double* exp_avg_sq, const bool* mask, int64_t* versions,
-                                 int64_t N, int64_t cols, const AdamScalars<double>& s,
-                                 bool fma, int64_t new_version, cudaStream_t stream);
+// apply_ready_rows, one parameter group: selective Adam of row ids[i] for every ready i whose
+// visible flag acc[i, W - 1] > 0, gradient acc[i, off:off + d].
+cudaError_t apply_ready_group(float* param, float* exp_avg, float* exp_avg_sq,
+                              const int64_t* ids, const float* acc, const bool* ready,
+                              int64_t U, int64_t W, int64_t off, int64_t d,
+                              const AdamScalars<float>& s, bool fma, cudaStream_t stream);
+cudaError_t apply_ready_group(double* param, double* exp_avg, double* exp_avg_sq,
+                              const int64_t* ids, const float* acc, const bool* ready,
+                              int64_t U, int64_t W, int64_t off, int64_t d,
+                              const AdamScalars<double>& s, bool fma, cudaStream_t stream);
+// apply_ready_rows: versions[ids[i]] = step for every ready i.
+cudaError_t apply_ready_versions(const int64_t* ids, const bool* ready, int64_t U,
+                                 int64_t step, int64_t* versions, cudaStream_t stream);
 
 // validate_reads: counts per piece, then write stale ids from offsets (exclusive scan).
 cudaError_t validate_count(const int64_t* read_ids, const int64_t* versions,

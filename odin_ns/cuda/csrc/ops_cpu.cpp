@@ -1,8 +1,10 @@
 // Schemas of torch.ops.odin.* and their CPU kernels (at::parallel_for, OpenMP).
 //
 // Semantics, shared with odin_ns/cuda/reference.py (the pure-torch specification):
-// - ids may repeat: pack_rows copies a repeated row once per occurrence; unpack_accumulate
-//   adds it once per occurrence, in id-list order (like index_add_ on CPU);
+// - ids may repeat: pack_rows copies a repeated row once per occurrence;
+//   accumulate_ready_rows adds it once per occurrence, in list order (like index_add_ on
+//   CPU); validate_reads reports it once per occurrence; apply_ready_rows needs strictly
+//   increasing ids (the engine's sorted union);
 // - empty id lists give empty outputs and leave in-place arguments untouched;
 // - out-of-range ids raise ValueError before any output is written.
 #include <ATen/ATen.h>
@@ -160,8 +162,8 @@ inline void copy_rows(float* out, int64_t D, const float* src, const int64_t* id
   }
 }
 
-at::Tensor pack_rows_cpu(const at::Tensor& ids_in, at::TensorList tensors) {
-  const auto rows = check_pack_inputs(ids_in, tensors);
+at::Tensor pack_rows_cpu(const at::Tensor& ids_in, at::TensorList columns) {
+  const auto rows = check_pack_inputs(ids_in, columns);
   const auto ids = ids_in.contiguous();
   const int64_t M = ids.size(0);
   const size_t K = rows.size();
@@ -212,162 +214,213 @@ at::Tensor pack_rows_cpu(const at::Tensor& ids_in, at::TensorList tensors) {
   return buffer;
 }
 
-// ---- unpack_accumulate ------------------------------------------------------------------
+// ---- accumulate_ready_rows --------------------------------------------------------------
 
-void unpack_accumulate_cpu(const at::Tensor& buffer_in, const at::Tensor& ids_in,
-                           const at::Tensor& accum, const at::Tensor& arrivals) {
-  check_unpack_inputs(buffer_in, ids_in, accum, arrivals);
-  const auto buffer = buffer_in.contiguous();
-  const auto ids = ids_in.contiguous();
-  const int64_t M = ids.size(0);
-  const int64_t N = accum.size(0);
-  const int64_t D = accum.size(1);
-  if (M == 0) {
-    return;
+// a[c] += b[c] for c < W; W known at compile time for the engine's width (splatfacto: 60).
+template <int W>
+inline void add_row(float* __restrict a, const float* __restrict b, int64_t) {
+  for (int c = 0; c < W; ++c) {
+    a[c] += b[c];
   }
-  const int64_t* id = ids.data_ptr<int64_t>();
-  const float* buf = buffer.data_ptr<float>();
-  float* acc = accum.data_ptr<float>();
-  int32_t* arr = arrivals.data_ptr<int32_t>();
-  // Each task owns a contiguous range of destination rows and applies the id list in order,
-  // so repeated ids are summed in list order (bitwise like index_add_) without atomics.
-  const int64_t tasks = std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(1, M / 4096));
+}
+template <>
+inline void add_row<0>(float* __restrict a, const float* __restrict b, int64_t w) {
+  for (int64_t c = 0; c < w; ++c) {
+    a[c] += b[c];
+  }
+}
+
+template <int W>
+void accumulate_rows(float* acc, const bool* ready, const int64_t* pos, const float* contrib,
+                     int64_t U, int64_t M, int64_t w) {
+  // Each task owns a contiguous range of destination rows and walks the list in order, so
+  // repeated positions add in list order (bitwise like index_add_) without atomics.
+  const int64_t tasks = std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(1, M / 2048));
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t lo = N * t / tasks;
-      const int64_t hi = N * (t + 1) / tasks;
+      const int64_t lo = U * t / tasks;
+      const int64_t hi = U * (t + 1) / tasks;
       for (int64_t i = 0; i < M; ++i) {
-        const int64_t p = id[i];
-        if (p < lo || p >= hi) {
-          continue;
+        const int64_t p = pos[i];
+        if (p >= lo && p < hi && ready[p]) {
+          add_row<W>(acc + p * w, contrib + i * w, w);
         }
-        float* a = acc + p * D;
-        const float* b = buf + i * D;
-        for (int64_t c = 0; c < D; ++c) {
-          a[c] += b[c];
-        }
-        arr[p] += 1;
       }
     }
   });
 }
 
+void accumulate_ready_rows_cpu(const at::Tensor& acc, const at::Tensor& ready_in,
+                               const at::Tensor& positions_in, const at::Tensor& contrib_in) {
+  check_accumulate_inputs(acc, ready_in, positions_in, contrib_in);
+  const int64_t M = positions_in.size(0);
+  const int64_t U = acc.size(0);
+  const int64_t W = acc.size(1);
+  if (M == 0 || W == 0) {
+    return;
+  }
+  const auto ready = ready_in.contiguous();
+  const auto positions = positions_in.contiguous();
+  const auto contrib = contrib_in.contiguous();
+  float* a = acc.data_ptr<float>();
+  const bool* r = ready.data_ptr<bool>();
+  const int64_t* p = positions.data_ptr<int64_t>();
+  const float* c = contrib.data_ptr<float>();
+  if (W == 60) {
+    accumulate_rows<60>(a, r, p, c, U, M, W);
+  } else {
+    accumulate_rows<0>(a, r, p, c, U, M, W);
+  }
+}
+
 // ---- ready_mask -------------------------------------------------------------------------
 
-at::Tensor ready_mask_cpu(const at::Tensor& arrivals_in, const at::Tensor& expected_in,
-                          const at::Tensor& blocked_in) {
-  check_ready_inputs(arrivals_in, expected_in, blocked_in);
-  const auto arrivals = arrivals_in.contiguous();
+at::Tensor ready_mask_cpu(const at::Tensor& arrived_in, const at::Tensor& expected_in,
+                          const at::Tensor& applied_in, const at::Tensor& blocked_in) {
+  check_ready_inputs(arrived_in, expected_in, applied_in, blocked_in);
+  const auto arrived = arrived_in.contiguous();
   const auto expected = expected_in.contiguous();
+  const auto applied = applied_in.contiguous();
   const auto blocked = blocked_in.contiguous();
-  const int64_t N = arrivals.size(0);
-  auto ready = at::empty({N}, at::kBool);
-  const int32_t* a = arrivals.data_ptr<int32_t>();
+  const int64_t U = arrived.size(0);
+  auto ready = at::empty({U}, at::kBool);
+  const int32_t* a = arrived.data_ptr<int32_t>();
   const int32_t* e = expected.data_ptr<int32_t>();
-  const bool* b = blocked.data_ptr<bool>();
-  bool* r = ready.data_ptr<bool>();
-  at::parallel_for(0, N, 32768, [&](int64_t begin, int64_t end) {
+  // bool storage is one byte holding 0 or 1: byte arithmetic vectorizes.
+  const uint8_t* ap = reinterpret_cast<const uint8_t*>(applied.data_ptr<bool>());
+  const uint8_t* bl = reinterpret_cast<const uint8_t*>(blocked.data_ptr<bool>());
+  uint8_t* r = reinterpret_cast<uint8_t*>(ready.data_ptr<bool>());
+  at::parallel_for(0, U, 262144, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      r[i] = (a[i] == e[i]) & (e[i] > 0) & !b[i];
+      r[i] = static_cast<uint8_t>(a[i] == e[i]) & static_cast<uint8_t>((ap[i] | bl[i]) ^ 1u);
     }
   });
   return ready;
 }
 
-// ---- selective_adam_apply ---------------------------------------------------------------
+// ---- apply_ready_rows -------------------------------------------------------------------
 
-// Moments of the masked rows in [begin, end); writes exp_avg_sq of each updated element,
-// in order, to root (the caller takes its square root). Returns the number written.
+// Moments of group rows rows[0..n) (param row ids[rows[k]], gradient acc[rows[k], off:off+d]);
+// writes each updated exp_avg_sq, in order, to root (the caller takes its square root).
 template <typename T, bool kFma>
-inline int64_t adam_moments_rows(const T* grad, T* exp_avg, T* exp_avg_sq, const bool* mask,
-                                 int64_t cols, int64_t begin, int64_t end,
-                                 const AdamScalars<T>& s, T* root) {
+inline void apply_moments(const int64_t* rows, int64_t n, const int64_t* ids, const float* acc,
+                          int64_t W, int64_t off, int64_t d, T* exp_avg, T* exp_avg_sq,
+                          const AdamScalars<T>& s, T* root) {
   int64_t k = 0;
-  for (int64_t r = begin; r < end; ++r) {
-    if (!mask[r]) {
-      continue;
-    }
-    for (int64_t c = r * cols; c < (r + 1) * cols; ++c) {
-      adam_moments<T, kFma>(grad[c], exp_avg[c], exp_avg_sq[c], s);
-      root[k++] = exp_avg_sq[c];
+  for (int64_t j = 0; j < n; ++j) {
+    const float* g = acc + rows[j] * W + off;
+    const int64_t base = ids[rows[j]] * d;
+    for (int64_t c = 0; c < d; ++c) {
+      adam_moments<T, kFma>(static_cast<T>(g[c]), exp_avg[base + c], exp_avg_sq[base + c], s);
+      root[k++] = exp_avg_sq[base + c];
     }
   }
-  return k;
 }
 
 #if defined(__x86_64__) || defined(_M_X64)
 // Compiled for FMA hardware so std::fma is one instruction; only called when torch itself
 // runs its AVX2 / AVX512 kernels (which need FMA).
 template <typename T>
-__attribute__((target("fma"))) int64_t adam_moments_rows_fma(
-    const T* grad, T* exp_avg, T* exp_avg_sq, const bool* mask, int64_t cols, int64_t begin,
-    int64_t end, const AdamScalars<T>& s, T* root) {
-  return adam_moments_rows<T, true>(grad, exp_avg, exp_avg_sq, mask, cols, begin, end, s, root);
+__attribute__((target("fma"))) void apply_moments_fma(const int64_t* rows, int64_t n,
+                                                      const int64_t* ids, const float* acc,
+                                                      int64_t W, int64_t off, int64_t d,
+                                                      T* exp_avg, T* exp_avg_sq,
+                                                      const AdamScalars<T>& s, T* root) {
+  apply_moments<T, true>(rows, n, ids, acc, W, off, d, exp_avg, exp_avg_sq, s, root);
 }
 #else
 template <typename T>
-int64_t adam_moments_rows_fma(const T* grad, T* exp_avg, T* exp_avg_sq, const bool* mask,
-                              int64_t cols, int64_t begin, int64_t end,
-                              const AdamScalars<T>& s, T* root) {
-  return adam_moments_rows<T, true>(grad, exp_avg, exp_avg_sq, mask, cols, begin, end, s, root);
+void apply_moments_fma(const int64_t* rows, int64_t n, const int64_t* ids, const float* acc,
+                       int64_t W, int64_t off, int64_t d, T* exp_avg, T* exp_avg_sq,
+                       const AdamScalars<T>& s, T* root) {
+  apply_moments<T, true>(rows, n, ids, acc, W, off, d, exp_avg, exp_avg_sq, s, root);
 }
 #endif
 
-void selective_adam_apply_cpu(const at::Tensor& param, const at::Tensor& grad_in,
-                              const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
-                              const at::Tensor& mask_in, const at::Tensor& versions, double lr,
-                              double beta1, double beta2, double eps, int64_t step,
-                              int64_t new_version) {
-  check_adam_inputs(param, grad_in, exp_avg, exp_avg_sq, mask_in, versions, beta1, beta2,
-                    step);
-  const auto grad = grad_in.contiguous();
-  const auto mask = mask_in.contiguous();
-  const int64_t N = param.size(0);
-  if (N == 0 || param.numel() == 0) {
-    // Nothing to update, but the versions of masked rows still advance.
-    versions.masked_fill_(mask, new_version);
-    return;
-  }
-  const int64_t cols = param.numel() / N;
-  const bool fused = torch_cpu_uses_fma();
-  AT_DISPATCH_FLOATING_TYPES(param.scalar_type(), "selective_adam_apply_cpu", [&] {
-    const auto s = make_adam_scalars<scalar_t>(lr, beta1, beta2, eps, step);
-    scalar_t* p = param.data_ptr<scalar_t>();
-    const scalar_t* g = grad.data_ptr<scalar_t>();
-    scalar_t* m = exp_avg.data_ptr<scalar_t>();
-    scalar_t* v = exp_avg_sq.data_ptr<scalar_t>();
-    const bool* k = mask.data_ptr<bool>();
-    int64_t* ver = versions.data_ptr<int64_t>();
-    // Blocks of rows whose elements stay in cache through the three passes: moments,
-    // torch's sqrt on the block's updated elements, parameter update.
-    const int64_t block = std::max<int64_t>(1, 4096 / cols);
-    at::parallel_for(0, N, block, [&](int64_t begin, int64_t end) {
-      std::vector<scalar_t> root(static_cast<size_t>(block * cols));
-      for (int64_t b0 = begin; b0 < end; b0 += block) {
-        const int64_t b1 = std::min(b0 + block, end);
-        const int64_t n =
-            fused ? adam_moments_rows_fma<scalar_t>(g, m, v, k, cols, b0, b1, s, root.data())
-                  : adam_moments_rows<scalar_t, false>(g, m, v, k, cols, b0, b1, s,
-                                                       root.data());
-        if (n == 0) {
-          continue;
-        }
-        auto roots =
-            at::from_blob(root.data(), {n}, at::TensorOptions().dtype(param.scalar_type()));
-        roots.sqrt_();
-        int64_t j = 0;
-        for (int64_t r = b0; r < b1; ++r) {
-          if (!k[r]) {
-            continue;
-          }
-          for (int64_t c = r * cols; c < (r + 1) * cols; ++c) {
-            p[c] = adam_param<scalar_t>(p[c], m[c], root[j++], s);
-          }
-          ver[r] = new_version;
+// Selective Adam of one group on union rows rows[0..n) (all ready and visible).
+template <typename T>
+void apply_group(const at::Tensor& param, const at::Tensor& exp_avg_t,
+                 const at::Tensor& exp_avg_sq_t, const std::vector<int64_t>& rows,
+                 const int64_t* ids, const float* acc, int64_t W, int64_t off, int64_t d,
+                 const AdamScalars<T>& s, bool fused) {
+  T* p = param.data_ptr<T>();
+  T* m = exp_avg_t.data_ptr<T>();
+  T* v = exp_avg_sq_t.data_ptr<T>();
+  const int64_t n = static_cast<int64_t>(rows.size());
+  // Blocks of rows whose elements stay in cache through the three passes: moments, torch's
+  // sqrt on the block's updated elements (one at::sqrt_ per block), parameter update.
+  const int64_t block = std::max<int64_t>(1, 8192 / d);
+  at::parallel_for(0, n, block, [&](int64_t begin, int64_t end) {
+    std::vector<T> root(static_cast<size_t>(std::min(block, end - begin) * d));
+    for (int64_t b0 = begin; b0 < end; b0 += block) {
+      const int64_t b1 = std::min(b0 + block, end);
+      const int64_t* r = rows.data() + b0;
+      if (fused) {
+        apply_moments_fma<T>(r, b1 - b0, ids, acc, W, off, d, m, v, s, root.data());
+      } else {
+        apply_moments<T, false>(r, b1 - b0, ids, acc, W, off, d, m, v, s, root.data());
+      }
+      auto roots = at::from_blob(root.data(), {(b1 - b0) * d},
+                                 at::TensorOptions().dtype(param.scalar_type()));
+      roots.sqrt_();
+      int64_t k = 0;
+      for (int64_t j = b0; j < b1; ++j) {
+        const int64_t base = ids[rows[j]] * d;
+        for (int64_t c = 0; c < d; ++c, ++k) {
+          p[base + c] = adam_param<T>(p[base + c], m[base + c], root[k], s);
         }
       }
-    });
+    }
   });
+}
+
+void apply_ready_rows_cpu(at::TensorList params, at::TensorList exp_avgs,
+                          at::TensorList exp_avg_sqs, const at::Tensor& ids_in,
+                          const at::Tensor& acc_in, const at::Tensor& ready_in,
+                          at::ArrayRef<double> lrs, at::ArrayRef<double> betas,
+                          at::ArrayRef<double> eps, int64_t step, const at::Tensor& versions) {
+  const auto dims = check_apply_inputs(params, exp_avgs, exp_avg_sqs, ids_in, acc_in, ready_in,
+                                       lrs, betas, eps, step, versions);
+  const int64_t U = ids_in.size(0);
+  if (U == 0) {
+    return;
+  }
+  const auto ids_t = ids_in.contiguous();
+  const auto acc_t = acc_in.contiguous();
+  const auto ready_t = ready_in.contiguous();
+  const int64_t* ids = ids_t.data_ptr<int64_t>();
+  const float* acc = acc_t.data_ptr<float>();
+  const bool* ready = ready_t.data_ptr<bool>();
+  int64_t* ver = versions.data_ptr<int64_t>();
+  const int64_t W = acc_t.size(1);
+  // Ready rows get the version; ready rows some writer saw (visible flag > 0) move.
+  std::vector<int64_t> rows;
+  rows.reserve(static_cast<size_t>(U));
+  for (int64_t i = 0; i < U; ++i) {
+    if (ready[i]) {
+      ver[ids[i]] = step;
+      if (acc[i * W + W - 1] > 0.0f) {
+        rows.push_back(i);
+      }
+    }
+  }
+  if (rows.empty()) {
+    return;
+  }
+  const bool fused = torch_cpu_uses_fma();
+  int64_t off = 0;
+  for (size_t g = 0; g < params.size(); ++g) {
+    const int64_t d = dims[g];
+    if (d > 0) {
+      AT_DISPATCH_FLOATING_TYPES(params[g].scalar_type(), "apply_ready_rows_cpu", [&] {
+        const auto s = make_adam_scalars<scalar_t>(lrs[g], betas[2 * g], betas[2 * g + 1],
+                                                   eps[g], step + 1);
+        apply_group<scalar_t>(params[g], exp_avgs[g], exp_avg_sqs[g], rows, ids, acc, W, off,
+                              d, s, fused);
+      });
+    }
+    off += d;
+  }
 }
 
 // ---- validate_reads ---------------------------------------------------------------------
@@ -419,23 +472,24 @@ TORCH_LIBRARY(odin, m) {
       "footprint_cull(Tensor means2d, Tensor radii, Tensor depths, Tensor opacities, "
       "int width, int height, float margin_px, float near_plane, float opacity_threshold)"
       " -> (Tensor, Tensor)");
-  m.def("pack_rows(Tensor ids, Tensor[] tensors) -> Tensor");
-  m.def("unpack_accumulate(Tensor buffer, Tensor ids, Tensor(a!) accum, Tensor(b!) arrivals)"
-        " -> ()");
-  m.def("ready_mask(Tensor arrivals, Tensor expected, Tensor blocked) -> Tensor");
+  m.def("pack_rows(Tensor ids, Tensor[] columns) -> Tensor");
   m.def(
-      "selective_adam_apply(Tensor(a!) param, Tensor grad, Tensor(b!) exp_avg, "
-      "Tensor(c!) exp_avg_sq, Tensor mask, Tensor(d!) versions, float lr, float beta1, "
-      "float beta2, float eps, int step, int new_version) -> ()");
+      "accumulate_ready_rows(Tensor(a!) acc, Tensor ready, Tensor positions, Tensor contrib)"
+      " -> ()");
+  m.def("ready_mask(Tensor arrived, Tensor expected, Tensor applied, Tensor blocked) -> Tensor");
+  m.def(
+      "apply_ready_rows(Tensor(a!)[] params, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
+      "Tensor ids, Tensor acc, Tensor ready, float[] lrs, float[] betas, float[] eps, "
+      "int step, Tensor(d!) versions) -> ()");
   m.def("validate_reads(Tensor read_ids, Tensor versions, Tensor required) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(odin, CPU, m) {
   m.impl("footprint_cull", &footprint_cull_cpu);
   m.impl("pack_rows", &pack_rows_cpu);
-  m.impl("unpack_accumulate", &unpack_accumulate_cpu);
+  m.impl("accumulate_ready_rows", &accumulate_ready_rows_cpu);
   m.impl("ready_mask", &ready_mask_cpu);
-  m.impl("selective_adam_apply", &selective_adam_apply_cpu);
+  m.impl("apply_ready_rows", &apply_ready_rows_cpu);
   m.impl("validate_reads", &validate_reads_cpu);
 }
 

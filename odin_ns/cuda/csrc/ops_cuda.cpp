@@ -1,9 +1,10 @@
 // CUDA implementations of torch.ops.odin.* (schemas in ops_cpu.cpp): checks, allocation
 // and scans here, kernels in kernels.cu.
 //
-// Same semantics as the CPU kernels, with one documented difference: unpack_accumulate adds
-// with atomics, so rows whose id repeats are summed in an unspecified order (equal to the
-// CPU result up to float rounding; exact when ids are unique).
+// Same semantics as the CPU kernels, with two documented differences: accumulate_ready_rows
+// adds with atomics, so repeated positions are summed in an unspecified order (equal to the
+// CPU result up to float rounding; exact when positions are unique, as the engine's are);
+// apply_ready_rows takes the IEEE square root where torch's CPU kernel may use MKL's.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -78,8 +79,8 @@ std::tuple<at::Tensor, at::Tensor> footprint_cull_cuda(
   return {indptr, indices};
 }
 
-at::Tensor pack_rows_cuda(const at::Tensor& ids_in, at::TensorList tensors) {
-  const auto rows = check_pack_inputs(ids_in, tensors);
+at::Tensor pack_rows_cuda(const at::Tensor& ids_in, at::TensorList columns) {
+  const auto rows = check_pack_inputs(ids_in, columns);
   const c10::cuda::CUDAGuard guard(ids_in.device());
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const auto ids = ids_in.contiguous();
@@ -113,75 +114,92 @@ at::Tensor pack_rows_cuda(const at::Tensor& ids_in, at::TensorList tensors) {
   return buffer;
 }
 
-void unpack_accumulate_cuda(const at::Tensor& buffer_in, const at::Tensor& ids_in,
-                            const at::Tensor& accum, const at::Tensor& arrivals) {
-  check_unpack_inputs(buffer_in, ids_in, accum, arrivals);
-  const int64_t M = ids_in.size(0);
-  if (M == 0) {
+void accumulate_ready_rows_cuda(const at::Tensor& acc, const at::Tensor& ready_in,
+                                const at::Tensor& positions_in, const at::Tensor& contrib_in) {
+  check_accumulate_inputs(acc, ready_in, positions_in, contrib_in);
+  const int64_t M = positions_in.size(0);
+  const int64_t W = acc.size(1);
+  if (M == 0 || W == 0) {
     return;
   }
-  const c10::cuda::CUDAGuard guard(accum.device());
+  const c10::cuda::CUDAGuard guard(acc.device());
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  const auto buffer = buffer_in.contiguous();
-  const auto ids = ids_in.contiguous();
-  check_launch(cuda::unpack_accumulate(buffer.data_ptr<float>(), ids.data_ptr<int64_t>(), M,
-                                       accum.size(1), accum.data_ptr<float>(),
-                                       arrivals.data_ptr<int32_t>(), stream),
-               "unpack_accumulate");
+  const auto ready = ready_in.contiguous();
+  const auto positions = positions_in.contiguous();
+  const auto contrib = contrib_in.contiguous();
+  check_launch(cuda::accumulate_ready_rows(acc.data_ptr<float>(), ready.data_ptr<bool>(),
+                                           positions.data_ptr<int64_t>(),
+                                           contrib.data_ptr<float>(), M, W, stream),
+               "accumulate_ready_rows");
 }
 
-at::Tensor ready_mask_cuda(const at::Tensor& arrivals_in, const at::Tensor& expected_in,
-                           const at::Tensor& blocked_in) {
-  check_ready_inputs(arrivals_in, expected_in, blocked_in);
-  const c10::cuda::CUDAGuard guard(arrivals_in.device());
+at::Tensor ready_mask_cuda(const at::Tensor& arrived_in, const at::Tensor& expected_in,
+                           const at::Tensor& applied_in, const at::Tensor& blocked_in) {
+  check_ready_inputs(arrived_in, expected_in, applied_in, blocked_in);
+  const c10::cuda::CUDAGuard guard(arrived_in.device());
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  const auto arrivals = arrivals_in.contiguous();
+  const auto arrived = arrived_in.contiguous();
   const auto expected = expected_in.contiguous();
+  const auto applied = applied_in.contiguous();
   const auto blocked = blocked_in.contiguous();
-  const int64_t N = arrivals.size(0);
-  auto ready = at::empty({N}, arrivals.options().dtype(at::kBool));
-  if (N > 0) {
-    check_launch(cuda::ready_mask(arrivals.data_ptr<int32_t>(), expected.data_ptr<int32_t>(),
-                                  blocked.data_ptr<bool>(), ready.data_ptr<bool>(), N, stream),
+  const int64_t U = arrived.size(0);
+  auto ready = at::empty({U}, arrived.options().dtype(at::kBool));
+  if (U > 0) {
+    check_launch(cuda::ready_mask(arrived.data_ptr<int32_t>(), expected.data_ptr<int32_t>(),
+                                  applied.data_ptr<bool>(), blocked.data_ptr<bool>(),
+                                  ready.data_ptr<bool>(), U, stream),
                  "ready_mask");
   }
   return ready;
 }
 
-void selective_adam_apply_cuda(const at::Tensor& param, const at::Tensor& grad_in,
-                               const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
-                               const at::Tensor& mask_in, const at::Tensor& versions, double lr,
-                               double beta1, double beta2, double eps, int64_t step,
-                               int64_t new_version) {
-  check_adam_inputs(param, grad_in, exp_avg, exp_avg_sq, mask_in, versions, beta1, beta2,
-                    step);
-  const c10::cuda::CUDAGuard guard(param.device());
-  const auto stream = c10::cuda::getCurrentCUDAStream();
-  const auto grad = grad_in.contiguous();
-  const auto mask = mask_in.contiguous();
-  const int64_t N = param.size(0);
-  if (N == 0 || param.numel() == 0) {
-    versions.masked_fill_(mask, new_version);
+void apply_ready_rows_cuda(at::TensorList params, at::TensorList exp_avgs,
+                           at::TensorList exp_avg_sqs, const at::Tensor& ids_in,
+                           const at::Tensor& acc_in, const at::Tensor& ready_in,
+                           at::ArrayRef<double> lrs, at::ArrayRef<double> betas,
+                           at::ArrayRef<double> eps, int64_t step, const at::Tensor& versions) {
+  const auto dims = check_apply_inputs(params, exp_avgs, exp_avg_sqs, ids_in, acc_in, ready_in,
+                                       lrs, betas, eps, step, versions);
+  const int64_t U = ids_in.size(0);
+  if (U == 0) {
     return;
   }
-  const int64_t cols = param.numel() / N;
+  const c10::cuda::CUDAGuard guard(versions.device());
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const auto ids = ids_in.contiguous();
+  const auto acc = acc_in.contiguous();
+  const auto ready = ready_in.contiguous();
+  const int64_t W = acc.size(1);
   // Same multiply-add fusion as the CPU op on this host, so the two agree (up to the
-  // square root, which is IEEE here and MKL on the CPU).
+  // square root, which is IEEE here and torch's (MKL) on the CPU).
   const bool fma = torch_cpu_uses_fma();
-  cudaError_t err;
-  if (param.scalar_type() == at::kFloat) {
-    err = cuda::selective_adam_apply(
-        param.data_ptr<float>(), grad.data_ptr<float>(), exp_avg.data_ptr<float>(),
-        exp_avg_sq.data_ptr<float>(), mask.data_ptr<bool>(), versions.data_ptr<int64_t>(), N,
-        cols, make_adam_scalars<float>(lr, beta1, beta2, eps, step), fma, new_version, stream);
-  } else {
-    err = cuda::selective_adam_apply(
-        param.data_ptr<double>(), grad.data_ptr<double>(), exp_avg.data_ptr<double>(),
-        exp_avg_sq.data_ptr<double>(), mask.data_ptr<bool>(), versions.data_ptr<int64_t>(), N,
-        cols, make_adam_scalars<double>(lr, beta1, beta2, eps, step), fma, new_version,
-        stream);
+  int64_t off = 0;
+  for (size_t g = 0; g < params.size(); ++g) {
+    const int64_t d = dims[g];
+    if (d > 0) {
+      cudaError_t err;
+      if (params[g].scalar_type() == at::kFloat) {
+        err = cuda::apply_ready_group(
+            params[g].data_ptr<float>(), exp_avgs[g].data_ptr<float>(),
+            exp_avg_sqs[g].data_ptr<float>(), ids.data_ptr<int64_t>(), acc.data_ptr<float>(),
+            ready.data_ptr<bool>(), U, W, off, d,
+            make_adam_scalars<float>(lrs[g], betas[2 * g], betas[2 * g + 1], eps[g], step + 1),
+            fma, stream);
+      } else {
+        err = cuda::apply_ready_group(
+            params[g].data_ptr<double>(), exp_avgs[g].data_ptr<double>(),
+            exp_avg_sqs[g].data_ptr<double>(), ids.data_ptr<int64_t>(), acc.data_ptr<float>(),
+            ready.data_ptr<bool>(), U, W, off, d,
+            make_adam_scalars<double>(lrs[g], betas[2 * g], betas[2 * g + 1], eps[g], step + 1),
+            fma, stream);
+      }
+      check_launch(err, "apply_ready_rows");
+    }
+    off += d;
   }
-  check_launch(err, "selective_adam_apply");
+  check_launch(cuda::apply_ready_versions(ids.data_ptr<int64_t>(), ready.data_ptr<bool>(), U,
+                                          step, versions.data_ptr<int64_t>(), stream),
+               "apply_ready_rows");
 }
 
 at::Tensor validate_reads_cuda(const at::Tensor& read_ids_in, const at::Tensor& versions_in,
@@ -221,9 +239,9 @@ at::Tensor validate_reads_cuda(const at::Tensor& read_ids_in, const at::Tensor& 
 TORCH_LIBRARY_IMPL(odin, CUDA, m) {
   m.impl("footprint_cull", &footprint_cull_cuda);
   m.impl("pack_rows", &pack_rows_cuda);
-  m.impl("unpack_accumulate", &unpack_accumulate_cuda);
+  m.impl("accumulate_ready_rows", &accumulate_ready_rows_cuda);
   m.impl("ready_mask", &ready_mask_cuda);
-  m.impl("selective_adam_apply", &selective_adam_apply_cuda);
+  m.impl("apply_ready_rows", &apply_ready_rows_cuda);
   m.impl("validate_reads", &validate_reads_cuda);
 }
 
