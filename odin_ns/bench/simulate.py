@@ -1,13 +1,21 @@
-"""Discrete-event replay of a plan: how long ranks wait under barrier vs Odin sync.
+"""Discrete-event replay of plans: how long ranks wait under each synchronization mode.
 
-Each rank runs its steps in order; step (t, r) takes ``cost[t, r]`` seconds. Rank q's
-publication of step s arrives ``comm_latency + seconds_per_row * message_rows[s, q]``
-after q finishes s.
+Two entry points:
+
+``simulate(plan, costs, mode)`` is the small model the scheduler benchmark uses: step
+(t, r) takes ``cost[t, r]`` seconds; rank q's publication of step s arrives
+``comm_latency + seconds_per_row * message_rows[s, q]`` after q finishes s.
 
 - ``barrier``: rank r starts step t once every rank's step t - 1 publication has arrived.
 - ``odin``: rank r starts step t once its own step t - 1 is done and, for every peer q
   with ``dependency[t, r, q] = s >= 0``, q's step s publication has arrived; optionally
   no rank runs more than ``max_lead`` steps ahead of the slowest (bounded buffers).
+
+``replay(phases, mode, network, ...)`` replays a whole run: a list of ``Phase`` (a plan
+with its dependency table, per-step compute and overhead seconds, the phase start's cost),
+modes ``ddp`` / ``barrier`` / ``quality-first`` / ``throughput-first``, a ``Network``
+(latency + bandwidth) and an ``Ownership`` (who sends which bytes to whom; ``Replicated``
+today, a sharded ownership plugs in through the same ``traffic`` hook). See ``replay``.
 
 Wait is idle time between a rank's consecutive steps. ``critical_path_wait`` is the
 makespan minus the busiest rank's compute: wait that lengthens the run.
@@ -16,9 +24,10 @@ makespan minus the busiest rank's compute: wait that lengthens the run.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
+import scipy.sparse as sp
 
 from odin_ns.schedule.plan import Plan
 
@@ -104,4 +113,269 @@ def simulate(
         critical_path_wait=total - float(compute.max()),
         start=start,
         finish=finish,
+    )
+
+
+# ---------------------------------------------------------------------------- replay
+
+SIM_MODES = ("ddp", "barrier", "quality-first", "throughput-first")
+ROW_FLOATS = 59  # splatfacto gradient floats per Gaussian (SH degree 3)
+PUBLICATION_ROW_BYTES = 4 * (ROW_FLOATS + 1)  # float32 row + the visible flag
+
+
+@dataclass(frozen=True)
+class Network:
+    """Point-to-point link per rank: ``latency_s`` per message, ``bandwidth_Bps`` bytes/s
+    per direction, shared by everything a rank sends (egress) or receives (ingress)."""
+
+    name: str
+    latency_s: float
+    bandwidth_Bps: float
+    source: str = ""
+
+
+NETWORKS: dict[str, Network] = {
+    "nvlink": Network(
+        "NVLink",
+        3e-6,
+        300e9,
+        "A100 NVLink 3: 600 GB/s total = 300 GB/s per direction; 3 us assumed",
+    ),
+    "pcie": Network(
+        "PCIe", 5e-6, 25e9, "PCIe 4.0 x16: ~25 GB/s achievable per direction; 5 us assumed"
+    ),
+    "100gbe": Network(
+        "100 GbE", 10e-6, 12.5e9, "100 Gb/s line rate = 12.5 GB/s; 10 us (RDMA) assumed"
+    ),
+    "10gbe": Network("10 GbE", 50e-6, 1.25e9, "10 Gb/s line rate = 1.25 GB/s; 50 us (TCP) assumed"),
+}
+
+
+class PlanLike(Protocol):
+    views: np.ndarray  # int64 [T, R, B]
+    footprints: sp.csr_matrix  # [V, N] bool
+    dependency: np.ndarray  # int64 [T, R, R]
+    message_rows: np.ndarray  # int64 [T, R]
+
+
+@dataclass
+class StepPlan:
+    """A plan rebuilt from recorded views (``dependency_table`` of ``footprints``)."""
+
+    views: np.ndarray
+    footprints: sp.csr_matrix
+    dependency: np.ndarray
+    message_rows: np.ndarray
+
+    @classmethod
+    def from_views(cls, footprints: sp.csr_matrix, views: np.ndarray) -> StepPlan:
+        from odin_ns.schedule import dependency_table
+
+        dep, _, msg = dependency_table(footprints, views)
+        return cls(views, footprints, dep, msg)
+
+
+class Ownership(Protocol):
+    """Who holds which rows, seen by the simulator as traffic: ``traffic(plan, row_bytes)``
+    is ``[T, R, R]`` bytes that rank r sends to rank q at step t (sender, receiver)."""
+
+    name: str
+
+    def traffic(self, plan: PlanLike, row_bytes: float) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class Replicated:
+    """Every rank holds every row and sends its whole publication to every peer."""
+
+    name: str = "replicated"
+
+    def traffic(self, plan: PlanLike, row_bytes: float) -> np.ndarray:
+        T, R = plan.message_rows.shape
+        out = np.repeat((plan.message_rows * row_bytes)[:, :, None], R, axis=2).astype(np.float64)
+        out[:, np.arange(R), np.arange(R)] = 0.0
+        return out
+
+
+@dataclass
+class Phase:
+    """One phase of a run to replay.
+
+    ``compute[t, r]``: forward/backward seconds (the publication leaves when it ends);
+    ``overhead[t, r]``: seconds after it before the rank may start its next step (publish,
+    apply, loop); ``phase_start_s``: drain-to-first-step cost paid by every rank at once;
+    ``num_rows``: primitives (the dense all-reduce of ddp moves ``num_rows x 59`` floats).
+    """
+
+    plan: PlanLike
+    compute: np.ndarray
+    overhead: np.ndarray
+    num_rows: int
+    phase_start_s: float = 0.0
+
+
+@dataclass
+class Replay:
+    mode: str
+    total_time: float
+    views: int
+    wait_per_rank: np.ndarray  # [R] seconds idle (phase starts excluded)
+    busy_per_rank: np.ndarray  # [R] compute + overhead seconds
+    critical_path_wait: float  # max over ranks of the wait
+    bytes_per_rank_per_step: float  # mean bytes a rank sends per step
+    admitted_reads: int  # throughput-first: delayed reads the admission rule let through
+
+    @property
+    def views_per_second(self) -> float:
+        return self.views / self.total_time if self.total_time > 0 else 0.0
+
+
+def ring_allreduce_seconds(num_bytes: float, ranks: int, net: Network) -> float:
+    """Ring all-reduce: 2 (R - 1) messages of ``num_bytes / R`` per rank."""
+    if ranks < 2:
+        return 0.0
+    return 2 * (ranks - 1) * (net.latency_s + num_bytes / ranks / net.bandwidth_Bps)
+
+
+def lagged_overlaps(plan: PlanLike, window: int) -> np.ndarray:
+    """``[T, R, R, window + 1]``: ``|F(r, t) ∩ F(q, t - k)|`` for k = 0..window (0 before
+    the plan's first step)."""
+    T, R, B = plan.views.shape
+    F = plan.footprints.tocsr().astype(np.float32)
+    sel = sp.csr_matrix(
+        (np.ones(T * R * B, np.float32), plan.views.reshape(-1), np.arange(0, T * R * B + 1, B)),
+        shape=(T * R, F.shape[0]),
+    )
+    S = (sel @ F).astype(bool).astype(np.float32).tocsr()  # [T*R, N] step footprints
+    out = np.zeros((T, R, R, window + 1), dtype=np.int64)
+    chunk = max(1, 4096 // max(R, 1))
+    for t0 in range(0, T, chunk):
+        t1 = min(T, t0 + chunk)
+        lo = max(0, t0 - window)
+        block = (S[t0 * R : t1 * R] @ S[lo * R : t1 * R].T).toarray()  # [(t1-t0)R, (t1-lo)R]
+        block = block.reshape(t1 - t0, R, t1 - lo, R)
+        for k in range(window + 1):
+            ts = np.arange(t0, t1)
+            ok = ts - k >= lo
+            out[ts[ok], :, :, k] = block[np.flatnonzero(ok), :, ts[ok] - k - lo, :]
+    return out
+
+
+def tf_needs(
+    plan: PlanLike, tau: float, window: int, evidence: float = 0.0
+) -> tuple[np.ndarray, int]:
+    """Per (t, r, q) the newest publication of q that rank r must wait for under the
+    throughput-first rule (``odin_ns.runtime.admission.fallback_reason``) on the plan's real
+    overlaps, and how many delayed reads it admits.
+
+    ``evidence`` stands for E (gradient evidence, not known from footprints): 0 admits every
+    read the overlap and staleness conditions allow (an upper bound on admissions).
+    """
+    from odin_ns.runtime.admission import fallback_reason
+
+    dep = plan.dependency
+    T, R, _ = dep.shape
+    ov = lagged_overlaps(plan, window)
+    read_rows = ov[:, np.arange(R), np.arange(R), 0]  # [T, R] |F(r, t)|
+    need = np.minimum(dep, np.arange(T)[:, None, None] - window - 1)  # older: stale, FIFO
+    need = np.where(dep >= 0, np.maximum(need, -1), -1)
+    admitted = 0
+    for t, r, q in zip(*np.nonzero(dep >= 0), strict=True):
+        for s in range(int(dep[t, r, q]), max(-1, t - window - 1), -1):
+            overlap = int(ov[t, r, q, t - s])
+            if overlap == 0:
+                continue
+            reason, _ = fallback_reason(
+                t, s, 0, overlap, int(read_rows[t, r]), lambda: evidence, tau, window
+            )
+            if reason is not None:
+                need[t, r, q] = s
+                break
+            admitted += 1
+    return need, admitted
+
+
+def replay(
+    phases: list[Phase],
+    mode: str,
+    network: Network,
+    ownership: Ownership | None = None,
+    tau: float = 0.2,
+    window: int = 4,
+    evidence: float = 0.0,
+    row_bytes: float = PUBLICATION_ROW_BYTES,
+) -> Replay:
+    """Replay ``phases`` in order under ``mode``.
+
+    Rank r's step t starts when its previous step (compute + overhead) is done and:
+    ``ddp``: every rank finished step t - 1 and the dense ring all-reduce of step t - 1
+    (``num_rows x 59`` float32) completed (no overlap with backward: gsplat's backward
+    produces the gradients at its end); ``barrier``: every peer's step t - 1 publication
+    arrived; ``quality-first``: the publications of ``dependency[t, r, q]`` arrived;
+    ``throughput-first``: those the admission rule does not let through (``tf_needs``).
+    A publication of q (step s) leaves when q's compute ends and reaches r after
+    ``latency + max(q's egress bytes, r's ingress bytes) / bandwidth`` of that step, in
+    FIFO order per peer pair. A phase starts once every rank ended its last step and every
+    message arrived (drain), plus ``phase_start_s``.
+    """
+    if mode not in SIM_MODES:
+        raise ValueError(f"mode must be one of {SIM_MODES}, got {mode!r}")
+    own = ownership if ownership is not None else Replicated()
+    clock = 0.0
+    R = phases[0].compute.shape[1]
+    busy, idle = np.zeros(R), np.zeros(R)
+    views, sent, steps, admitted = 0, 0.0, 0, 0
+    for ph in phases:
+        T = ph.compute.shape[0]
+        traffic = own.traffic(ph.plan, row_bytes)  # [T, R, R]
+        egress = traffic.sum(axis=2) / network.bandwidth_Bps  # [T, R]
+        ingress = traffic.sum(axis=1) / network.bandwidth_Bps  # [T, R]
+        dur = network.latency_s + np.maximum(egress[:, :, None], ingress[:, None, :])  # [T, q, r]
+        need = ph.plan.dependency
+        if mode == "throughput-first":
+            need, n_adm = tf_needs(ph.plan, tau, window, evidence)
+            admitted += n_adm
+        allreduce = ring_allreduce_seconds(ph.num_rows * ROW_FLOATS * 4.0, R, network)
+        start_phase = clock + ph.phase_start_s
+        ready = np.full(R, start_phase)  # own previous step done
+        arrive = np.zeros((T, R, R))  # [s, q, r]
+        cols = np.arange(R)[None, :]
+        for t in range(T):
+            s = ready.copy()
+            if t > 0:
+                if mode == "ddp":
+                    s[:] = ready.max() + allreduce
+                elif mode == "barrier":
+                    s = np.maximum(s, arrive[t - 1].max(axis=0))
+                else:
+                    d = need[t]  # [r, q]
+                    got = arrive[np.maximum(d, 0), cols, np.arange(R)[:, None]]  # [r, q]
+                    s = np.maximum(s, np.where(d >= 0, got, -np.inf).max(axis=1))
+            idle += s - ready
+            done = s + ph.compute[t]
+            prev = arrive[t - 1] if t > 0 else np.zeros((R, R))
+            arrive[t] = np.maximum(prev, done[:, None] + dur[t])
+            arrive[t, np.arange(R), np.arange(R)] = 0.0
+            ready = done + ph.overhead[t]
+            busy += ph.compute[t] + ph.overhead[t]
+        end = ready.max()
+        if mode == "ddp":
+            end += allreduce
+            sent += T * R * 2 * (R - 1) / R * ph.num_rows * ROW_FLOATS * 4.0
+        else:
+            end = max(end, float(arrive[-1].max()))
+            sent += float(traffic.sum())
+        idle += end - ready
+        clock = float(end)
+        views += int(ph.plan.views.shape[0] * R * ph.plan.views.shape[2])
+        steps += T
+    return Replay(
+        mode=mode,
+        total_time=clock,
+        views=views,
+        wait_per_rank=idle,
+        busy_per_rank=busy,
+        critical_path_wait=float(idle.max()),
+        bytes_per_rank_per_step=sent / max(1, steps * R),
+        admitted_reads=admitted,
     )

@@ -1,13 +1,19 @@
-"""Sync benchmark: the same training under each synchronization mode, side by side.
+"""Sync benchmark: the same training under each synchronization mode, interleaved.
 
     python -m odin_ns.bench.sync --data DIR [--downscale-factor F] --ranks 2 --steps N \
-        --modes barrier,quality-first --out bench/sync_street.json
+        --modes ddp,barrier,quality-first,throughput-first --repeats 3 \
+        [--jitter-ms 20] --out bench/sync_street.json [-- more ns-train options]
 
 Every mode trains the same scene with the same seed, plan strategy, step count and world
-size through the real entry point (``odin-ns-train``), then ``ns-eval`` measures PSNR on
-the held-out views. Figures come from each run's ``odin_run.json`` (per-rank, per-step
-timestamps, compute and wait seconds; the engine's bytes). Ratios compare modes measured in
-the same invocation, so the machine's noise mostly cancels. Writes JSON and a PNG timeline.
+size through the real entry point (``odin-ns-train``, or ``odin_ns.bench.jitter`` around it
+with ``--jitter-ms``: exponential per-step delays seeded by (seed, rank, step), identical
+in every mode). ``--repeats N`` runs N rounds with the modes in rotated order (ABCD, BCDA,
+CDAB, ...), so the machine's drift lands on every mode alike. Per mode, each figure is the
+median over rounds, with ``<key>_min`` / ``<key>_max``; a ratio between two modes is the
+median of the same-round ratios (``_min`` / ``_max`` their spread). ``ns-eval`` measures
+PSNR on the held-out views of round 0's runs. Figures come from each run's ``odin_run.json``
+(per-rank, per-step timestamps, compute and wait seconds; the engine's bytes; per-phase
+start seconds). Writes JSON, a PNG of round 0's timelines and ``<out>_ratios.png``.
 """
 
 from __future__ import annotations
@@ -25,18 +31,43 @@ from rich.console import Console
 from rich.table import Table
 
 BIN = Path(sys.executable).parent
-SHORT = {"barrier": "barrier", "quality-first": "qf", "throughput-first": "tf"}
+SHORT = {"ddp": "ddp", "barrier": "barrier", "quality-first": "qf", "throughput-first": "tf"}
+BASES = ("barrier", "ddp")  # ratios are reported against these
 CONSOLE = Console()
 
 
-def _train(args, mode: str, out: Path, port: int) -> Path:
+def available_modes() -> tuple[str, ...]:
+    """The engine's sync modes (``ddp`` appears once the engine implements it)."""
+    from odin_ns.runtime.engine import MODES
+
+    return tuple(m for m in MODES if m in SHORT)
+
+
+def rotated_orders(modes: list[str], repeats: int) -> list[list[str]]:
+    """Round i runs the modes rotated left by i: ABCD, BCDA, CDAB, ..."""
+    n = len(modes)
+    return [modes[i % n :] + modes[: i % n] for i in range(repeats)]
+
+
+def _train(args, mode: str, out: Path, name: str, port: int) -> Path:
+    if args.jitter_ms > 0:
+        launcher = [
+            sys.executable,
+            "-m",
+            "odin_ns.bench.jitter",
+            "--jitter-ms",
+            str(args.jitter_ms),
+        ]
+        launcher += ["--jitter-seed", str(args.seed)]
+    else:
+        launcher = [str(BIN / "odin-ns-train")]
     cmd = [
-        str(BIN / "odin-ns-train"),
+        *launcher,
         "--nproc-per-node",
         str(args.ranks),
         "--master-port",
         str(port),
-        "odin-splatfacto",
+        args.method,
         "--data",
         str(args.data),
         "--output-dir",
@@ -44,7 +75,7 @@ def _train(args, mode: str, out: Path, port: int) -> Path:
         "--experiment-name",
         "bench",
         "--timestamp",
-        mode,
+        name,
         "--max-num-iterations",
         str(args.steps),
         "--vis",
@@ -70,11 +101,12 @@ def _train(args, mode: str, out: Path, port: int) -> Path:
     if args.downscale_factor:
         cmd += ["nerfstudio-data", "--downscale-factor", str(args.downscale_factor)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    with CONSOLE.status(f"training {mode} on {args.ranks} ranks for {args.steps} steps"):
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    with CONSOLE.status(f"training {name} on {args.ranks} ranks for {args.steps} steps"):
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        raise RuntimeError(f"{mode} run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return out / "bench" / "odin-splatfacto" / mode
+        raise RuntimeError(f"{name} run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return out / "bench" / args.method / name
 
 
 def _psnr(run_dir: Path) -> float:
@@ -102,6 +134,20 @@ def _final_params(run_dir: Path) -> dict[str, torch.Tensor]:
     return {k: v for k, v in state.items() if "gauss_params" in k}
 
 
+def max_param_diff(run_a: Path, run_b: Path) -> float:
+    """Largest absolute difference of the final Gaussian parameters (inf if shapes differ)."""
+    pa, pb = _final_params(run_a), _final_params(run_b)
+    if any(pa[k].shape != pb[k].shape for k in pb):
+        return float("inf")
+    return max(float((pa[k] - pb[k]).abs().max()) for k in pb)
+
+
+def phase_start_seconds(phase: dict) -> float:
+    """A phase's start cost: ``phase_start_s`` when the run log has it, else ``plan_seconds``
+    (footprints + plan + rebind after the drain: what older run logs recorded)."""
+    return float(phase.get("phase_start_s", phase.get("plan_seconds", 0.0)))
+
+
 def mode_figures(summary: dict, skip_steps: int) -> dict:
     """Throughput, wait, bytes and the no-wait ideal of one run (first steps skipped)."""
     ranks = summary["ranks"]
@@ -119,6 +165,11 @@ def mode_figures(summary: dict, skip_steps: int) -> dict:
     bytes_per_step = np.mean([r["engine"]["bytes_sent"] for r in ranks]) / max(
         1, len(ranks[0]["steps"])
     )
+    # Phase starts: share of the whole run's wall time (first phase start to last step end).
+    all_start = min(r["steps"][0]["start"] for r in ranks)
+    all_end = max(r["steps"][-1]["end"] for r in ranks)
+    phase_s = [sum(phase_start_seconds(p) for p in r["phases"]) for r in ranks]
+    first = max(phase_start_seconds(r["phases"][0]) for r in ranks) if ranks[0]["phases"] else 0.0
     return {
         "views_per_second": views / (end - start),
         "ideal_views_per_second": views / max(busy),
@@ -129,7 +180,35 @@ def mode_figures(summary: dict, skip_steps: int) -> dict:
         "visibility_violations": int(sum(r["engine"]["visibility_violations"] for r in ranks)),
         "replicas_identical": len({r["replica_hash"] for r in ranks}) == 1,
         "mean_gaussians": float(num_gaussians),
+        "phase_start_share": float(max(phase_s) / (all_end - all_start + first)),
+        "phase_start_seconds": float(max(phase_s)),
     }
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median, min and max of the rounds' values (NaN-free input)."""
+    a = np.asarray(values, dtype=np.float64)
+    return {"median": float(np.median(a)), "min": float(a.min()), "max": float(a.max())}
+
+
+def aggregate_rounds(rounds: list[dict]) -> dict:
+    """Per-mode figures over rounds: numbers become medians, with ``_min`` / ``_max``."""
+    out: dict = {}
+    for key, first in rounds[0].items():
+        values = [r[key] for r in rounds]
+        if isinstance(first, bool):
+            out[key] = all(values)
+        elif isinstance(first, int | float):
+            s = spread(values)
+            out[key], out[f"{key}_min"], out[f"{key}_max"] = s["median"], s["min"], s["max"]
+        else:
+            out[key] = first
+    return out
+
+
+def put_spread(results: dict, key: str, values: list[float]) -> None:
+    s = spread(values)
+    results[key], results[f"{key}_min"], results[f"{key}_max"] = s["median"], s["min"], s["max"]
 
 
 def plot_timeline(summaries: dict[str, dict], path: Path) -> None:
@@ -160,6 +239,54 @@ def plot_timeline(summaries: dict[str, dict], path: Path) -> None:
     plt.close(fig)
 
 
+def plot_ratios(ratios: dict[str, list[float]], path: Path, title: str) -> None:
+    """Median of same-round ratios with min-max bars, one bar per pair (measured)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(ratios)
+    med = [float(np.median(ratios[n])) for n in names]
+    lo = [m - min(ratios[n]) for m, n in zip(med, names, strict=True)]
+    hi = [max(ratios[n]) - m for m, n in zip(med, names, strict=True)]
+    fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(names)), 3.5))
+    ax.bar(range(len(names)), med, yerr=[lo, hi], capsize=6, color="tab:blue", alpha=0.8)
+    for i, n in enumerate(names):
+        ax.scatter([i] * len(ratios[n]), ratios[n], color="k", s=10, zorder=3)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xticks(range(len(names)), names, rotation=20)
+    ax.set_ylabel("throughput ratio (measured)")
+    ax.set_ylim(min(0.9, min(min(v) for v in ratios.values()) - 0.02), None)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def pair_ratios(rounds: list[dict[str, dict]], modes: list[str]) -> dict[str, dict]:
+    """Same-round throughput ratios and wait hidden of every mode against each base."""
+    out: dict[str, dict] = {}
+    for base in BASES:
+        if base not in modes:
+            continue
+        for mode in modes:
+            if mode == base:
+                continue
+            key = f"{SHORT[mode]}_vs_{SHORT[base]}"
+            out[key] = {
+                "throughput": [
+                    r[mode]["views_per_second"] / r[base]["views_per_second"] for r in rounds
+                ],
+                "wait_hidden": [
+                    1.0
+                    - r[mode]["critical_path_wait_s"] / max(1e-9, r[base]["critical_path_wait_s"])
+                    for r in rounds
+                ],
+            }
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -168,67 +295,116 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--downscale-factor", type=int, default=0)
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--modes", default="barrier,quality-first,throughput-first")
+    parser.add_argument("--modes", default="ddp,barrier,quality-first,throughput-first")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds, modes rotated")
+    parser.add_argument("--method", default="odin-splatfacto")
+    parser.add_argument("--jitter-ms", type=float, default=0.0, help="mean emulated jitter")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--refine-every", type=int, default=50)
     parser.add_argument(
         "--skip-steps", type=int, default=5, help="warm-up steps left out of timings"
     )
+    parser.add_argument("--no-eval", action="store_true", help="skip ns-eval (no PSNR)")
     parser.add_argument("--work-dir", type=Path, default=Path("outputs/bench_sync"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("extra", nargs="*", help="more ns-train options, after --")
     args = parser.parse_args(argv)
     if not args.data.exists():
         parser.error(f"--data {args.data} does not exist")
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = set(modes) - set(SHORT)
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    requested = [m.strip() for m in args.modes.split(",") if m.strip()]
+    known = available_modes()
+    unknown = [m for m in requested if m not in SHORT]
     if unknown:
-        parser.error(f"unknown modes {sorted(unknown)}; choose from {sorted(SHORT)}")
+        parser.error(f"unknown modes {unknown}; choose from {sorted(SHORT)}")
+    missing = [m for m in requested if m not in known]
+    modes = [m for m in requested if m in known]
+    if missing:
+        CONSOLE.print(
+            f"[yellow]modes {missing} are not in this engine's MODES {known} yet: skipped"
+        )
+    if not modes:
+        parser.error(f"none of {requested} exists in this engine (MODES = {known})")
 
-    summaries, results = (
-        {},
-        {"data": str(args.data), "ranks": args.ranks, "steps": args.steps, "modes": {}},
-    )
-    for i, mode in enumerate(modes):
-        run = _train(args, mode, args.work_dir, port=29400 + (os.getpid() + i) % 500)
-        summaries[mode] = json.loads((run / "odin_run.json").read_text())
-        figures = mode_figures(summaries[mode], args.skip_steps)
-        figures["psnr"] = _psnr(run)
-        figures["run_dir"] = str(run)
-        results["modes"][mode] = figures
+    orders = rotated_orders(modes, args.repeats)
+    rounds: list[dict[str, dict]] = []
+    run_dirs: dict[str, list[str]] = {m: [] for m in modes}
+    summaries0: dict[str, dict] = {}
+    for i, order in enumerate(orders):
+        figures_i: dict[str, dict] = {}
+        for j, mode in enumerate(order):
+            port = 29400 + (os.getpid() + 7 * i + j) % 500
+            run = _train(args, mode, args.work_dir, f"{mode}-r{i}", port)
+            summary = json.loads((run / "odin_run.json").read_text())
+            figures_i[mode] = mode_figures(summary, args.skip_steps)
+            run_dirs[mode].append(str(run))
+            if i == 0:
+                summaries0[mode] = summary
+        for mode in modes:
+            if mode != "barrier" and "barrier" in modes:
+                figures_i[mode]["max_param_diff_vs_barrier"] = max_param_diff(
+                    Path(run_dirs[mode][i]), Path(run_dirs["barrier"][i])
+                )
+        rounds.append(figures_i)
+        CONSOLE.log(
+            f"round {i} ({','.join(SHORT[m] for m in order)}): "
+            + ", ".join(f"{SHORT[m]} {figures_i[m]['views_per_second']:.2f} v/s" for m in modes)
+        )
 
-    base = results["modes"].get("barrier")
-    for mode, figures in results["modes"].items():
-        key = SHORT[mode]
+    results: dict = {
+        "data": str(args.data),
+        "method": args.method,
+        "ranks": args.ranks,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "jitter_ms": args.jitter_ms,
+        "source": "measured (CPU ranks on this machine)",
+        "modes_requested": requested,
+        "modes_missing": missing,
+        "orders": orders,
+        "modes": {},
+    }
+    for mode in modes:
+        figures = aggregate_rounds([r[mode] for r in rounds])
+        figures["run_dirs"] = run_dirs[mode]
+        figures["run_dir"] = run_dirs[mode][0]
+        if not args.no_eval:
+            figures["psnr"] = _psnr(Path(run_dirs[mode][0]))  # round 0's run
         figures["ideal_share"] = figures["views_per_second"] / figures["ideal_views_per_second"]
+        results["modes"][mode] = figures
+        key = SHORT[mode]
         results[f"ideal_share_{key}"] = figures["ideal_share"]
         results[f"bytes_ratio_{key}_vs_dense_allreduce"] = (
             figures["bytes_per_step"] / figures["dense_allreduce_bytes_per_step"]
         )
-        if base is not None and mode != "barrier":
-            results[f"throughput_ratio_{key}_vs_barrier"] = (
-                figures["views_per_second"] / base["views_per_second"]
-            )
-            results[f"wait_hidden_{key}"] = 1.0 - figures["critical_path_wait_s"] / max(
-                1e-9, base["critical_path_wait_s"]
-            )
-            params_m, params_b = (
-                _final_params(Path(figures["run_dir"])),
-                _final_params(Path(base["run_dir"])),
-            )
-            same_shapes = all(params_m[k].shape == params_b[k].shape for k in params_b)
-            results[f"max_param_diff_{key}_vs_barrier"] = (
-                max(float((params_m[k] - params_b[k]).abs().max()) for k in params_b)
-                if same_shapes
-                else float("inf")
-            )
+        put_spread(
+            results, f"phase_start_share_{key}", [r[mode]["phase_start_share"] for r in rounds]
+        )
+    pairs = pair_ratios(rounds, modes)
+    for key, vals in pairs.items():
+        put_spread(results, f"throughput_ratio_{key}", vals["throughput"])
+        put_spread(results, f"wait_hidden_{key}", vals["wait_hidden"])
+    for mode in modes:  # the old keys: wait hidden against barrier
+        if mode != "barrier" and f"{SHORT[mode]}_vs_barrier" in pairs:
+            results[f"wait_hidden_{SHORT[mode]}"] = results[f"wait_hidden_{SHORT[mode]}_vs_barrier"]
+    base = results["modes"].get("barrier")
+    for mode, figures in results["modes"].items():
+        if base is None or mode == "barrier":
+            continue
+        key = SHORT[mode]
+        results[f"max_param_diff_{key}_vs_barrier"] = max(
+            r[mode]["max_param_diff_vs_barrier"] for r in rounds
+        )
+        if "psnr" in figures:
             results[f"psnr_delta_{key}_vs_barrier"] = figures["psnr"] - base["psnr"]
     if "quality-first" in results["modes"]:
-        qf = results["modes"]["quality-first"]
-        results["ideal_views_per_second"] = qf["ideal_views_per_second"]
-    if "throughput-first" in results["modes"]:
-        engines = [r["engine"] for r in summaries["throughput-first"]["ranks"]]
+        results["ideal_views_per_second"] = results["modes"]["quality-first"][
+            "ideal_views_per_second"
+        ]
+    if "throughput-first" in summaries0:
+        engines = [r["engine"] for r in summaries0["throughput-first"]["ranks"]]
         decisions = sum(e["decisions"] for e in engines)
         results["max_staleness_tf"] = max(e["max_staleness"] for e in engines)
         results["admitted_fraction_tf"] = sum(e["admitted"] for e in engines) / max(1, decisions)
@@ -242,27 +418,36 @@ def main(argv: list[str] | None = None) -> dict:
             for k, v in e["staleness_hist"].items():
                 hist[k] = hist.get(k, 0) + v
         results["staleness_hist_tf"] = hist
-        if "quality-first" in results["modes"]:
+        qf = results["modes"].get("quality-first")
+        if qf is not None and "psnr" in qf:
             results["psnr_delta_tf_vs_qf"] = (
-                results["modes"]["throughput-first"]["psnr"]
-                - results["modes"]["quality-first"]["psnr"]
+                results["modes"]["throughput-first"]["psnr"] - qf["psnr"]
             )
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
-    plot_timeline(summaries, args.out.with_suffix(".png"))
+    plot_timeline(summaries0, args.out.with_suffix(".png"))
+    if pairs:
+        plot_ratios(
+            {k: v["throughput"] for k, v in pairs.items()},
+            args.out.with_name(args.out.stem + "_ratios.png"),
+            f"{args.data.name}: {args.ranks} ranks, {args.repeats} rotated rounds (median, min-max)",
+        )
 
-    table = Table(title=f"sync benchmark: {args.data} ({args.ranks} ranks, {args.steps} steps)")
-    for col in ("mode", "views/s", "ideal views/s", "wait s/step", "bytes/step", "PSNR"):
+    table = Table(
+        title=f"sync benchmark: {args.data} ({args.ranks} ranks, {args.steps} steps, "
+        f"{args.repeats} rounds; medians)"
+    )
+    for col in ("mode", "views/s", "min-max", "wait s/step", "phase starts", "PSNR"):
         table.add_column(col, justify="right")
     for mode, f in results["modes"].items():
         table.add_row(
             mode,
             f"{f['views_per_second']:.2f}",
-            f"{f['ideal_views_per_second']:.2f}",
+            f"{f['views_per_second_min']:.2f}-{f['views_per_second_max']:.2f}",
             f"{f['wait_seconds_per_step']:.4f}",
-            f"{f['bytes_per_step']:.3g}",
-            f"{f['psnr']:.2f}",
+            f"{f['phase_start_share']:.1%}",
+            f"{f['psnr']:.2f}" if "psnr" in f else "-",
         )
     CONSOLE.print(table)
     CONSOLE.print({k: v for k, v in results.items() if k != "modes"})

@@ -1,0 +1,139 @@
+"""Benchmark-side scale evidence: simulator on hand-made plans, trace fit, repeat order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from odin_ns.bench.simulate import (
+    NETWORKS,
+    Network,
+    Phase,
+    Replicated,
+    StepPlan,
+    lagged_overlaps,
+    replay,
+    ring_allreduce_seconds,
+    tf_needs,
+)
+from odin_ns.bench.sync import aggregate_rounds, pair_ratios, rotated_orders
+from odin_ns.bench.trace import fit_cost_model, fit_jitter
+
+FAST = Network("ideal", 0.5, 1e30)  # 0.5 s latency, no bandwidth cost
+
+
+def two_rank_plan() -> StepPlan:
+    # views: 0 = {0, 1}, 1 = {2, 3}, 2 = {1, 2}, 3 = {0}; step 0: (0, 1), step 1: (3, 2)
+    F = sp.csr_matrix(
+        np.array([[1, 1, 0, 0], [0, 0, 1, 1], [0, 1, 1, 0], [1, 0, 0, 0]], dtype=bool)
+    )
+    return StepPlan.from_views(F, np.array([[[0], [1]], [[3], [2]]]))
+
+
+def phase(plan: StepPlan, compute, overhead=0.0, start=0.0) -> Phase:
+    compute = np.asarray(compute, dtype=np.float64)
+    return Phase(plan, compute, np.full_like(compute, overhead), num_rows=4, phase_start_s=start)
+
+
+def test_replay_by_hand_every_mode():
+    plan = two_rank_plan()
+    # rank 1's step 1 (view 2 = {1, 2}) reads what rank 0 wrote at step 0 ({0, 1}) and
+    # its own; rank 0's step 1 (view 3 = {0}) needs nobody else's step 0 ({2, 3}).
+    assert plan.dependency[1, 1, 0] == 0 and plan.dependency[1, 0, 1] == -1
+    ph = phase(plan, [[1.0, 3.0], [1.0, 1.0]])
+    bar = replay([ph], "barrier", FAST)
+    # step 1 starts at max(1, 3) + 0.5 = 3.5, ends 4.5; its publications arrive at 5.0
+    assert bar.total_time == pytest.approx(5.0)
+    np.testing.assert_allclose(bar.wait_per_rank, [2.5 + 0.5, 0.5 + 0.5])  # + drain
+    qf = replay([ph], "quality-first", FAST)
+    # rank 0: 1..2 (nobody needed); rank 1: needs rank 0's step 0 (1.5) -> 3..4; drain 4.5
+    assert qf.total_time == pytest.approx(4.5)
+    assert qf.critical_path_wait == pytest.approx(2.5)  # rank 0 idles 2.5 s in the drain
+    ddp = replay([ph], "ddp", FAST)
+    # all-reduce on 2 ranks: 2 messages of 0.5 s latency = 1 s; 3 + 1 = 4 -> 5; + 1 = 6
+    assert ring_allreduce_seconds(944.0, 2, FAST) == pytest.approx(1.0)
+    assert ddp.total_time == pytest.approx(6.0)
+    assert ddp.views == 4 and bar.views == 4
+    # phase starts and overheads add up: two phases, 0.25 s start each, 0.1 s overhead
+    two = replay([phase(plan, [[1.0, 3.0], [1.0, 1.0]], 0.1, 0.25)] * 2, "quality-first", FAST)
+    one = replay([phase(plan, [[1.0, 3.0], [1.0, 1.0]], 0.1, 0.25)], "quality-first", FAST)
+    assert two.total_time == pytest.approx(2 * one.total_time)
+
+
+def test_bandwidth_and_ownership_traffic():
+    plan = two_rank_plan()
+    traffic = Replicated().traffic(plan, 10.0)  # [T, sender, receiver] bytes
+    np.testing.assert_allclose(traffic[0], [[0, 20], [20, 0]])
+    np.testing.assert_allclose(traffic[1], [[0, 10], [20, 0]])
+    slow = Network("slow", 0.0, 10.0)  # 10 bytes/s: a 20-byte publication takes 2 s
+    bar = replay([phase(plan, [[1.0, 1.0], [1.0, 1.0]])], "barrier", slow, row_bytes=10.0)
+    # step 0 ends at 1, publications arrive at 3; step 1 3..4; arrivals max(egress, ingress)
+    # = 2 s -> 6
+    assert bar.total_time == pytest.approx(6.0)
+    assert bar.bytes_per_rank_per_step == pytest.approx(70 / 4)
+    assert set(NETWORKS) == {"nvlink", "pcie", "100gbe", "10gbe"}
+
+
+def test_throughput_first_admits_small_overlaps_only():
+    # 2 ranks, 3 steps; rank 1 at step 2 overlaps rank 0's step 1 in 1 row of 10 (10%)
+    rows = [set(range(0, 10)), set(range(10, 20)), set(range(20, 30)), set(range(30, 40))]
+    rows += [set(range(9, 19)) | {29}, set(range(40, 50))]
+    dense = np.zeros((6, 60), dtype=bool)
+    for v, r in enumerate(rows):
+        dense[v, sorted(r)] = True
+    F = sp.csr_matrix(dense)
+    views = np.array([[[0], [1]], [[2], [3]], [[5], [4]]])  # step 2 rank 1: view 4
+    plan = StepPlan.from_views(F, views)
+    ov = lagged_overlaps(plan, 2)
+    assert ov[2, 1, 0, 1] == 1  # view 4 ∩ view 2 = {29}
+    assert ov[2, 1, 0, 2] == 1 and ov[2, 1, 1, 2] == 9  # view 4 ∩ views 0 / 1
+    need, admitted = tf_needs(plan, tau=0.2, window=4)
+    assert plan.dependency[2, 1, 0] == 1
+    # rank 0's step 1 (1 of 10 rows) and step 0 (1 of 10) are both admitted
+    assert need[2, 1, 0] == -1 and admitted == 2
+    need, admitted = tf_needs(plan, tau=0.05, window=4)  # 10% > tau: wait for step 1
+    assert need[2, 1, 0] == 1 and admitted == 0
+    need, _ = tf_needs(plan, tau=0.2, window=4, evidence=0.5)  # evidence too strong
+    assert need[2, 1, 0] == 1
+    compute = np.array([[1.0, 1.0], [3.0, 1.0], [1.0, 1.0]])
+    qf = replay([Phase(plan, compute, np.zeros_like(compute), 60)], "quality-first", FAST)
+    tf = replay([Phase(plan, compute, np.zeros_like(compute), 60)], "throughput-first", FAST)
+    assert tf.total_time <= qf.total_time and tf.admitted_reads == 2
+
+
+def test_trace_fit_recovers_known_coefficients():
+    rng = np.random.default_rng(0)
+    rows = rng.integers(1000, 20000, 400).astype(float)
+    pixels = rng.choice([160 * 96, 320 * 192], 400).astype(float)
+    truth = 2e-3 + 3e-6 * rows + 1e-7 * pixels
+    noise = rng.lognormal(0.0, 0.05, 400)
+    model = fit_cost_model(rows, pixels, truth * noise)
+    assert model.per_row == pytest.approx(3e-6, rel=0.05)
+    assert model.per_pixel == pytest.approx(1e-7, rel=0.1)
+    assert model.r2 > 0.95 and model.median_rel_error < 0.06
+    jitter = fit_jitter(model, rows, pixels, truth * noise)
+    assert jitter.lognormal_sigma == pytest.approx(0.05, rel=0.2)
+    exact = fit_cost_model(rows, np.full(400, 100.0), 1e-3 + 2e-6 * rows)  # constant pixels
+    assert exact.per_pixel == 0.0 and exact.per_row == pytest.approx(2e-6)
+    assert exact.r2 == pytest.approx(1.0)
+
+
+def test_rotated_orders_and_same_round_ratios():
+    modes = ["ddp", "barrier", "quality-first", "throughput-first"]
+    orders = rotated_orders(modes, 5)
+    assert orders[0] == modes and orders[1] == modes[1:] + modes[:1]
+    assert orders[3] == modes[3:] + modes[:3] and orders[4] == modes
+    for i in range(4):  # every mode takes every position once in 4 rounds
+        assert sorted(o[i] for o in orders[:4]) == sorted(modes)
+    rounds = [
+        {
+            "barrier": {"views_per_second": b, "critical_path_wait_s": 1.0},
+            "quality-first": {"views_per_second": q, "critical_path_wait_s": 0.5},
+        }
+        for b, q in ((10.0, 11.0), (20.0, 21.0), (10.0, 10.0))
+    ]
+    pairs = pair_ratios(rounds, ["barrier", "quality-first"])
+    np.testing.assert_allclose(pairs["qf_vs_barrier"]["throughput"], [1.1, 1.05, 1.0])
+    agg = aggregate_rounds([r["barrier"] for r in rounds])
+    assert agg["views_per_second"] == 10.0 and agg["views_per_second_max"] == 20.0
