@@ -159,14 +159,14 @@ def test_footprint_cull_edges(odin_ops, gen):
     inputs = cases.make_inputs("footprint_cull", 2000, gen)
     w, h, margin = inputs["width"], inputs["height"], inputs["margin_px"]
     xy, radii, depths = inputs["means2d"], inputs["radii"], inputs["depths"]
-    # Discs that exactly touch the image from outside (culled: distance == r).
+    # Squares that exactly touch the image from outside (culled: gsplat's strict test).
     xy[0, :4] = torch.tensor([[-5.0, 10.0], [w + 5.0, 10.0], [10.0, -5.0], [10.0, h + 5.0]])
     radii[0, :4] = 5.0 - margin
     xy[0, 4:8] = torch.tensor(
         [[float("nan"), 1.0], [1.0, float("inf")], [-float("inf"), 1.0], [0.0, 0.0]]
     )
     radii[0, 4:8] = float("inf")
-    depths[1, :10] = inputs["near_plane"]  # culled: depth must exceed near_plane (float32)
+    depths[1, :10] = inputs["near_plane"]  # kept: depth >= near_plane, as in gsplat (float32)
     inputs["opacities"][:10] = torch.tensor(inputs["opacity_threshold"], dtype=torch.float32)
     ours, ref = run_both("footprint_cull", inputs)
     assert_equal_outputs(ours, ref)
@@ -452,3 +452,39 @@ def test_cuda_ops_match_cpu(gen, op):
         got = cases.run_op(ops._compiled(op, "cuda"), op, cases.copy_inputs(inputs, "cuda"))
         result = cases.compare(op, want, got)
         assert result["match"], result
+
+
+# ---- production caller: footprints ------------------------------------------------------------
+
+
+def test_compute_footprints_culls_through_the_op(odin_ops, monkeypatch):
+    """compute_footprints' final per-pair test is ops.footprint_cull: the compiled kernel and
+    the reference give the same CSR."""
+    from odin_ns.schedule import compute_footprints
+    from odin_ns.schedule import footprint as fp_module
+
+    g = torch.Generator().manual_seed(0)
+    n, v = 3000, 5
+    means = torch.randn(n, 3, generator=g) * 2.0
+    scales = torch.rand(n, 3, generator=g) * 0.3 + 0.01
+    quats = torch.randn(n, 4, generator=g)
+    opac = torch.rand(n, generator=g)
+    viewmats = torch.eye(4).repeat(v, 1, 1)
+    viewmats[:, 0, 3] = torch.linspace(-2, 2, v)
+    viewmats[:, 2, 3] = 6.0
+    Ks = torch.tensor([[60.0, 0, 32], [0, 60.0, 24], [0, 0, 1]]).expand(v, 3, 3).clone()
+    calls = []
+    real = fp_module.ext_ops.footprint_cull
+
+    def spy(*args):
+        calls.append(ops.implementation("footprint_cull", args[0].device))
+        return real(*args)
+
+    monkeypatch.setattr(fp_module.ext_ops, "footprint_cull", spy)
+    F = compute_footprints(means, scales, quats, opac, viewmats, Ks, 64, [48, 48, 40, 48, 48])
+    assert calls and all(c is odin_ops.footprint_cull for c in calls)
+    assert len(calls) == 2  # one call per distinct image size
+    monkeypatch.setenv("ODIN_NS_EXT", "0")
+    F_ref = compute_footprints(means, scales, quats, opac, viewmats, Ks, 64, [48, 48, 40, 48, 48])
+    assert calls[-1] is reference.footprint_cull
+    assert F.nnz > 100 and (F != F_ref).nnz == 0

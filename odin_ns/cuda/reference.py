@@ -60,9 +60,11 @@ def footprint_cull(
 ) -> tuple[Tensor, Tensor]:
     """Views x primitives CSR of the primitives each view can touch.
 
-    Kept: radius > 0, depth > near_plane, opacity >= opacity_threshold, a finite centre,
-    and the disc of radius ``radius + margin_px`` meets the image ``[0, W] x [0, H]``
-    (squared distance from the centre to the rectangle < r^2). Computed in float32.
+    Kept: radius > 0, depth >= near_plane, opacity >= opacity_threshold, a finite centre,
+    and gsplat's image test with the radius grown by ``margin_px``:
+    ``(x + radius) + margin > 0``, ``(x - radius) - margin < W``, and the same for y and H
+    (the square of half-width radius + margin overlaps the image). Computed in float32, in
+    this operation order (``compute_footprints`` relies on it to match gsplat bit for bit).
 
     Returns:
         indptr: [V + 1] int64; indices: [nnz] int64, ascending within each view.
@@ -100,16 +102,16 @@ def footprint_cull(
     xy = means2d.float()
     x, y = xy[..., 0], xy[..., 1]
     radii, depths, opacities = radii.float(), depths.float(), opacities.float()
-    r = radii + margin_px
-    dx = torch.clamp_min(torch.maximum(-x, x - width), 0.0)
-    dy = torch.clamp_min(torch.maximum(-y, y - height), 0.0)
     keep = (
         (radii > 0)
-        & (depths > near_plane)
+        & (depths >= near_plane)
         & (opacities >= opacity_threshold)[None, :]
         & torch.isfinite(x)
         & torch.isfinite(y)
-        & (dx * dx + dy * dy < r * r)
+        & ((x + radii) + margin_px > 0)
+        & ((x - radii) - margin_px < width)
+        & ((y + radii) + margin_px > 0)
+        & ((y - radii) - margin_px < height)
     )
     counts = keep.sum(dim=1)
     indptr = torch.zeros(V + 1, dtype=torch.int64, device=means2d.device)

@@ -18,9 +18,12 @@ an upper bound on the radius from the node's largest scale,
 Primitives of surviving leaves are tested one by one, ``chunk`` pairs at a time: a
 projected mean within 2 px (the smallest gsplat radius) + margin of the image is in, one
 outside even with the per-primitive radius bound is out, and only the rest get the exact
-2D covariance. All math is float32 torch on CPU (like gsplat); the bounds carry a slack
-for rounding. On a CPU shared with other jobs, torch's intra-op thread pool can be several
-times slower than one thread: callers may want ``torch.set_num_threads(1)``.
+2D covariance. The final test of every candidate pair is ``odin_ns.cuda.ops.footprint_cull``
+(gsplat's image test on the exact radius): the compiled CPU kernel, or the CUDA kernel when
+``means`` is on a GPU. All math is float32 (like gsplat), on CPU apart from that op; the
+bounds carry a slack for rounding. On a CPU shared with other jobs, torch's intra-op
+thread pool can be several times slower than one thread: callers may want
+``torch.set_num_threads(1)``.
 
 Cost: ~64 CPU s and < 2 GiB peak for 50k views x 1M primitives of a synthetic city
 (~370 primitives per view); it grows with the number of (view, leaf) pairs near a frustum.
@@ -34,6 +37,8 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 from torch import Tensor
+
+from odin_ns.cuda import ops as ext_ops
 
 # Smallest gsplat radius: the 0.3 px blur and the 0.01 floor give v1 >= 0.4, ceil(3*sqrt(0.4)) = 2.
 _MIN_RADIUS = 2.0
@@ -187,10 +192,12 @@ def _test_members(
     mu: Tensor,  # [M, 3]
     covar: Tensor,  # [M, 3, 3]
     smax: Tensor,  # [M]
+    opacity: Tensor,  # [M]
     margin: float,
     near: float,
     far: float,
     eps2d: float,
+    device: torch.device,
 ) -> Tensor:
     """Footprint test of each (view, member) pair, [Q, L] bool (gsplat's inequalities).
 
@@ -217,19 +224,62 @@ def _test_members(
     sure_in = valid & (d < _MIN_RADIUS - 1e-3)
     bound = 3.0 * torch.sqrt(smax[mem] ** 2 * tab[:, 20, None] / zs**2 + 0.4) * (1 + 1e-4) + 1.01
     maybe = valid & ~sure_in & (d < bound + 1e-3)
-    idx = maybe.nonzero()
-    if idx.shape[0]:
-        q, j = idx.unbind(-1)
-        mean_c = torch.stack([x[q, j], y[q, j], z[q, j]], -1)
-        tq = tab[q]
-        rad = _exact_radius(
-            tq[:, :9].reshape(-1, 3, 3), mean_c, covar[mem[q, j]], tq[:, 12:18], eps2d
+    # The final decision of every candidate pair is the footprint_cull op's (gsplat's image
+    # test, in the same float32 operation order): a sure pair passes it with the smallest
+    # gsplat radius, a maybe pair is tested with its exact radius.
+    q, j = (sure_in | maybe).nonzero().unbind(-1)
+    radius = torch.full((q.numel(),), _MIN_RADIUS)
+    pick = maybe[q, j].nonzero().squeeze(-1)
+    if pick.numel():
+        qm, jm = q[pick], j[pick]
+        mean_c = torch.stack([x[qm, jm], y[qm, jm], z[qm, jm]], -1)
+        tq = tab[qm]
+        radius[pick] = _exact_radius(
+            tq[:, :9].reshape(-1, 3, 3), mean_c, covar[mem[qm, jm]], tq[:, 12:18], eps2d
         )
-        ui, vi, Wi, Hi = u[q, j], v[q, j], tq[:, 16], tq[:, 17]
-        hit = (ui + rad + margin > 0) & (ui - rad - margin < Wi)
-        hit &= (vi + rad + margin > 0) & (vi - rad - margin < Hi)
-        sure_in[q, j] = hit
-    return sure_in
+    hit = torch.zeros_like(sure_in)
+    if q.numel():
+        kept = _cull_pairs(u[q, j], v[q, j], radius, z[q, j], opacity[mem[q, j]], tab[q, 16:18],
+                           margin, near, device)  # fmt: skip
+        hit[q[kept], j[kept]] = True
+    return hit
+
+
+def _cull_pairs(
+    u: Tensor,  # [P] projected centres, pixels
+    v: Tensor,  # [P]
+    radius: Tensor,  # [P] radius to test (> 0)
+    depth: Tensor,  # [P] camera depth
+    opacity: Tensor,  # [P] activated opacity of the pair's primitive
+    size: Tensor,  # [P, 2] float32 image (width, height) of the pair's view
+    margin: float,
+    near: float,
+    device: torch.device,
+) -> Tensor:
+    """[K] int64 positions of the pairs ``footprint_cull`` keeps, ascending.
+
+    One op call per distinct image size, on ``device`` (the compiled CPU kernel, or the CUDA
+    kernel when the caller's tensors live on a GPU; the torch reference without the
+    extension).
+    """
+    sizes, group = torch.unique(size, dim=0, return_inverse=True)
+    parts = []
+    for g, (w, h) in enumerate(sizes.tolist()):
+        sel = (group == g).nonzero().squeeze(-1)
+        indptr, idx = ext_ops.footprint_cull(
+            torch.stack([u[sel], v[sel]], -1)[None].to(device),  # [1, P_g, 2]
+            radius[sel][None].to(device),  # [1, P_g]
+            depth[sel][None].to(device),  # [1, P_g]
+            opacity[sel].to(device),  # [P_g]
+            int(w),
+            int(h),
+            margin,
+            near,
+            0.0,  # opacities were thresholded when the primitives were kept
+        )
+        parts.append(sel[idx.cpu()])
+    kept = torch.cat(parts)
+    return kept if len(parts) == 1 else kept.sort().values
 
 
 @torch.no_grad()
@@ -261,6 +311,7 @@ def compute_footprints(
     ``chunk`` bounds the (view, primitive) pairs tested at once (~100 bytes each);
     ``leaf_size`` is the culling granularity (primitives per kd-tree leaf).
     """
+    device = means.device if isinstance(means, Tensor) else torch.device("cpu")
     means = _as_float_tensor(means, "means")
     scales = _as_float_tensor(scales, "scales")
     quats = _as_float_tensor(quats, "quats")
@@ -323,6 +374,7 @@ def compute_footprints(
     mu = means[order]
     covar, _ = _quat_scale_to_covar_preci(quats[order], scales[order], True, False)
     smax = scales[order].amax(dim=-1)
+    opac = opacities[order]
     pts, smax_np = pts[kd], smax.double().numpy()
     leaf_box = _box_params(pts, smax_np, leaf_starts)
     coarse_box = _box_params(pts, smax_np, coarse_starts)
@@ -360,7 +412,9 @@ def compute_footprints(
             qv, ql = lv[q0 : q0 + step], ll[q0 : q0 + step]
             member = leaf_start[ql, None] + lane[None]
             member = torch.where(lane[None] < leaf_len[ql, None], member, -1)
-            hit = _test_members(tab[v0 + qv], member, mu, covar, smax, margin, near, far, eps2d)
+            hit = _test_members(
+                tab[v0 + qv], member, mu, covar, smax, opac, margin, near, far, eps2d, device
+            )
             q, j = hit.nonzero().unbind(-1)
             hits_v.append(qv[q].numpy())
             hits_p.append(member[q, j].numpy())

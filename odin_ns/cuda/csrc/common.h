@@ -111,7 +111,7 @@ struct CullParams {
   float width;              // image width in pixels
   float height;             // image height in pixels
   float margin;             // safety margin added to the radius, pixels
-  float near_plane;         // keep depth > near_plane
+  float near_plane;         // keep depth >= near_plane (gsplat)
   float opacity_threshold;  // keep opacity >= opacity_threshold
 };
 
@@ -123,17 +123,17 @@ ODIN_HD bool fp_isfinite(float x) {
 ODIN_HD float fp_max(float a, float b) { return a > b ? a : b; }
 
 // Keep primitive (x, y, radius, depth, opacity)? Mirrors reference.footprint_cull:
-// the disc of radius (radius + margin) around (x, y) meets the image rectangle
-// [0, W] x [0, H] (squared distance from the centre to the rectangle < r^2).
+// gsplat's image test, the square of half-width (radius + margin) around (x, y) overlaps
+// the image, evaluated as (x + radius) + margin > 0, (x - radius) - margin < W (and y).
 // Branch-free (bitwise &): which primitives survive is data-dependent and unpredictable.
 ODIN_HD bool cull_keep(float x, float y, float radius, float depth, float opacity,
                        const CullParams& p) {
-  const bool alive = (radius > 0.0f) & (depth > p.near_plane) &
+  const bool alive = (radius > 0.0f) & (depth >= p.near_plane) &
                      (opacity >= p.opacity_threshold) & fp_isfinite(x) & fp_isfinite(y);
-  const float r = fp_add(radius, p.margin);
-  const float dx = fp_max(fp_max(-x, fp_sub(x, p.width)), 0.0f);
-  const float dy = fp_max(fp_max(-y, fp_sub(y, p.height)), 0.0f);
-  return alive & (fp_add(fp_mul(dx, dx), fp_mul(dy, dy)) < fp_mul(r, r));
+  return alive & (fp_add(fp_add(x, radius), p.margin) > 0.0f) &
+         (fp_sub(fp_sub(x, radius), p.margin) < p.width) &
+         (fp_add(fp_add(y, radius), p.margin) > 0.0f) &
+         (fp_sub(fp_sub(y, radius), p.margin) < p.height);
 }
 
 // ---- selective Adam ---------------------------------------------------------------------

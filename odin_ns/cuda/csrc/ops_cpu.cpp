@@ -73,14 +73,11 @@ int64_t cull_range(const float* __restrict xy, const float* __restrict radii,
     std::memcpy(&o, opacities + i, sizeof(o));
     const f32x4 x = __builtin_shuffle(a, b, i32x4{0, 2, 4, 6});
     const f32x4 y = __builtin_shuffle(a, b, i32x4{1, 3, 5, 7});
-    const i32x4 alive = (r > zero) & (d > p.near_plane) & (o >= p.opacity_threshold) &
+    const i32x4 alive = (r > zero) & (d >= p.near_plane) & (o >= p.opacity_threshold) &
                         ((x - x) == zero) & ((y - y) == zero);
-    const f32x4 rr = r + p.margin;
-    f32x4 dx = -x > x - p.width ? -x : x - p.width;
-    dx = dx > zero ? dx : zero;
-    f32x4 dy = -y > y - p.height ? -y : y - p.height;
-    dy = dy > zero ? dy : zero;
-    const i32x4 k = alive & ((dx * dx + dy * dy) < rr * rr);  // lanes: -1 kept, 0 culled
+    // gsplat's image test, same operation order as cull_keep; lanes: -1 kept, 0 culled.
+    const i32x4 k = alive & (((x + r) + p.margin) > zero) & (((x - r) - p.margin) < p.width) &
+                    (((y + r) + p.margin) > zero) & (((y - r) - p.margin) < p.height);
     for (int j = 0; j < 4; ++j) {
       keep[i + j] = static_cast<uint8_t>(k[j] & 1);
     }
