@@ -54,7 +54,15 @@ bench: venv
 	$(PY) -m odin_ns.bench.ops --out bench/ops.json
 	$(PY) -m odin_ns.bench.viewer_overhead --out bench/viewer_overhead.json
 	$(PY) -m odin_ns.data.synthetic --out $(DEMO_DIR) --layout street
-	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --out bench/sync_street.json
+	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 3 \
+		--modes ddp,barrier,quality-first,throughput-first --out bench/sync_street.json
+	$(PY) -m odin_ns.bench.sync --data ../shared/data/fox --downscale-factor 8 --ranks 2 --steps 300 \
+		--repeats 3 --modes ddp,barrier,quality-first,throughput-first --out bench/sync_fox.json \
+		-- --pipeline.datamanager.camera-res-scale-factor 0.5
+	$(PY) -m odin_ns.bench.trace --run-json outputs/bench_sync/street/bench/odin-splatfacto/barrier-r0/odin_run.json \
+		--out bench/trace_street.json
+	$(PY) -m odin_ns.bench.scale --sync-json bench/sync_street.json --sync-json bench/sync_fox.json \
+		--fox ../shared/data/fox --out bench/scale.json
 
 clean:
 	rm -rf $(VENV) outputs demo_data

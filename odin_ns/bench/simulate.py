@@ -212,6 +212,7 @@ class Phase:
     overhead: np.ndarray
     num_rows: int
     phase_start_s: float = 0.0
+    tf_need: tuple[np.ndarray, int] | None = None  # cached ``tf_needs`` result
 
 
 @dataclass
@@ -248,7 +249,7 @@ def lagged_overlaps(plan: PlanLike, window: int) -> np.ndarray:
     )
     S = (sel @ F).astype(bool).astype(np.float32).tocsr()  # [T*R, N] step footprints
     out = np.zeros((T, R, R, window + 1), dtype=np.int64)
-    chunk = max(1, 4096 // max(R, 1))
+    chunk = max(1, 512 // max(R, 1))
     for t0 in range(0, T, chunk):
         t1 = min(T, t0 + chunk)
         lo = max(0, t0 - window)
@@ -333,7 +334,9 @@ def replay(
         dur = network.latency_s + np.maximum(egress[:, :, None], ingress[:, None, :])  # [T, q, r]
         need = ph.plan.dependency
         if mode == "throughput-first":
-            need, n_adm = tf_needs(ph.plan, tau, window, evidence)
+            if ph.tf_need is None:
+                ph.tf_need = tf_needs(ph.plan, tau, window, evidence)
+            need, n_adm = ph.tf_need
             admitted += n_adm
         allreduce = ring_allreduce_seconds(ph.num_rows * ROW_FLOATS * 4.0, R, network)
         start_phase = clock + ph.phase_start_s

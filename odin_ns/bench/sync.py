@@ -306,12 +306,16 @@ def main(argv: list[str] | None = None) -> dict:
         "--skip-steps", type=int, default=5, help="warm-up steps left out of timings"
     )
     parser.add_argument("--no-eval", action="store_true", help="skip ns-eval (no PSNR)")
-    parser.add_argument("--work-dir", type=Path, default=Path("outputs/bench_sync"))
+    parser.add_argument(
+        "--work-dir", type=Path, default=None, help="default: outputs/bench_sync/<data name>"
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("extra", nargs="*", help="more ns-train options, after --")
     args = parser.parse_args(argv)
     if not args.data.exists():
         parser.error(f"--data {args.data} does not exist")
+    if args.work_dir is None:
+        args.work_dir = Path("outputs/bench_sync") / args.data.name
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     requested = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -339,7 +343,7 @@ def main(argv: list[str] | None = None) -> dict:
             run = _train(args, mode, args.work_dir, f"{mode}-r{i}", port)
             summary = json.loads((run / "odin_run.json").read_text())
             figures_i[mode] = mode_figures(summary, args.skip_steps)
-            run_dirs[mode].append(str(run))
+            run_dirs[mode].append(str(run.resolve()))
             if i == 0:
                 summaries0[mode] = summary
         for mode in modes:
