@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+# The test harness (tests/harness) is imported as ``harness``; spawned ranks inherit sys.path.
+_TESTS = str(Path(__file__).resolve().parent)
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)
 
 # Subprocesses (ns-train, odin-ns-train) inherit this: OpenMP threads that spin while the
 # other core is busy make CPU training many times slower on small machines.

@@ -1,6 +1,7 @@
 """Tests of the primitive-sync runtime (odin_ns/runtime): kernels against plain references,
 engine against a synchronous single-process reference (in-process loopback with 1-3 ranks,
-and 2 processes over gloo), no global barrier in quality-first, dead / stuck peers."""
+and 2 processes over gloo) in every mode (ddp included), no global barrier in
+quality-first, dead / stuck peers."""
 
 from __future__ import annotations
 
@@ -10,14 +11,7 @@ import re
 import numpy as np
 import pytest
 import torch
-
-from odin_ns.optim import selective_adam_update_
-from odin_ns.runtime import (
-    PrimitiveSyncEngine,
-    SyncConfig,
-    kernels,
-)
-from odin_ns.runtime.testing import (
+from harness import (
     ListPlan,
     LoopbackHub,
     Phase,
@@ -31,6 +25,10 @@ from odin_ns.runtime.testing import (
     toy_groups,
     toy_runs_worker,
 )
+
+from odin_ns.optim import selective_adam_update_
+from odin_ns.runtime import MODES, PrimitiveSyncEngine, SyncConfig, kernels
+from odin_ns.runtime.exchange import WireBuffers
 
 
 def _same(groups_a, groups_b) -> bool:
@@ -53,11 +51,11 @@ def _two_phases(world: int, seed: int, steps=(12, 6)) -> list[Phase]:
 def test_pack_rows_matches_reference():
     g = torch.Generator().manual_seed(0)
     n = 50
-    grads = [torch.randn(n, 3, generator=g), None, torch.randn(n, 4, 3, generator=g)]
-    dims = [3, 2, 12]
+    grads = [torch.randn(n, 3, generator=g), torch.zeros(n, 2), torch.randn(n, 4, 3, generator=g)]
     rows = torch.tensor([1, 4, 5, 17, 49])
     visible = torch.rand(n, generator=g) > 0.5
-    out = kernels.pack_rows(grads, dims, rows, visible)
+    columns = [grads[0], grads[1], grads[2].reshape(n, 12), visible.float()[:, None]]
+    out = kernels.pack_rows(rows, columns)
     ref = torch.cat(
         [grads[0][rows], torch.zeros(5, 2), grads[2][rows].reshape(5, 12), visible[rows, None]],
         dim=1,
@@ -66,22 +64,21 @@ def test_pack_rows_matches_reference():
     assert torch.equal(out, ref.float())
 
 
-def test_accumulate_rows_matches_loop():
+def test_accumulate_ready_rows_matches_loop():
     g = torch.Generator().manual_seed(1)
-    acc = torch.randn(6, 5, generator=g)
-    contrib = torch.randn(4, 5, generator=g)
-    slots = torch.tensor([2, -1, 0, -1, 3, 1])
-    ref = acc.clone()
-    for i, s in enumerate(slots.tolist()):
-        if s >= 0:
-            ref[i] = ref[i] + contrib[s]
-    kernels.accumulate_rows_(acc, slots, contrib)
-    assert torch.equal(acc, ref)
+    acc = torch.randn(8, 5, generator=g)
+    contrib = torch.randn(3, 5, generator=g)
     positions = torch.tensor([4, 0, 7])
-    assert kernels.scatter_slots(8, positions).tolist() == [1, -1, -1, -1, 0, -1, -1, 2]
+    ready = torch.tensor([True, False, True, True, True, True, True, False])
+    ref = acc.clone()
+    for i, p in enumerate(positions.tolist()):
+        if ready[p]:
+            ref[p] = ref[p] + contrib[i]
+    kernels.accumulate_ready_rows(acc, ready, positions, contrib)
+    assert torch.equal(acc, ref)
 
 
-def test_ready_mask_and_any_marked_match_reference():
+def test_ready_mask_and_validate_reads_match_reference():
     g = torch.Generator().manual_seed(2)
     expected = torch.randint(1, 4, (40,), generator=g, dtype=torch.int32)
     arrived = torch.minimum(expected, torch.randint(0, 4, (40,), generator=g, dtype=torch.int32))
@@ -93,14 +90,14 @@ def test_ready_mask_and_any_marked_match_reference():
         for a, e, p, b in zip(arrived, expected, applied, blocked, strict=True)
     ]
     assert ready.tolist() == ref and any(ref)
-    scratch = torch.zeros(100, dtype=torch.bool)
-    marked = torch.tensor([3, 50, 77])
-    assert bool(kernels.any_marked(torch.tensor([1, 2, 50]), marked, scratch))
-    assert not bool(kernels.any_marked(torch.tensor([1, 2, 51]), marked, scratch))
-    assert not scratch.any()
+    versions = torch.full((100,), 3, dtype=torch.int64)
+    versions[50] = 1
+    reads = torch.tensor([1, 2, 50])
+    assert kernels.validate_reads(reads, versions, torch.tensor([3, 3, 2])).tolist() == [50]
+    assert kernels.validate_reads(reads, versions, torch.tensor([3, 3, 1])).numel() == 0
 
 
-def test_apply_rows_matches_selective_adam():
+def test_apply_ready_rows_matches_selective_adam():
     g = torch.Generator().manual_seed(3)
     n = 30
     shapes = [(n, 3), (n, 2, 2)]
@@ -108,27 +105,28 @@ def test_apply_rows_matches_selective_adam():
     ms = [torch.randn(*s, generator=g) * 0.1 for s in shapes]
     vs = [torch.rand(*s, generator=g) * 0.1 for s in shapes]
     ids = torch.tensor([0, 3, 4, 9, 20, 29])
-    packed = torch.randn(6, 3 + 4 + 1, generator=g)
-    packed[:, -1] = torch.tensor([1.0, 0.0, 2.0, 1.0, 0.0, 1.0])  # summed visible flags
+    acc = torch.randn(6, 3 + 4 + 1, generator=g)
+    acc[:, -1] = torch.tensor([1.0, 0.0, 2.0, 1.0, 0.0, 1.0])  # summed visible flags
+    ready = torch.tensor([True, True, True, False, True, True])
     versions = torch.full((n,), -1, dtype=torch.int64)
     ref = [[t.clone() for t in ts] for ts in (params, ms, vs)]
-    moved = kernels.apply_rows_(
-        params, ms, vs, ids, packed, [0.1, 0.2], [(0.9, 0.99)] * 2, [1e-15] * 2, 7, versions
+    kernels.apply_ready_rows(
+        params, ms, vs, ids, acc, ready, [0.1, 0.2], [(0.9, 0.99)] * 2, [1e-15] * 2, 7, versions
     )
-    rows = ids[packed[:, -1] > 0]
+    rows = ids[ready & (acc[:, -1] > 0)]
     off = 0
     for i, s in enumerate(shapes):
         d = int(np.prod(s[1:]))
         full = torch.zeros(s)
-        full[ids] = packed[:, off : off + d].reshape(6, *s[1:])
+        full[ids] = acc[:, off : off + d].reshape(6, *s[1:])
         off += d
         selective_adam_update_(
             ref[0][i], full, ref[1][i], ref[2][i], rows, [0.1, 0.2][i], 0.9, 0.99, 1e-15, 8
         )
-    assert moved == 4
+    assert rows.numel() == 3
     for got, want in zip((params, ms, vs), ref, strict=True):
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
-    assert versions[ids].eq(7).all() and versions.eq(7).sum() == 6
+    assert versions[ids[ready]].eq(7).all() and versions.eq(7).sum() == 5
 
 
 # ---------------------------------------------------------------- plan / input
@@ -167,36 +165,37 @@ def test_bad_input_is_rejected():
         SyncConfig(mode="throughput-first", staleness_window=-1)
     with pytest.raises(ValueError, match="world_size"):
         PrimitiveSyncEngine(toy_groups(300), plan, 0, 2, SyncConfig())
-    eng = _engine(plan)
-    grads, visible = toy_grads(eng.groups, 0, plan.step_footprint(0, 0))
-    with pytest.raises(ValueError, match="validate"):
+    groups = toy_groups(300)
+    eng = _engine(plan, groups)
+    grads, visible = toy_grads(groups, 0, plan.step_footprint(0, 0))
+    with pytest.raises(ValueError, match="apply_until_readable"):
         eng.publish(0, grads, visible)
     with pytest.raises(ValueError, match="expected step 0"):
-        eng.validate(1)
-    eng.validate(0)
+        eng.apply_until_readable(1)
+    eng.apply_until_readable(0)
     with pytest.raises(ValueError, match="keys"):
         eng.publish(0, {"means": None}, visible)
     outside = visible.clone()
     outside[100] = True
     with pytest.raises(ValueError, match="outside the planned footprint"):
         eng.publish(0, grads, outside)
-    with pytest.raises(ValueError, match="between validate"):
-        eng.drain()
+    with pytest.raises(ValueError, match="between apply_until_readable"):
+        eng.drain_and_apply_all()
     eng.publish(0, grads, visible)
     with pytest.raises(ValueError, match="outside the bound plan"):
-        eng.validate(5)
-    eng.validate(1)
-    eng.publish(1, *toy_grads(eng.groups, 1, plan.step_footprint(1, 0)))
-    eng.drain()
+        eng.apply_until_readable(5)
+    eng.apply_until_readable(1)
+    eng.publish(1, *toy_grads(groups, 1, plan.step_footprint(1, 0)))
+    eng.drain_and_apply_all()
     with pytest.raises(ValueError, match="step_offset"):
-        eng.rebind(eng.groups, plan, step_offset=1)
+        eng.rebind(groups, plan, step_offset=1)
 
 
 # ------------------------------------------------- engine vs reference (in-process)
 def test_single_rank_matches_reference():
     phases = _two_phases(1, seed=5)
     ref, ref_versions = reference_train(toy_groups(300), phases)
-    groups, engine = run_toy_rank(0, 1, ToyRun(phases))
+    groups, engine, _ = run_toy_rank(0, 1, ToyRun(phases))
     assert _same(groups, ref)
     assert torch.equal(engine.versions, ref_versions)
     s = json.loads(json.dumps(engine.summary()))
@@ -212,7 +211,7 @@ def test_single_rank_matches_reference():
 
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize(
-    "mode,recv_ahead", [("barrier", 0), ("quality-first", 0), ("quality-first", 3)]
+    "mode,recv_ahead", [("barrier", 0), ("quality-first", 0), ("quality-first", 3), ("ddp", 0)]
 )
 def test_threaded_ranks_match_reference(world, mode, recv_ahead):
     """Ranks in threads over a loopback transport, random per-step delays: any
@@ -222,10 +221,41 @@ def test_threaded_ranks_match_reference(world, mode, recv_ahead):
         ref, ref_versions = reference_train(toy_groups(300), phases)
         cfg = SyncConfig(mode=mode, timeout_s=20, recv_ahead=recv_ahead)
         run = ToyRun(phases, cfg, jitter_s=0.002)
-        for groups, engine in run_threads(world, run):
+        for groups, engine, _ in run_threads(world, run):
             assert _same(groups, ref)
             assert torch.equal(engine.versions, ref_versions)
             assert engine.visibility_violations == 0
+
+
+def test_ddp_mode_is_dense_and_equals_barrier():
+    """ddp all-reduces every row [N, W] every step: same parameters as barrier (and the
+    reference), N x W x 4 bytes per step, no visibility violations."""
+    assert "ddp" in MODES and SyncConfig(mode="ddp").mode == "ddp"
+    phases = _two_phases(2, seed=7)
+    ref, ref_versions = reference_train(toy_groups(300), phases)
+    results = run_threads(2, ToyRun(phases, SyncConfig(mode="ddp", timeout_s=20)))
+    for groups, engine, _ in results:
+        assert _same(groups, ref) and torch.equal(engine.versions, ref_versions)
+        s = engine.summary()
+        assert s["mode"] == "ddp" and s["visibility_violations"] == 0
+        width = 3 + 12 + 1 + 1
+        assert s["bytes_sent"] == (12 * 300 + 6 * 340) * width * 4
+    single, engine, _ = run_toy_rank(0, 1, ToyRun(_two_phases(1, seed=5), SyncConfig(mode="ddp")))
+    ref1, ref1_versions = reference_train(toy_groups(300), _two_phases(1, seed=5))
+    assert _same(single, ref1) and torch.equal(engine.versions, ref1_versions)
+
+
+def test_wire_buffers_ring_and_fallback():
+    wire = WireBuffers(max_rows=4, width=3, device="cpu", depth=2, force=True)
+    a = torch.arange(6.0).reshape(2, 3)
+    out0 = wire.host_copy(0, a, slot_free=True)
+    assert torch.equal(out0, a) and out0.data_ptr() == wire.slots[0].data_ptr()
+    out1 = wire.host_copy(1, a, slot_free=False)  # previous send of slot 1 still in flight
+    assert torch.equal(out1, a) and out1.data_ptr() != wire.slots[1].data_ptr()
+    big = torch.ones(5, 3)  # more rows than the plan said: a fresh buffer
+    assert torch.equal(wire.host_copy(2, big, slot_free=True), big)
+    plain = WireBuffers(max_rows=4, width=3, device="cpu")
+    assert plain.host_copy(0, a, slot_free=True) is a  # CPU replica: no copy
 
 
 def test_version_order_across_peers():
@@ -241,17 +271,15 @@ def test_version_order_across_peers():
     ref, ref_versions = reference_train(toy_groups(20), [Phase(plan, 0)])
     hub = LoopbackHub(3)
     hub.hold(2, 0)
+    groups = [toy_groups(20) for _ in range(3)]
     engines = [
-        PrimitiveSyncEngine(toy_groups(20), plan, r, 3, transport=hub.transport(r))
-        for r in range(3)
+        PrimitiveSyncEngine(groups[r], plan, r, 3, transport=hub.transport(r)) for r in range(3)
     ]
 
     def step(r: int, t: int) -> None:
-        engines[r].validate(t)
-        engines[r].publish(
-            t, *toy_grads(engines[r].groups, plan.views[t, r, 0], plan.step_footprint(t, r))
-        )
-        engines[r].progress()
+        engines[r].apply_until_readable(t)
+        engines[r].publish(t, *toy_grads(groups[r], plan.views[t, r, 0], plan.step_footprint(t, r)))
+        engines[r].apply_arrived()
 
     for r in (2, 1):
         for t in range(3):
@@ -260,12 +288,12 @@ def test_version_order_across_peers():
     step(0, 1)
     assert engines[0].versions[0] == -1  # step 1 of row 0 is complete but must wait
     hub.release(2, 0)
-    engines[0].progress()
+    engines[0].apply_arrived()
     assert engines[0].versions[0] == 1
     step(0, 2)
-    for eng in engines:
-        eng.drain()
-        assert _same(eng.groups, ref)
+    for eng, grp in zip(engines, groups, strict=True):
+        eng.drain_and_apply_all()
+        assert _same(grp, ref)
         assert torch.equal(eng.versions, ref_versions)
 
 
@@ -278,35 +306,35 @@ def test_wrong_dependency_table_is_detected_and_stays_exact():
     ref, _ = reference_train(toy_groups(300), [Phase(honest, 0)])
     run = ToyRun([Phase(broken, 0)], SyncConfig(timeout_s=20), sleep_s={1: 0.02})
     results = run_threads(2, run)
-    for groups, _ in results:
+    for groups, _, _ in results:
         assert _same(groups, ref)
-    assert results[0][1].visibility_violations > 0
+    assert results[0].engine.visibility_violations > 0
 
 
 def test_rebind_requires_drain():
     plan = ListPlan([[np.arange(10), np.arange(5, 15)]] * 3)
     hub = LoopbackHub(2)
+    groups = [toy_groups(300) for _ in range(2)]
     engines = [
-        PrimitiveSyncEngine(toy_groups(300), plan, r, 2, transport=hub.transport(r))
-        for r in range(2)
+        PrimitiveSyncEngine(groups[r], plan, r, 2, transport=hub.transport(r)) for r in range(2)
     ]
     for r, eng in enumerate(engines):
-        eng.validate(0)
-        eng.publish(0, *toy_grads(eng.groups, r, plan.step_footprint(0, r)))
+        eng.apply_until_readable(0)
+        eng.publish(0, *toy_grads(groups[r], r, plan.step_footprint(0, r)))
     with pytest.raises(RuntimeError, match="drain"):
-        engines[0].rebind(engines[0].groups, plan, step_offset=3)
+        engines[0].rebind(groups[0], plan, step_offset=3)
     for eng in engines:
-        eng.drain()
+        eng.drain_and_apply_all()
     assert torch.equal(engines[0].versions, engines[1].versions)
-    assert _same(engines[0].groups, engines[1].groups)
-    engines[0].rebind(engines[0].groups, plan, step_offset=3)
+    assert _same(groups[0], groups[1])
+    engines[0].rebind(groups[0], plan, step_offset=3)
 
 
 # ------------------------------------------------------ 2 processes over gloo
 @pytest.mark.slow
 def test_gloo_exact_and_no_global_barrier(tmp_path):
-    """barrier == quality-first == single-process reference (bitwise, both ranks, with a
-    rebind), and with disjoint footprints and a slow rank 1, rank 0 does not wait in
+    """barrier == quality-first == ddp == single-process reference (bitwise, both ranks,
+    with a rebind), and with disjoint footprints and a slow rank 1, rank 0 does not wait in
     quality-first but waits for rank 1 every step in barrier mode."""
     phases = _two_phases(2, seed=3)
     disjoint = ListPlan(
@@ -318,12 +346,13 @@ def test_gloo_exact_and_no_global_barrier(tmp_path):
         ToyRun(phases, SyncConfig(mode="quality-first", timeout_s=20)),
         ToyRun([Phase(disjoint, 0)], SyncConfig(mode="quality-first", timeout_s=20), sleep_s=slow),
         ToyRun([Phase(disjoint, 0)], SyncConfig(mode="barrier", timeout_s=20), sleep_s=slow),
+        ToyRun(phases, SyncConfig(mode="ddp", timeout_s=20)),
     ]
     codes, results, errors, _ = spawn_ranks(toy_runs_worker, 2, tmp_path, (runs,), timeout_s=90)
     assert codes == [0, 0], errors
     ref, ref_versions = reference_train(toy_groups(300), phases)
     for r in range(2):
-        for i in (0, 1):
+        for i in (0, 1, 4):
             res = results[r][i]
             for g in ref:
                 assert torch.equal(res["params"][g.name], g.param), (r, i, g.name)
@@ -340,6 +369,26 @@ def test_gloo_exact_and_no_global_barrier(tmp_path):
     print(f"rank 0 total wait: quality-first {qf_wait:.4f} s, barrier {barrier_wait:.4f} s")
     assert barrier_wait > 0.3  # ~16 x 50 ms of rank 1's sleep
     assert qf_wait < 0.2 * barrier_wait
+
+
+@pytest.mark.slow
+def test_gloo_ddp_three_ranks_close_to_barrier(tmp_path):
+    """3 processes over gloo: ddp's all-reduce may sum in another order than the rank
+    order, so its parameters equal barrier's up to 1e-6; replicas are identical."""
+    phases = _two_phases(3, seed=4, steps=(8, 4))
+    runs = [
+        ToyRun(phases, SyncConfig(mode="barrier", timeout_s=30)),
+        ToyRun(phases, SyncConfig(mode="ddp", timeout_s=30)),
+    ]
+    codes, results, errors, _ = spawn_ranks(toy_runs_worker, 3, tmp_path, (runs,), timeout_s=120)
+    assert codes == [0, 0, 0], errors
+    barrier, ddp = results[0]
+    for name, p in barrier["params"].items():
+        torch.testing.assert_close(ddp["params"][name], p, atol=1e-6, rtol=0)
+    assert torch.equal(ddp["versions"], barrier["versions"])
+    for r in (1, 2):
+        for name, p in results[r][1]["params"].items():
+            assert torch.equal(p, ddp["params"][name])
 
 
 def _overlap_run(**kw) -> ToyRun:

@@ -13,10 +13,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-
-from odin_ns.runtime import FALLBACK_REASONS, PrimitiveSyncEngine, SyncConfig, fallback_reason
-from odin_ns.runtime.admission import GradientEvidence
-from odin_ns.runtime.testing import (
+from harness import (
     ListPlan,
     LoopbackHub,
     Phase,
@@ -29,6 +26,15 @@ from odin_ns.runtime.testing import (
     toy_groups,
     toy_runs_worker,
 )
+
+from odin_ns.runtime import (
+    FALLBACK_REASONS,
+    PrimitiveSyncEngine,
+    ReadRecorder,
+    SyncConfig,
+    fallback_reason,
+)
+from odin_ns.runtime.admission import GradientEvidence
 
 WEAK = (95, 100)  # the rows both ranks of the edge plans share, with weak gradients
 
@@ -81,12 +87,13 @@ def _stale_reads(records, writes) -> list[tuple[int, int, int]]:
     return out
 
 
-def _records(engine) -> list:
-    return [(r.step, r.rows, r.version, r.required) for r in engine.read_records]
+def _records(recorder: ReadRecorder) -> list:
+    return [(r.step, r.rows, r.version, r.required) for r in recorder.read_records]
 
 
-def _reads_map(engines) -> dict:
-    return {(e.rank, r.step): r.version for e in engines for r in e.read_records}
+def _reads_map(recorders: list[ReadRecorder]) -> dict:
+    """(rank, step) -> versions read; ``recorders`` in rank order."""
+    return {(q, r.step): r.version for q, rec in enumerate(recorders) for r in rec.read_records}
 
 
 # ---------------------------------------------------------------- the rule itself
@@ -140,8 +147,8 @@ def _crafted(case: str):
 
     Rank 1 writes rows ``early`` at steps 0-1 and ``late`` at steps 2-3; its publications
     to rank 0 are held from step ``hold_from`` on, so they are pending when rank 0 reaches
-    step 3. Both ranks run steps 0-2 and rank 1 step 3. Returns (engines, hub, plan,
-    ``step(rank, t, release_after)``, the weak rows)."""
+    step 3. Both ranks run steps 0-2 and rank 1 step 3. Returns (engines, their groups,
+    their recorders, hub, plan, ``step(rank, t, release_after)``, the weak rows)."""
     tau, k, weak = 0.2, 4, WEAK
     early, late, hold_from = np.arange(95, 195), np.r_[95:100, 150:195], 2
     if case == "overlap":
@@ -153,12 +160,14 @@ def _crafted(case: str):
     elif case == "staleness":
         k, hold_from = 1, 1
     plan = ListPlan([[np.arange(0, 100), early if t < 2 else late] for t in range(4)])
-    cfg = SyncConfig(
-        mode="throughput-first", tau=tau, staleness_window=k, timeout_s=10, record_reads=True
-    )
+    cfg = SyncConfig(mode="throughput-first", tau=tau, staleness_window=k, timeout_s=10)
     hub = LoopbackHub(2)
+    groups = [toy_groups(300) for _ in range(2)]
+    recorders = [ReadRecorder() for _ in range(2)]
     engines = [
-        PrimitiveSyncEngine(toy_groups(300), plan, r, 2, cfg, transport=hub.transport(r))
+        PrimitiveSyncEngine(
+            groups[r], plan, r, 2, cfg, transport=hub.transport(r), observer=recorders[r]
+        )
         for r in range(2)
     ]
 
@@ -167,12 +176,12 @@ def _crafted(case: str):
         if release_after is not None:
             timer = threading.Timer(release_after, hub.release, (1, 0))
             timer.start()
-        wait = engines[r].validate(t)
+        wait = engines[r].apply_until_readable(t)
         if timer is not None:
             timer.join()
         eng = engines[r]
-        eng.publish(t, *toy_grads(eng.groups, plan.views[t, r, 0], plan.step_footprint(t, r), weak))
-        eng.progress()
+        eng.publish(t, *toy_grads(groups[r], plan.views[t, r, 0], plan.step_footprint(t, r), weak))
+        eng.apply_arrived()
         return wait
 
     for t in range(3):
@@ -181,7 +190,7 @@ def _crafted(case: str):
         step(1, t)
         step(0, t)
     step(1, 3)
-    return engines, hub, plan, step, weak
+    return engines, groups, recorders, hub, plan, step, weak
 
 
 @pytest.mark.parametrize(
@@ -195,16 +204,16 @@ def _crafted(case: str):
     ],
 )
 def test_crafted_decisions(case, reason):
-    engines, hub, plan, step, weak = _crafted(case)
-    eng = engines[0]
-    before = list(eng.decisions)
+    engines, groups, recorders, hub, plan, step, weak = _crafted(case)
+    eng, rec0 = engines[0], recorders[0]
+    before = list(rec0.decisions)
     if case == "staleness":
         # at step 2, rank 1's step 1 (1 step old) was admitted
         assert [(d.step, d.pub_step, d.reason) for d in before] == [(2, 1, None)]
     else:
         assert before == []
     wait = step(0, 3, None if reason is None else 0.2)
-    new = eng.decisions[len(before) :]
+    new = rec0.decisions[len(before) :]
     s = eng.summary()
     if reason is None:
         [d] = new
@@ -212,7 +221,7 @@ def test_crafted_decisions(case, reason):
         assert d.overlap_rows == 5 and d.read_rows == 100 and d.evidence_ratio < 0.01
         assert s["admitted"] == 1 and s["staleness_hist"] == {"1": 1} and s["max_staleness"] == 1
         assert s["delayed_primitive_reads"] == 5 and s["delayed_steps"] == 1
-        rec = eng.read_records[-1]
+        rec = rec0.read_records[-1]
         stale = rec.rows[rec.version < rec.required]
         assert stale.tolist() == list(range(95, 100))  # exactly the shared rows
         assert eng.step_metrics()[-1]["admitted"] == 1
@@ -225,7 +234,7 @@ def test_crafted_decisions(case, reason):
         assert s["fallbacks"] == {r: int(r == reason) for r in FALLBACK_REASONS}
         assert wait > 0.1  # it really waited for the held publication
         assert eng.step_metrics()[-1]["delayed_rows"] == 0
-        rec = eng.read_records[-1]
+        rec = rec0.read_records[-1]
         assert torch.equal(rec.version, rec.required)
         if case == "evidence":
             assert new[0].evidence_ratio > 0.2
@@ -235,32 +244,33 @@ def test_crafted_decisions(case, reason):
     assert json.loads(json.dumps(s)) == s
     hub.release(1, 0)
     for eng in engines:
-        eng.drain()
+        eng.drain_and_apply_all()
     ref, ref_versions = reference_train(
-        toy_groups(300), [Phase(plan, 0)], weak=weak, reads=_reads_map(engines)
+        toy_groups(300), [Phase(plan, 0)], weak=weak, reads=_reads_map(recorders)
     )
-    for eng in engines:
-        assert _same(eng.groups, ref) and torch.equal(eng.versions, ref_versions)
+    for eng, grp in zip(engines, groups, strict=True):
+        assert _same(grp, ref) and torch.equal(eng.versions, ref_versions)
 
 
 # ------------------------------------------------------------ threaded training runs
 def _check_run(results, phases, window: int) -> tuple[int, int]:
     """Replicas identical, equal to the stale-read reference, staleness <= K from the read
     records; returns (admitted, stale row reads) summed over ranks."""
-    engines = [e for _, e in results]
-    groups0 = results[0][0]
-    for groups, eng in results:
+    engines = [res.engine for res in results]
+    recorders = [res.recorder for res in results]
+    groups0 = results[0].groups
+    for groups, eng, _ in results:
         assert _same(groups, groups0)
         assert torch.equal(eng.versions, engines[0].versions)
         assert eng.visibility_violations == 0
     ref, ref_versions = reference_train(
-        toy_groups(300), phases, weak=WEAK, reads=_reads_map(engines)
+        toy_groups(300), phases, weak=WEAK, reads=_reads_map(recorders)
     )
     assert _same(groups0, ref) and torch.equal(engines[0].versions, ref_versions)
     writes = _writes(phases)
     admitted = stale_rows = 0
-    for eng in engines:
-        stale = _stale_reads(_records(eng), writes)
+    for eng, rec in zip(engines, recorders, strict=True):
+        stale = _stale_reads(_records(rec), writes)
         assert all(t - m <= window for t, _, m in stale), max(t - m for t, _, m in stale)
         assert len(stale) == eng.summary()["delayed_primitive_reads"]
         admitted += eng.summary()["admitted"]
@@ -273,8 +283,8 @@ def test_slow_peer_reads_at_most_k_steps_stale():
     more than K steps, and every replica still ends equal to the stale-read reference."""
     k = 3
     phases = [Phase(_edge_plan(24), 0)]
-    cfg = SyncConfig(mode="throughput-first", staleness_window=k, timeout_s=20, record_reads=True)
-    results = run_threads(2, ToyRun(phases, cfg, sleep_s={1: 0.02}, weak=WEAK))
+    cfg = SyncConfig(mode="throughput-first", staleness_window=k, timeout_s=20)
+    results = run_threads(2, ToyRun(phases, cfg, sleep_s={1: 0.02}, weak=WEAK, record=True))
     admitted, stale_rows = _check_run(results, phases, k)
     s0 = results[0][1].summary()
     assert admitted > 0 and stale_rows > 0
@@ -286,10 +296,11 @@ def test_slow_peer_reads_at_most_k_steps_stale():
     qf, _ = reference_train(toy_groups(300), phases, weak=WEAK)
     assert not _same(results[0][0], qf)
     # quality-first under the same slow peer: every read is current
-    cfg_qf = SyncConfig(mode="quality-first", timeout_s=20, record_reads=True)
-    for groups, eng in run_threads(2, ToyRun(phases, cfg_qf, sleep_s={1: 0.02}, weak=WEAK)):
+    cfg_qf = SyncConfig(mode="quality-first", timeout_s=20)
+    run_qf = ToyRun(phases, cfg_qf, sleep_s={1: 0.02}, weak=WEAK, record=True)
+    for groups, eng, rec in run_threads(2, run_qf):
         assert _same(groups, qf)
-        assert _stale_reads(_records(eng), _writes(phases)) == []
+        assert _stale_reads(_records(rec), _writes(phases)) == []
         assert eng.summary()["admitted"] == 0 and eng.summary()["decisions"] == 0
 
 
@@ -300,22 +311,23 @@ def test_no_delayed_read_across_phase_boundary():
     k = 4
     second = 16
     phases = [Phase(_edge_plan(14), 0), Phase(_edge_plan(10), second, grow=20)]
-    cfg = SyncConfig(mode="throughput-first", staleness_window=k, timeout_s=20, record_reads=True)
-    results = run_threads(2, ToyRun(phases, cfg, sleep_s={1: 0.02}, weak=WEAK))
+    cfg = SyncConfig(mode="throughput-first", staleness_window=k, timeout_s=20)
+    results = run_threads(2, ToyRun(phases, cfg, sleep_s={1: 0.02}, weak=WEAK, record=True))
     admitted, _ = _check_run(results, phases, k)
     assert admitted > 0
     writes = _writes(phases)
-    for _, eng in results:
-        for rec in eng.read_records:
+    for _, eng, recorder in results:
+        for rec in recorder.read_records:
             if rec.step == second:
                 assert torch.equal(rec.version, rec.required)
-        for t, _, m in _stale_reads(_records(eng), writes):
+        for t, _, m in _stale_reads(_records(recorder), writes):
             assert (t < second) == (m < second)  # a stale read never reaches across
-        assert all((d.step < second) == (d.pub_step < second) for d in eng.admissions)
+        log = eng.admission_log()
+        assert all((d["step"] < second) == (d["pub_step"] < second) for d in log)
         assert eng.summary()["fallbacks"]["phase"] == 0
-    rank0 = results[0][1]
-    assert any(d.step >= second for d in rank0.admissions)  # delays in phase 2 as well
-    assert any(d.step < second for d in rank0.admissions)
+    rank0 = results[0].engine.admission_log()
+    assert any(d["step"] >= second for d in rank0)  # delays in phase 2 as well
+    assert any(d["step"] < second for d in rank0)
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -325,12 +337,13 @@ def test_tau_zero_is_quality_first_bitwise(world):
         Phase(ListPlan(random_footprints(340, 6, world, seed=22)), 15, grow=40),
     ]
     ref, ref_versions = reference_train(toy_groups(300), phases)
-    cfg = SyncConfig(mode="throughput-first", tau=0.0, timeout_s=20, record_reads=True)
-    results = run_threads(world, ToyRun(phases, cfg, sleep_s={1: 0.01}, jitter_s=0.002))
+    cfg = SyncConfig(mode="throughput-first", tau=0.0, timeout_s=20)
+    run = ToyRun(phases, cfg, sleep_s={1: 0.01}, jitter_s=0.002, record=True)
+    results = run_threads(world, run)
     fallbacks = 0
-    for groups, eng in results:
+    for groups, eng, rec in results:
         assert _same(groups, ref) and torch.equal(eng.versions, ref_versions)
-        assert _stale_reads(_records(eng), _writes(phases)) == []
+        assert _stale_reads(_records(rec), _writes(phases)) == []
         s = eng.summary()
         assert s["admitted"] == 0 and s["delayed_primitive_reads"] == 0
         assert s["fallbacks"]["overlap"] == s["decisions"]
@@ -346,8 +359,8 @@ def test_gloo_throughput_first_exact_after_drain(tmp_path):
     stale-read reference."""
     k = 3
     phases = [Phase(_edge_plan(12), 0), Phase(_edge_plan(8), 14, grow=20)]
-    cfg = SyncConfig(mode="throughput-first", staleness_window=k, timeout_s=20, record_reads=True)
-    run = ToyRun(phases, cfg, sleep_s={1: 0.03}, weak=WEAK)
+    cfg = SyncConfig(mode="throughput-first", staleness_window=k, timeout_s=20)
+    run = ToyRun(phases, cfg, sleep_s={1: 0.03}, weak=WEAK, record=True)
     codes, results, errors, _ = spawn_ranks(toy_runs_worker, 2, tmp_path, ([run],), timeout_s=90)
     assert codes == [0, 0], errors
     res = [results[r][0] for r in range(2)]

@@ -1,19 +1,15 @@
-"""Primitive-sync runtime: publications, versions, apply; barrier / quality-first /
-throughput-first modes."""
+"""Primitive-sync runtime: update log, read gates (barrier / quality-first /
+throughput-first / ddp), publications over a transport, and the engine that runs them."""
 
 from odin_ns.runtime.admission import FALLBACK_REASONS, Decision, fallback_reason
-from odin_ns.runtime.engine import (
-    MODES,
-    ParamGroupState,
-    PrimitiveSyncEngine,
-    ReadRecord,
-    StepMetrics,
-    SyncConfig,
-)
+from odin_ns.runtime.config import MODES, ParamGroupState, StepMetrics, SyncConfig
+from odin_ns.runtime.engine import PrimitiveSyncEngine
 from odin_ns.runtime.errors import PeerFailure, SyncError, SyncTimeout
-from odin_ns.runtime.transport import Arrival, P2PTransport, Transport
+from odin_ns.runtime.recorder import ReadRecord, ReadRecorder
+from odin_ns.runtime.transport import ALL_PEERS, Arrival, P2PTransport, Transport
 
 __all__ = [
+    "ALL_PEERS",
     "FALLBACK_REASONS",
     "MODES",
     "Arrival",
@@ -23,6 +19,7 @@ __all__ = [
     "PeerFailure",
     "PrimitiveSyncEngine",
     "ReadRecord",
+    "ReadRecorder",
     "StepMetrics",
     "SyncConfig",
     "SyncError",

@@ -1,13 +1,13 @@
-"""Inner loops of the primitive-sync runtime, as small plain-torch functions.
+"""Inner loops of the primitive-sync runtime in the engine's layout (plain torch).
 
-Each function is one step of the per-step data path (pack, accumulate, ready mask, apply,
-read-set check). They take and return plain tensors so they can later be swapped for the
-compiled ops in ``odin_ns.cuda.ops`` without touching the engine.
+Interim: these are the signatures ``odin_ns.cuda.ops`` is getting (compiled op, else the
+torch reference). Once the dispatcher exposes them, the engine calls ``odin_ns.cuda.ops``
+and this module goes away.
 
-Publication layout: one float32 buffer ``[M, D + 1]`` per (rank, step); row ``i`` is
-primitive ``footprint[i]``; columns ``[off_g, off_g + d_g)`` hold parameter group ``g``'s
-gradient row flattened (groups concatenated in order); the last column is the visible flag
-(1.0 visible, 0.0 not).
+Layout: a publication is one float32 buffer ``[M, W]`` (``W = sum_g d_g + 1``); row ``i`` is
+primitive ``ids[i]``; group ``g``'s gradient row flattened sits in columns
+``[off_g, off_g + d_g)``; the last column is the visible flag (1.0 visible, 0.0 not). A step's
+accumulator is ``[U, W]`` over the sorted union of the step's footprints.
 """
 
 from __future__ import annotations
@@ -23,129 +23,66 @@ from odin_ns.optim import selective_adam_update_
 
 
 @torch.no_grad()
-def pack_rows(
-    grads: Sequence[Tensor | None],
-    row_dims: Sequence[int],
-    rows: Tensor,
-    visible: Tensor,
-    out: Tensor | None = None,
-) -> Tensor:
-    """Gather the footprint's gradient rows of every group plus the visible flag.
-
-    Args:
-        grads: per group a [N, ...] gradient (any float dtype), or None for zero.
-        row_dims: per group the flattened row size d_g (``prod(param.shape[1:])``).
-        rows: [M] int64 primitive ids (the step footprint).
-        visible: [N] bool visibility mask of this rank's step.
-        out: optional [M, D + 1] float32 buffer to fill.
-
-    Returns:
-        [M, D + 1] float32 publication buffer.
-    """
-    width = sum(row_dims) + 1
-    m = rows.shape[0]
-    if out is None and all(g is not None for g in grads):
-        # One fused gather (torch.ops.odin.pack_rows when the extension is built).
-        n = visible.shape[0]
-        columns = [g.detach().reshape(n, d) for g, d in zip(grads, row_dims, strict=True)]
-        columns.append(visible.to(torch.float32).unsqueeze(1))
-        return ext_ops.pack_rows(rows, columns)
-    if out is None:
-        out = torch.empty(m, width, dtype=torch.float32, device=rows.device)
-    off = 0
-    for grad, d in zip(grads, row_dims, strict=True):
-        if grad is None:
-            out[:, off : off + d] = 0.0
-        else:
-            out[:, off : off + d] = grad.detach()[rows].reshape(m, d)
-        off += d
-    out[:, off] = visible[rows].to(torch.float32)
-    return out
-
-
-def scatter_slots(num: int, positions: Tensor) -> Tensor:
-    """Map each of ``num`` union rows to its row in a contribution buffer, or -1.
-
-    Args:
-        num: U, size of the step's union of footprints.
-        positions: [M] int64 positions of the contribution's rows in the union.
-
-    Returns:
-        [U] int64 slot table.
-    """
-    slots = torch.full((num,), -1, dtype=torch.int64, device=positions.device)
-    slots[positions] = torch.arange(positions.shape[0], device=positions.device)
-    return slots
+def pack_rows(ids: Tensor, columns: Sequence[Tensor]) -> Tensor:
+    """[M, W] float32: rows ``ids`` ([M] int64) of every [N, d_g] column block, concatenated."""
+    return ext_ops.pack_rows(ids, list(columns))
 
 
 @torch.no_grad()
-def accumulate_rows_(acc: Tensor, slots: Tensor, contrib: Tensor) -> None:
-    """Add one rank's contribution to the rows it wrote, in place.
-
-    Called once per rank in fixed rank order 0..R-1, so every replica sums the same
-    floats in the same order (bitwise identical results). The visible column is summed
-    too: a row is visible iff the sum of its writers' flags is > 0 (logical OR).
+def accumulate_ready_rows(acc: Tensor, ready: Tensor, positions: Tensor, contrib: Tensor) -> None:
+    """In place, for each i: if ready[positions[i]]: acc[positions[i]] += contrib[i].
 
     Args:
-        acc: [K, D + 1] float32 accumulator (starts at zero).
-        slots: [K] int64 row of ``contrib`` for each accumulator row, -1 if this rank did
-            not write it.
-        contrib: [M, D + 1] float32 publication buffer of one rank.
+        acc: [U, W] float32 accumulator (the engine zeroes it, then calls this once per
+            rank in rank order 0..R-1: bitwise identical sums on every replica).
+        ready: [U] bool rows applied now.
+        positions: [M] int64 union position of each contribution row (unique).
+        contrib: [M, W] float32 one rank's publication.
     """
-    sel = (slots >= 0).nonzero().squeeze(1)
-    if sel.numel() == 0:
+    if positions.numel() == 0:
         return
-    acc[sel] += contrib[slots[sel]]
+    keep = ready.index_select(0, positions)
+    acc.index_add_(0, positions[keep], contrib[keep])
 
 
 def ready_mask(arrived: Tensor, expected: Tensor, applied: Tensor, blocked: Tensor) -> Tensor:
-    """Rows of one pending step whose update can be applied now.
-
-    Args:
-        arrived: [U] int32 number of writers whose publication has arrived.
-        expected: [U] int32 number of writers (from the plan).
-        applied: [U] bool already applied.
-        blocked: [U] bool the primitive has an unapplied update at an earlier step.
-
-    Returns:
-        [U] bool ready = complete & not applied & not blocked.
-    """
+    """[U] bool = (arrived == expected) & ~applied & ~blocked (all [U]; counts int32)."""
     return (arrived == expected) & ~applied & ~blocked
 
 
 @torch.no_grad()
-def apply_rows_(
+def apply_ready_rows(
     params: Sequence[Tensor],
     exp_avgs: Sequence[Tensor],
     exp_avg_sqs: Sequence[Tensor],
     ids: Tensor,
-    packed: Tensor,
+    acc: Tensor,
+    ready: Tensor,
     lrs: Sequence[float],
     betas: Sequence[tuple[float, float]],
     eps: Sequence[float],
     step: int,
     versions: Tensor,
-) -> int:
-    """Apply the summed update of global step ``step`` to rows ``ids`` of every group.
+) -> None:
+    """Apply global step ``step``'s summed update to the ready rows, in place.
 
-    Only visible rows move (selective Adam, bias correction ``step + 1``); every row in
-    ``ids`` gets version ``step`` (an invisible row's update is a no-op, but it is applied).
+    For every i with ready[i]: versions[ids[i]] = step, and if acc[i, -1] > 0 (visible) the
+    selective Adam update of each group's row ids[i] with gradient acc[i, cols_g] and
+    bias-correction count step + 1 (``odin_ns.optim.selective_adam_update_``).
 
     Args:
-        params, exp_avgs, exp_avg_sqs: per group [N, ...] tensors, updated in place.
-        ids: [K] int64 sorted unique primitive ids.
-        packed: [K, D + 1] float32 summed gradient rows plus summed visible flags.
-        lrs, betas, eps: per group Adam hyper-parameters for this step.
-        step: 0-based global step of the update.
-        versions: [N] int64 per-primitive version vector, updated in place.
-
-    Returns:
-        number of visible rows moved.
+        params, exp_avgs, exp_avg_sqs: per group [N, ...] tensors.
+        ids: [U] int64 sorted unique primitive ids (the step's union).
+        acc: [U, W] float32 summed rows.
+        ready: [U] bool rows to apply.
+        lrs, betas, eps: per group Adam hyper-parameters of this step.
+        step: 0-based global step.
+        versions: [N] int64 per-primitive version (last applied step).
     """
-    vis = packed[:, -1] > 0
-    rows = ids[vis]
+    move = ready & (acc[:, -1] > 0)
+    rows = ids[move]
     if rows.numel() > 0:
-        grad_rows = packed[vis]
+        grad_rows = acc[move]
         off = 0
         for param, m, v, lr, (b1, b2), e in zip(
             params, exp_avgs, exp_avg_sqs, lrs, betas, eps, strict=True
@@ -156,22 +93,11 @@ def apply_rows_(
             selective_adam_update_(
                 param, grad.to(param.dtype), m, v, rows, lr, b1, b2, e, step=step + 1
             )
-    versions[ids] = step
-    return int(rows.numel())
+    versions[ids[ready]] = step
 
 
-def any_marked(ids: Tensor, marked_ids: Tensor, scratch: Tensor) -> Tensor:
-    """Whether any of ``ids`` is in ``marked_ids`` (the read-set validation check).
-
-    Args:
-        ids: [M] int64 primitive ids (a read set).
-        marked_ids: [K] int64 primitive ids (rows with an unapplied update).
-        scratch: [N] bool all-False work mask; left all-False on return.
-
-    Returns:
-        [] bool tensor.
-    """
-    scratch[marked_ids] = True
-    hit = scratch[ids].any()
-    scratch[marked_ids] = False
-    return hit
+@torch.no_grad()
+def validate_reads(read_ids: Tensor, versions: Tensor, required: Tensor) -> Tensor:
+    """[K] int64: the ids of ``read_ids`` ([M]) whose ``versions`` ([N]) entry is below
+    ``required`` ([M]), in read order."""
+    return ext_ops.validate_reads(read_ids, versions, required)

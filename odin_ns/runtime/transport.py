@@ -11,7 +11,8 @@ buffers; all tensor math stays on the caller's thread. The engine's own deadline
 as ``PeerFailure``.
 
 A ``Transport`` is anything with the methods of ``P2PTransport``; tests use an in-process
-loopback (``odin_ns.runtime.testing.LoopbackHub``).
+loopback (``tests/harness``). The ddp mode uses the transport's ``all_reduce`` instead of
+point-to-point messages; its result arrives as one ``Arrival`` with ``peer == ALL_PEERS``.
 """
 
 from __future__ import annotations
@@ -29,10 +30,13 @@ from torch import Tensor
 
 from odin_ns.runtime.errors import PeerFailure, SyncError
 
+ALL_PEERS = -1  # Arrival.peer of an all-reduced (summed over every rank) buffer
+
 
 @dataclass
 class Arrival:
-    """A received publication: ``buf`` is peer ``peer``'s [M, D + 1] buffer for ``step``."""
+    """A received publication: ``buf`` is peer ``peer``'s [M, D + 1] buffer for ``step``
+    (``peer == ALL_PEERS``: the all-reduce of every rank's [N, D + 1] buffer)."""
 
     peer: int
     step: int
@@ -47,6 +51,10 @@ class Transport(Protocol):
 
     def send(self, peer: int, step: int, tag: int, buf: Tensor) -> None:
         """Start sending ``buf`` to ``peer``; ``buf`` must not be modified afterwards."""
+
+    def all_reduce(self, step: int, buf: Tensor) -> None:
+        """Start summing ``buf`` over every rank in place (all ranks, in step order); the
+        sum arrives as ``Arrival(ALL_PEERS, step, buf)``."""
 
     def take(self, timeout: float) -> list[Arrival]:
         """Arrivals so far; if none, block up to ``timeout`` s for any event first."""
@@ -104,6 +112,7 @@ class P2PTransport:
         self._unsent: deque[tuple[int, int]] = deque()
         self._specs: dict[int, queue.SimpleQueue] = {}
         self._sends: queue.SimpleQueue = queue.SimpleQueue()
+        self._reduces: queue.SimpleQueue = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         for peer in range(world_size):
             if peer == rank:
@@ -116,6 +125,9 @@ class P2PTransport:
             )
         self._threads.append(
             threading.Thread(target=self._send_loop, name="odin-send", daemon=True)
+        )
+        self._threads.append(
+            threading.Thread(target=self._reduce_loop, name="odin-reduce", daemon=True)
         )
         for th in self._threads:
             th.start()
@@ -178,8 +190,31 @@ class P2PTransport:
                 self._events += 1
                 self._cond.notify_all()
 
+    def _reduce_loop(self) -> None:
+        while True:
+            item = self._reduces.get()
+            if item is None:
+                return
+            step, buf, work = item
+            try:
+                work.wait(self._idle)
+            except Exception as exc:
+                self._fail(PeerFailure(self.rank, ALL_PEERS, step, f"all-reduce failed: {exc}"))
+                return
+            self._notify(Arrival(ALL_PEERS, step, buf))
+
     def post_recv(self, peer: int, step: int, tag: int, rows: int, cols: int) -> None:
         self._specs[peer].put((step, tag, rows, cols))
+
+    def all_reduce(self, step: int, buf: Tensor) -> None:
+        buf = buf.cpu()
+        try:
+            work = dist.all_reduce(buf, group=self.group, async_op=True)
+        except Exception as exc:
+            err = PeerFailure(self.rank, ALL_PEERS, step, f"all-reduce failed: {exc}")
+            self._fail(err)
+            raise err from exc
+        self._reduces.put((step, buf, work))
 
     def send(self, peer: int, step: int, tag: int, buf: Tensor) -> None:
         buf = buf.cpu()
@@ -214,5 +249,6 @@ class P2PTransport:
         for specs in self._specs.values():
             specs.put(None)
         self._sends.put(None)
+        self._reduces.put(None)
         for th in self._threads:
             th.join(timeout=1.0)

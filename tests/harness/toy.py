@@ -1,8 +1,7 @@
 """Test helpers for the runtime: explicit plans, a toy model, a single-process reference,
-an in-process loopback transport and a 2-process gloo harness.
+an in-process loopback transport and a multi-process gloo harness.
 
-Kept in the package (not the test file) so spawned processes can import them, and so
-benchmarks can reuse them.
+Imported as ``harness.toy`` (``tests/`` is on ``sys.path``; spawned ranks inherit it).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -24,9 +23,16 @@ import torch.distributed as dist
 from torch import Tensor
 
 from odin_ns.optim import selective_adam_update_
-from odin_ns.runtime.engine import ParamGroupState, PrimitiveSyncEngine, SyncConfig
-from odin_ns.runtime.errors import PeerFailure, SyncError
-from odin_ns.runtime.transport import Arrival
+from odin_ns.runtime import (
+    ALL_PEERS,
+    Arrival,
+    ParamGroupState,
+    PeerFailure,
+    PrimitiveSyncEngine,
+    ReadRecorder,
+    SyncConfig,
+    SyncError,
+)
 
 
 class ListPlan:
@@ -205,7 +211,8 @@ def reference_train(
     """Synchronous single-process reference: the same sum in rank order, selective Adam.
 
     With ``reads`` ((rank, global step) -> [M] int64 versions of the rows of
-    ``step_footprint`` that rank read, e.g. from ``ReadRecord``s), each rank's gradient is
+    ``step_footprint`` that rank read, e.g. from ``ReadRecorder.read_records``), each
+    rank's gradient is
     computed from the rows at those versions instead of the current ones: the reference
     for runs with delayed reads.
 
@@ -274,14 +281,26 @@ class ToyRun:
     die_at: dict[int, int] = field(default_factory=dict)  # rank -> os._exit(1) at step
     stall_at: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (step, s)
     weak: tuple[int, int] | None = None  # rows with WEAK_SCALE x gradient (toy_grads)
+    record: bool = False  # attach a ReadRecorder (reads and decisions)
 
 
-def run_toy_rank(rank: int, world_size: int, run: ToyRun, transport=None, process_group=None):
-    """One rank's loop: validate, toy forward/backward on the footprint, publish, progress;
-    drain + rebind between phases; drain at the end. Returns (groups, engine)."""
+class ToyRank(NamedTuple):
+    """One rank's outcome of ``run_toy_rank``."""
+
+    groups: list[ParamGroupState]
+    engine: PrimitiveSyncEngine
+    recorder: ReadRecorder | None
+
+
+def run_toy_rank(
+    rank: int, world_size: int, run: ToyRun, transport=None, process_group=None
+) -> ToyRank:
+    """One rank's loop: apply_until_readable, toy forward/backward on the footprint,
+    publish, apply_arrived; drain + rebind between phases; drain at the end."""
     groups = toy_groups(run.num_rows, run.seed)
     rng = np.random.default_rng(run.seed * 100 + rank)
     first = run.phases[0]
+    recorder = ReadRecorder() if run.record else None
     engine = PrimitiveSyncEngine(
         groups,
         first.plan,
@@ -291,10 +310,11 @@ def run_toy_rank(rank: int, world_size: int, run: ToyRun, transport=None, proces
         process_group=process_group,
         step_offset=first.step_offset,
         transport=transport,
+        observer=recorder,
     )
     for i, ph in enumerate(run.phases):
         if i > 0:
-            engine.drain()
+            engine.drain_and_apply_all()
             versions = None
             if ph.grow:
                 groups = grow_groups(groups, ph.grow, seed=i)
@@ -303,7 +323,7 @@ def run_toy_rank(rank: int, world_size: int, run: ToyRun, transport=None, proces
             engine.rebind(groups, ph.plan, ph.step_offset, versions)
         for t in range(ph.plan.views.shape[0]):
             step = ph.step_offset + t
-            engine.validate(step)
+            engine.apply_until_readable(step)
             if run.die_at.get(rank) == step:
                 os._exit(1)
             if rank in run.stall_at and run.stall_at[rank][0] == step:
@@ -314,13 +334,15 @@ def run_toy_rank(rank: int, world_size: int, run: ToyRun, transport=None, proces
             if pause:
                 time.sleep(pause)
             engine.publish(step, grads, visible)
-            engine.progress()
-    engine.drain()
-    return groups, engine
+            engine.apply_arrived()
+    engine.drain_and_apply_all()
+    return ToyRank(groups, engine, recorder)
 
 
-def toy_result(groups: Sequence[ParamGroupState], engine: PrimitiveSyncEngine) -> dict:
+def toy_result(res: ToyRank) -> dict:
     """Picklable outcome of a toy run."""
+    groups, engine, recorder = res
+    records = recorder.read_records if recorder is not None else []
     return {
         "params": {g.name: g.param.clone() for g in groups},
         "exp_avg": {g.name: g.exp_avg.clone() for g in groups},
@@ -328,7 +350,7 @@ def toy_result(groups: Sequence[ParamGroupState], engine: PrimitiveSyncEngine) -
         "summary": engine.summary(),
         "steps": engine.step_metrics(),
         "admissions": engine.admission_log(),
-        "reads": [(r.step, r.rows, r.version, r.required) for r in engine.read_records],
+        "reads": [(r.step, r.rows, r.version, r.required) for r in records],
     }
 
 
@@ -336,9 +358,9 @@ def toy_runs_worker(rank: int, world_size: int, runs: Sequence[ToyRun]) -> list[
     """Spawned-process entry: several toy runs in a row on the default process group."""
     out = []
     for run in runs:
-        groups, engine = run_toy_rank(rank, world_size, run)
-        engine.close()
-        out.append(toy_result(groups, engine))
+        res = run_toy_rank(rank, world_size, run)
+        res.engine.close()
+        out.append(toy_result(res))
     return out
 
 
@@ -352,6 +374,23 @@ class LoopbackHub:
         self.ports = [LoopbackTransport(self, r) for r in range(world_size)]
         self.mail: dict[tuple[int, int, int], tuple[int, Tensor]] = {}
         self.held: set[tuple[int, int]] = set()
+        self.reducing: dict[int, dict[int, Tensor]] = {}  # step -> rank -> buffer
+
+    def all_reduce(self, rank: int, step: int, buf: Tensor) -> None:
+        """Contribute ``buf``; once every rank has, each gets the sum in rank order."""
+        with self.lock:
+            parts = self.reducing.setdefault(step, {})
+            parts[rank] = buf.clone()
+            if len(parts) < len(self.ports):
+                return
+            del self.reducing[step]
+            total = parts[0].clone()
+            for r in range(1, len(self.ports)):
+                total += parts[r]
+            for port in self.ports:
+                with port.cond:
+                    port.inbox.append(Arrival(ALL_PEERS, step, total.clone()))
+                    port.cond.notify_all()
 
     def transport(self, rank: int) -> LoopbackTransport:
         return self.ports[rank]
@@ -412,6 +451,9 @@ class LoopbackTransport:
             else:
                 dst._deliver(self.rank, spec, step, buf)
 
+    def all_reduce(self, step: int, buf: Tensor) -> None:
+        self.hub.all_reduce(self.rank, step, buf)
+
     def take(self, timeout: float) -> list[Arrival]:
         with self.cond:
             if not self.inbox and self.error is None and timeout > 0:
@@ -429,7 +471,7 @@ class LoopbackTransport:
         pass
 
 
-def run_threads(world_size: int, run: ToyRun) -> list[tuple[list[ParamGroupState], Any]]:
+def run_threads(world_size: int, run: ToyRun) -> list[ToyRank]:
     """Run ``run_toy_rank`` for every rank in threads over a loopback hub."""
     hub = LoopbackHub(world_size)
     results: list[Any] = [None] * world_size

@@ -1,0 +1,108 @@
+"""What the primitive-sync engine is configured with: modes, options, parameter groups, and
+what one step cost (``StepMetrics``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import Tensor
+
+MODES = ("barrier", "quality-first", "throughput-first", "ddp")
+
+
+@dataclass
+class ParamGroupState:
+    """One parameter group of the replica; the tensors are the model's own (updated in place).
+
+    ``param``, ``exp_avg``, ``exp_avg_sq``: [N, ...] with the same shape. ``lr_at(s)``
+    gives the learning rate of global step s.
+    """
+
+    name: str
+    param: Tensor  # [N, ...]
+    exp_avg: Tensor  # [N, ...]
+    exp_avg_sq: Tensor  # [N, ...]
+    lr_at: Callable[[int], float]
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-15
+
+    @property
+    def row_dim(self) -> int:
+        """Flattened size of one row."""
+        return math.prod(self.param.shape[1:])
+
+
+@dataclass
+class SyncConfig:
+    """Options of the primitive-sync engine.
+
+    Attributes:
+        mode: which read gate the engine uses (``odin_ns.runtime.gates``):
+            "barrier" (wait for every peer's every earlier step: the synchronous
+            baseline), "quality-first" (wait only for what the step's read set depends
+            on), "throughput-first" (quality-first, but a pending low-impact peer update
+            of the read set may be read around; bounded staleness) or "ddp" (what DDP
+            does: a dense all-reduce of every gradient row every step and a global wait).
+        timeout_s: deadline of every blocking wait (apply_until_readable, drain, plan check).
+        idle_timeout_s: limit of the transport's background waits (a gloo wait that times
+            out breaks the connection, so keep this long; deadlines above fire first).
+        recv_ahead: receives are posted for peers' steps up to this many steps past the
+            rank's current step (capped at the plan's end). Posted receives cannot be
+            cancelled, so with recv_ahead > 0 a phase must run to its plan's last step
+            before ``rebind``.
+        tau: throughput-first admission threshold (>= 0): a delayed read needs overlap
+            ratio <= tau and gradient-evidence ratio < tau (``odin_ns.runtime.admission``).
+            0 admits nothing (reads as in quality-first). Read at every decision, so it
+            may be changed between phases.
+        staleness_window: K, the most steps a delayed read may lag (t - s <= K).
+        verify_plan: check at bind time that all ranks hold the same plan and model size.
+    """
+
+    mode: str = "quality-first"
+    timeout_s: float = 120.0
+    idle_timeout_s: float = 1800.0
+    recv_ahead: int = 0
+    tau: float = 0.2
+    staleness_window: int = 4
+    verify_plan: bool = True
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"SyncConfig.mode must be one of {MODES}, got {self.mode!r}")
+        if not self.timeout_s > 0 or not self.idle_timeout_s > 0:
+            raise ValueError(
+                f"timeouts must be > 0, got timeout_s={self.timeout_s}, "
+                f"idle_timeout_s={self.idle_timeout_s}"
+            )
+        if self.recv_ahead < 0 or self.staleness_window < 0:
+            raise ValueError("recv_ahead and staleness_window must be >= 0")
+        if not (math.isfinite(self.tau) and self.tau >= 0):
+            raise ValueError(f"SyncConfig.tau must be a finite number >= 0, got {self.tau}")
+
+
+@dataclass
+class StepMetrics:
+    """What one step cost this rank. Applies and bytes between apply_until_readable(t) and
+    apply_until_readable(t+1) count for step t. ``max_version_lag``: steps between t and the
+    oldest step with an update this replica has not applied yet, right after
+    apply_until_readable(t). Throughput-first: ``admitted`` delayed reads (pending peer
+    publications read around), ``fallbacks`` (decisions that waited), ``delayed_rows`` (rows
+    of the read set read at an older version than quality-first would), ``max_staleness``
+    (largest t - s admitted)."""
+
+    step: int
+    wait_s: float = 0.0
+    apply_s: float = 0.0
+    bytes_sent: int = 0
+    bytes_recv: int = 0
+    rows_applied: int = 0
+    max_version_lag: int = 0
+    admitted: int = 0
+    fallbacks: int = 0
+    delayed_rows: int = 0
+    max_staleness: int = 0
+
+
+__all__ = ["MODES", "ParamGroupState", "StepMetrics", "SyncConfig"]

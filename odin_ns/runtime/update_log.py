@@ -1,0 +1,218 @@
+"""The update log: every step's pending update, per-primitive version order, and apply.
+
+The update of global step s is, per primitive p of the union of the step's footprints,
+selective Adam with gradient = sum of p's writers' rows in rank order and visible = OR of
+their flags. A replica applies row p of step s once all of p's writers for s have arrived
+and p's previous planned write is applied (``versions[p] == prev``): per-primitive version
+order. Summing stored per-rank contributions in fixed rank order at apply time makes the
+result bitwise identical in every mode and on every rank.
+
+Two planes:
+- control plane (host CPU tensors, decided only by the plan and by which publications have
+  arrived): union ids, per-rank positions, expected / arrived writer counts, applied flags,
+  the planned previous write of every row, the version vector ``versions``;
+- data plane (the parameters' device): contributions, accumulators, parameters, moments,
+  and a device mirror of ``versions`` that the apply op keeps.
+
+So deciding what is ready never reads the device; apply runs by mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from odin_ns.runtime import kernels as ops
+from odin_ns.runtime.config import ParamGroupState
+
+HOST = torch.device("cpu")
+
+
+class PendingStep:
+    """One step's update (rows = sorted union U of the step's footprints).
+
+    Args:
+        step: global step.
+        footprints: per rank q its [M_q] int64 host footprint (sorted unique).
+        last_write: [N] int64 host, per primitive the last planned write before ``step``
+            (or its version at bind time); read for ``prev``.
+        device: the parameters' device.
+    """
+
+    def __init__(self, step: int, footprints: list[Tensor], last_write: Tensor, device):
+        self.step = step
+        self.footprints = footprints  # per rank [M_q] int64 (host)
+        ids, counts = torch.unique(torch.cat(footprints), sorted=True, return_counts=True)
+        self.ids = ids  # [U] int64 (host)
+        self.prev = last_write[ids]  # [U] int64 planned previous write of each row
+        self.expected = counts.to(torch.int32)  # [U] writers per row
+        self.arrived = torch.zeros_like(self.expected)  # [U] int32
+        self.applied = torch.zeros(ids.shape, dtype=torch.bool)  # [U]
+        self.positions = [torch.searchsorted(ids, fp) for fp in footprints]  # [M_q] into U
+        self.device = device
+        self.ids_data = ids.to(device)  # [U] on the parameters' device
+        # per rank (positions on device [M_q], rows [M_q, W] on device), in rank order
+        self.parts: list[tuple[Tensor, Tensor] | None] = [None] * len(footprints)
+        self.received = [False] * len(footprints)
+        self.done = ids.numel() == 0  # every row applied
+
+    def add(self, q: int, rows: Tensor) -> None:
+        """Rank q's contribution: [M_q, W] float32 on the parameters' device."""
+        self.parts[q] = (self.positions[q].to(self.device), rows)
+        self.received[q] = True
+        self.arrived[self.positions[q]] += 1
+
+    def add_sum(self, dense: Tensor) -> None:
+        """Every writer's contribution already summed: [N, W] float32 (device), row p = p."""
+        u = self.ids.shape[0]
+        self.parts = [(torch.arange(u, device=self.device), dense.index_select(0, self.ids_data))]
+        self.parts += [None] * (len(self.received) - 1)
+        self.received = [True] * len(self.received)
+        self.arrived.copy_(self.expected)
+
+
+class UpdateLog:
+    """Pending steps of one bound plan, keyed by local step, created in step order.
+
+    Args:
+        groups: the replica's parameter groups (updated in place by ``apply_ready``).
+        plan: the phase's plan (``step_footprint(t, q)``).
+        world_size: R.
+        step_offset: global step of the plan's local step 0.
+        versions: [N] int64 host version vector to continue from (updated in place).
+    """
+
+    def __init__(
+        self,
+        groups: Sequence[ParamGroupState],
+        plan: Any,
+        world_size: int,
+        step_offset: int,
+        versions: Tensor,
+    ):
+        self.groups = list(groups)
+        self.plan = plan
+        self.world_size = world_size
+        self.step_offset = step_offset
+        self.device = self.groups[0].param.device
+        self.versions = versions  # [N] int64 host: last applied global step per primitive
+        self.versions_data = versions if self.device == HOST else versions.to(self.device)
+        self._last_write = versions.clone()  # [N] last planned write of the created steps
+        self.pending: dict[int, PendingStep] = {}
+        self.created = -1  # records exist (or existed) for local steps <= this
+        self.dirty = False  # something arrived since the last apply_ready
+
+    def record(self, t: int) -> PendingStep:
+        """Record of local step t, creating the records of all steps <= t first.
+
+        Records come from the plan, before any publication arrives, so an update of a
+        later step can never overtake an earlier update of the same primitive that this
+        replica has not heard of yet.
+        """
+        while self.created < t:
+            s = self.created + 1
+            fps = [
+                torch.as_tensor(np.asarray(self.plan.step_footprint(s, q)), dtype=torch.int64)
+                for q in range(self.world_size)
+            ]
+            rec = PendingStep(self.step_offset + s, fps, self._last_write, self.device)
+            self._last_write[rec.ids] = rec.step
+            self.pending[s] = rec
+            self.created = s
+        rec = self.pending.get(t)
+        if rec is None:
+            raise RuntimeError(f"step {self.step_offset + t} already retired")
+        return rec
+
+    def add(self, t: int, q: int, rows: Tensor) -> None:
+        """Store rank q's [M_q, W] publication of local step t (device tensor)."""
+        self.record(t).add(q, rows)
+        self.dirty = True
+
+    def add_sum(self, t: int, dense: Tensor) -> None:
+        """Store local step t's update summed over every rank: [N, W] (device tensor)."""
+        self.record(t).add_sum(dense)
+        self.dirty = True
+
+    def required(self, t: int, q: int) -> Tensor:
+        """[M_q] int64: the version every row of rank q's read set must have at step t (the
+        last planned write before t, the row's version at bind if none)."""
+        rec = self.record(t)
+        return rec.prev[rec.positions[q]]
+
+    def prev_write(self, s: int, ids: Tensor) -> Tensor:
+        """[K] int64: the planned write before local step s of ``ids`` (rows s writes)."""
+        rec = self.pending[s]
+        return rec.prev[torch.searchsorted(rec.ids, ids)]
+
+    def oldest_unapplied(self, before: int) -> int | None:
+        """Oldest local step < ``before`` with a row not yet applied, or None."""
+        for s, rec in self.pending.items():
+            if s >= before:
+                break
+            if not rec.done:
+                return s
+        return None
+
+    def first_missing(self, before: int) -> tuple[int, int]:
+        """(peer, global step) of the oldest missing publication before local ``before``."""
+        for s, rec in self.pending.items():
+            if s >= before:
+                break
+            if not rec.done:
+                missing = [q for q, got in enumerate(rec.received) if not got]
+                return (missing[0] if missing else -1), rec.step
+        return -1, self.step_offset + before
+
+    def apply_ready(self) -> int:
+        """Apply every ready row of every pending step in step order (so per primitive in
+        version order); retire steps fully applied and received. Returns rows applied."""
+        if not self.dirty:
+            return 0
+        self.dirty = False
+        total = 0
+        for s in list(self.pending):
+            rec = self.pending[s]
+            if not rec.done:
+                blocked = self.versions[rec.ids] < rec.prev
+                ready = ops.ready_mask(rec.arrived, rec.expected, rec.applied, blocked)
+                n = int(ready.sum())  # host
+                if n:
+                    self._apply(rec, ready)
+                    rec.applied |= ready
+                    self.versions[rec.ids[ready]] = rec.step
+                    total += n
+                if bool(rec.applied.all()):
+                    rec.done = True
+                    rec.parts = [None] * self.world_size
+            if rec.done and all(rec.received):
+                del self.pending[s]
+        return total
+
+    def _apply(self, rec: PendingStep, ready: Tensor) -> None:
+        ready_data = ready.to(self.device, non_blocking=True)
+        width = sum(g.row_dim for g in self.groups) + 1
+        acc = torch.zeros(rec.ids.shape[0], width, dtype=torch.float32, device=self.device)
+        for part in rec.parts:  # fixed rank order: bitwise identical sums
+            if part is not None:
+                ops.accumulate_ready_rows(acc, ready_data, part[0], part[1])
+        ops.apply_ready_rows(
+            [g.param for g in self.groups],
+            [g.exp_avg for g in self.groups],
+            [g.exp_avg_sq for g in self.groups],
+            rec.ids_data,
+            acc,
+            ready_data,
+            [g.lr_at(rec.step) for g in self.groups],
+            [g.betas for g in self.groups],
+            [g.eps for g in self.groups],
+            rec.step,
+            self.versions_data,
+        )
+
+
+__all__ = ["PendingStep", "UpdateLog"]
