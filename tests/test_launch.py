@@ -1,0 +1,178 @@
+"""`odin-ns-train` failures end with one line, last: `odin-ns-train: error: <reason>`.
+
+Bad input is caught by the launcher's preflight before torchrun starts any rank, so no
+output folder exists afterwards; a rank that fails after spawn has its reason printed after
+torchrun's own report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from odin_ns import launch
+
+BIN = Path(sys.executable).parent
+PREFIX = "odin-ns-train: error: "
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _launch(cwd: Path, nproc: int, *train_args: str) -> tuple[int, list[str]]:
+    """Run odin-ns-train in ``cwd``; its exit code and output lines (stderr+stdout, in order)."""
+    cmd = [
+        str(BIN / "odin-ns-train"),
+        "--nproc-per-node",
+        str(nproc),
+        "--master-port",
+        str(_free_port()),
+        "odin-splatfacto",
+        *train_args,
+        "--vis",
+        "tensorboard",
+    ]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        cmd,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    return proc.returncode, lines
+
+
+def _tiny_scene(path: Path, views: int = 2) -> Path:
+    from odin_ns.data.synthetic import make_scene
+
+    return make_scene(
+        path, layout="object", num_views=views, num_eval_views=1, seed=1, width=32, height=24
+    )
+
+
+def _assert_preflight_error(cwd: Path, code: int, lines: list[str], reason: str) -> None:
+    output = "\n".join(lines[-40:])
+    assert code == 1, output
+    assert lines[-1].startswith(PREFIX + reason), output
+    assert sum(line.startswith(PREFIX) for line in lines) == 1, output
+    assert "FAILED" not in output, "torchrun started ranks"
+    assert not (cwd / "outputs").exists(), "an output folder was created"
+
+
+def test_missing_data_path_fails_before_any_rank(tmp_path):
+    code, lines = _launch(tmp_path, 2, "--data", str(tmp_path / "nonexistent"))
+    _assert_preflight_error(tmp_path, code, lines, f"data path '{tmp_path / 'nonexistent'}'")
+    assert lines[-1].endswith("does not exist (pass --data DIR)")
+
+
+def test_more_ranks_than_views_fails_before_any_rank(tmp_path):
+    scene = _tiny_scene(tmp_path / "tiny", views=2)
+    code, lines = _launch(tmp_path, 3, "--data", str(scene))
+    _assert_preflight_error(tmp_path, code, lines, "3 ranks but only 2 training views")
+
+
+def test_scene_without_images_fails_before_any_rank(tmp_path):
+    scene = tmp_path / "empty"
+    scene.mkdir()
+    (scene / "transforms.json").write_text(
+        json.dumps({"fl_x": 50, "fl_y": 50, "cx": 16, "cy": 16, "w": 32, "h": 32, "frames": []})
+    )
+    code, lines = _launch(tmp_path, 2, "--data", str(scene))
+    _assert_preflight_error(tmp_path, code, lines, f"could not read a scene from '{scene}'")
+
+
+def test_scene_with_a_missing_image_fails_before_any_rank(tmp_path):
+    scene = _tiny_scene(tmp_path / "tiny", views=2)
+    shutil.rmtree(scene / "images")
+    code, lines = _launch(tmp_path, 2, "--data", str(scene))
+    _assert_preflight_error(tmp_path, code, lines, f"could not read a scene from '{scene}'")
+    assert "frame_00000.png" in lines[-1]
+
+
+def test_unknown_training_option_is_a_usage_error(tmp_path):
+    code, lines = _launch(tmp_path, 2, "--no-such-option", "1")
+    assert code == 2, "\n".join(lines[-20:])
+    assert lines[-1].startswith(PREFIX + "invalid training arguments")
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_a_rank_failing_after_spawn_prints_its_reason_last(tmp_path):
+    """A corrupt checkpoint is only read by the ranks: the reason follows torchrun's report."""
+    scene = _tiny_scene(tmp_path / "tiny", views=2)
+    ckpt = tmp_path / "step-000000010.ckpt"
+    ckpt.write_bytes(b"this is not a checkpoint")
+    code, lines = _launch(tmp_path, 2, "--data", str(scene), "--load-checkpoint", str(ckpt))
+    output = "\n".join(lines[-60:])
+    assert code == 1, output
+    assert "odin_ns.launch FAILED" in output, "torchrun's report is missing"
+    assert lines[-1].startswith(PREFIX + "rank "), output
+    assert f"cannot resume from checkpoint '{ckpt}'" in lines[-1], output
+    assert "Traceback" not in output and "ChildFailedError" not in output, output
+    assert sum(line.startswith(PREFIX) for line in lines) == 1, output
+
+
+# ------------------------------------------------------------------ the failure file
+
+
+def _child_failed(exitcodes: dict[int, int]):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    failures = {
+        rank: ProcessFailure(local_rank=rank, pid=1000 + rank, exitcode=code, error_file="<N/A>")
+        for rank, code in exitcodes.items()
+    }
+    return ChildFailedError("odin_ns.launch", failures)
+
+
+def test_the_earliest_written_reason_is_chosen(tmp_path):
+    path = tmp_path / "failures.tsv"
+    launch.record_failure(path, "rank 1: peer 0 (step 7): no publication for 60 s")
+    launch.record_failure(path, "rank 0: later\nsecond line")
+    written = launch.read_failures(path)
+    assert [reason for _, reason in written] == [
+        "rank 1: peer 0 (step 7): no publication for 60 s",
+        "rank 0: later second line",
+    ]
+    reason = launch._failure_reason(written, _child_failed({1: 1}))
+    assert reason == "rank 1: peer 0 (step 7): no publication for 60 s"
+
+
+def test_a_silent_rank_killed_by_a_signal_is_named():
+    from signal import SIGKILL
+
+    assert launch._failure_reason([], _child_failed({1: -SIGKILL})) == (
+        "rank 1 was killed by SIGKILL"
+    )
+    assert launch._failure_reason([], _child_failed({0: 3})) == "rank 0 exited with code 3"
+
+
+@pytest.mark.parametrize(
+    ("err", "expected"),
+    [
+        (
+            FloatingPointError("rank 1: non-finite loss at step 3"),
+            "rank 1: non-finite loss at step 3",
+        ),
+        (RuntimeError("boom\ndetails"), "rank 1: RuntimeError: boom"),
+    ],
+)
+def test_rank_reasons_are_one_rank_prefixed_line(err, expected):
+    from odin_ns.errors import OdinInputError, rank_reason
+
+    with_type = not isinstance(err, FloatingPointError)
+    assert rank_reason(1, err, with_type=with_type) == expected
+    assert rank_reason(1, OdinInputError("bad")) == "rank 1: bad"
