@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from odin_ns.runtime import kernels as ops
+from odin_ns.cuda import ops
 from odin_ns.runtime.admission import FALLBACK_REASONS, Decision
 from odin_ns.runtime.config import MODES, ParamGroupState, StepMetrics, SyncConfig
 from odin_ns.runtime.errors import PeerFailure, SyncError, SyncTimeout

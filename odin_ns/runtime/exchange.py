@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from odin_ns.runtime import kernels as ops
+from odin_ns.cuda import ops
 from odin_ns.runtime.transport import ALL_PEERS, Arrival, Transport
 from odin_ns.runtime.update_log import UpdateLog
 

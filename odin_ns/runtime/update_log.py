@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from odin_ns.runtime import kernels as ops
+from odin_ns.cuda import ops
 from odin_ns.runtime.config import ParamGroupState
 
 HOST = torch.device("cpu")
