@@ -392,9 +392,10 @@ class PrimitiveSyncEngine:
             )
         columns = [self._column(g, grads[g.name]) for g in self._groups]
         columns.append(visible.to(torch.float32).unsqueeze(1))
+        reads = reads.to(self._device)
         buf, wire = self._exchange.pack(t, reads, columns)
         # After the wire copy (the transport's one host sync) this read costs nothing more.
-        inside = visible[reads.to(visible.device)].sum()
+        inside = visible[reads].sum()
         if int((visible.sum() - inside).item()) != 0:
             raise ValueError(
                 f"publish({step}): visible rows outside the planned footprint; a rank may only "

@@ -122,10 +122,10 @@ class SparseExchange:
         """(buffer on the device, its host wire copy) of local step t's publication.
 
         Args:
-            reads: [M] int64 host footprint of this rank at t.
+            reads: [M] int64 footprint of this rank at t, on the parameters' device.
             columns: per group [N, d_g] gradient, then the [N, 1] visible flag.
         """
-        buf = ops.pack_rows(reads.to(self.device), columns)
+        buf = ops.pack_rows(reads, columns)
         if self.transport is None:
             return buf, buf
         slot_free = True

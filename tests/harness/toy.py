@@ -212,9 +212,8 @@ def reference_train(
 
     With ``reads`` ((rank, global step) -> [M] int64 versions of the rows of
     ``step_footprint`` that rank read, e.g. from ``ReadRecorder.read_records``), each
-    rank's gradient is
-    computed from the rows at those versions instead of the current ones: the reference
-    for runs with delayed reads.
+    rank's gradient is computed from the rows at those versions instead of the current
+    ones: the reference for runs with delayed reads.
 
     Returns (groups, versions [N] int64).
     """
