@@ -12,7 +12,10 @@
 #if defined(__CUDACC__)
 #define ODIN_HD __host__ __device__ __forceinline__
 #else
-#define ODIN_HD inline
+// Always inlined: the FMA-targeted CPU loops (target("fma")) must inline std::fma as one
+// instruction; a call to an out-of-line copy compiled without FMA would use libm's slow
+// software fma.
+#define ODIN_HD inline __attribute__((always_inline))
 #endif
 
 namespace odin {

@@ -183,7 +183,9 @@ at::Tensor pack_rows_cpu(const at::Tensor& ids_in, at::TensorList columns) {
   // Blocks of rows small enough that the block's output stays in cache while every
   // tensor writes its columns.
   const int64_t block = std::max<int64_t>(1, 16384 / D);
-  at::parallel_for(0, M, block, [&](int64_t begin, int64_t end) {
+  // Tasks of at least 64k elements: below that a second thread costs more than it saves.
+  const int64_t grain = std::max<int64_t>(block, 65536 / D);
+  at::parallel_for(0, M, grain, [&](int64_t begin, int64_t end) {
     for (int64_t b0 = begin; b0 < end; b0 += block) {
       const int64_t b1 = std::min(b0 + block, end);
       for (size_t k = 0; k < K; ++k) {
@@ -272,6 +274,15 @@ void accumulate_ready_rows_cpu(const at::Tensor& acc, const at::Tensor& ready_in
 
 // ---- ready_mask -------------------------------------------------------------------------
 
+// ready[i] = (arrived[i] == expected[i]) & !(applied[i] | blocked[i]), i in [begin, end).
+void ready_rows(const int32_t* __restrict a, const int32_t* __restrict e,
+                const uint8_t* __restrict ap, const uint8_t* __restrict bl,
+                uint8_t* __restrict r, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    r[i] = static_cast<uint8_t>(a[i] == e[i]) & static_cast<uint8_t>((ap[i] | bl[i]) ^ 1u);
+  }
+}
+
 at::Tensor ready_mask_cpu(const at::Tensor& arrived_in, const at::Tensor& expected_in,
                           const at::Tensor& applied_in, const at::Tensor& blocked_in) {
   check_ready_inputs(arrived_in, expected_in, applied_in, blocked_in);
@@ -287,10 +298,10 @@ at::Tensor ready_mask_cpu(const at::Tensor& arrived_in, const at::Tensor& expect
   const uint8_t* ap = reinterpret_cast<const uint8_t*>(applied.data_ptr<bool>());
   const uint8_t* bl = reinterpret_cast<const uint8_t*>(blocked.data_ptr<bool>());
   uint8_t* r = reinterpret_cast<uint8_t*>(ready.data_ptr<bool>());
-  at::parallel_for(0, U, 262144, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      r[i] = static_cast<uint8_t>(a[i] == e[i]) & static_cast<uint8_t>((ap[i] | bl[i]) ^ 1u);
-    }
+  // Memory-bound and vectorized: one thread up to 4M rows (waking a second one costs more
+  // than it saves on a shared CPU).
+  at::parallel_for(0, U, 1 << 22, [&](int64_t begin, int64_t end) {
+    ready_rows(a, e, ap, bl, r, begin, end);
   });
   return ready;
 }
@@ -299,18 +310,43 @@ at::Tensor ready_mask_cpu(const at::Tensor& arrived_in, const at::Tensor& expect
 
 // Moments of group rows rows[0..n) (param row ids[rows[k]], gradient acc[rows[k], off:off+d]);
 // writes each updated exp_avg_sq, in order, to root (the caller takes its square root).
+// One row's moments: d contiguous elements (restrict: the loop vectorizes, with the same
+// IEEE operations per element).
 template <typename T, bool kFma>
-inline void apply_moments(const int64_t* rows, int64_t n, const int64_t* ids, const float* acc,
-                          int64_t W, int64_t off, int64_t d, T* exp_avg, T* exp_avg_sq,
-                          const AdamScalars<T>& s, T* root) {
-  int64_t k = 0;
+inline __attribute__((always_inline)) void row_moments(const float* __restrict g,
+                                                       T* __restrict exp_avg,
+                                                       T* __restrict exp_avg_sq,
+                                                       T* __restrict root, int64_t d,
+                                                       const AdamScalars<T>& s) {
+  for (int64_t c = 0; c < d; ++c) {
+    T m = exp_avg[c];
+    T v = exp_avg_sq[c];
+    adam_moments<T, kFma>(static_cast<T>(g[c]), m, v, s);
+    exp_avg[c] = m;
+    exp_avg_sq[c] = v;
+    root[c] = v;
+  }
+}
+
+template <typename T, bool kFma>
+inline __attribute__((always_inline)) void apply_moments(const int64_t* rows, int64_t n,
+                                                         const int64_t* ids, const float* acc,
+                                                         int64_t W, int64_t off, int64_t d,
+                                                         T* exp_avg, T* exp_avg_sq,
+                                                         const AdamScalars<T>& s, T* root) {
   for (int64_t j = 0; j < n; ++j) {
-    const float* g = acc + rows[j] * W + off;
     const int64_t base = ids[rows[j]] * d;
-    for (int64_t c = 0; c < d; ++c) {
-      adam_moments<T, kFma>(static_cast<T>(g[c]), exp_avg[base + c], exp_avg_sq[base + c], s);
-      root[k++] = exp_avg_sq[base + c];
-    }
+    row_moments<T, kFma>(acc + rows[j] * W + off, exp_avg + base, exp_avg_sq + base,
+                         root + j * d, d, s);
+  }
+}
+
+// One row's parameter update from sqrt(exp_avg_sq) (vectorizes like row_moments).
+template <typename T>
+inline void row_param(T* __restrict p, const T* __restrict m, const T* __restrict root,
+                      int64_t d, const AdamScalars<T>& s) {
+  for (int64_t c = 0; c < d; ++c) {
+    p[c] = adam_param<T>(p[c], m[c], root[c], s);
   }
 }
 
@@ -360,12 +396,9 @@ void apply_group(const at::Tensor& param, const at::Tensor& exp_avg_t,
       auto roots = at::from_blob(root.data(), {(b1 - b0) * d},
                                  at::TensorOptions().dtype(param.scalar_type()));
       roots.sqrt_();
-      int64_t k = 0;
       for (int64_t j = b0; j < b1; ++j) {
         const int64_t base = ids[rows[j]] * d;
-        for (int64_t c = 0; c < d; ++c, ++k) {
-          p[base + c] = adam_param<T>(p[base + c], m[base + c], root[k], s);
-        }
+        row_param<T>(p + base, m + base, root.data() + (j - b0) * d, d, s);
       }
     }
   });
