@@ -150,13 +150,14 @@ def phase_of(phases: list[dict], step: int) -> dict:
     return phases[0]
 
 
-def step_table(summary: dict, run_dir: Path | None = None) -> dict:
+def step_table(summary: dict, run_dir: Path | None = None, footprints: tuple | None = None) -> dict:
     """Per-step records of every rank as arrays, with the per-view fields filled in.
 
     Returns a dict of ``[T, R]`` arrays (``step, view, compute_s, wait_s, start, end,
     footprint_rows, visible_rows, pixels``), ``phases`` (rank 0's), ``num_rows`` per step,
     ``footprints`` (when computed from the checkpoint) and ``sources`` (field -> where it
-    came from: "run log" or "checkpoint footprints").
+    came from: "run log" or "checkpoint footprints"). ``footprints``: a precomputed
+    ``run_footprints`` result to reuse (runs with identical final Gaussians).
     """
     ranks = summary["ranks"]
     R = len(ranks)
@@ -180,8 +181,9 @@ def step_table(summary: dict, run_dir: Path | None = None) -> dict:
             )
             out["sources"][field] = "run log"
     need_fp = {"footprint_rows", "pixels"} & set(missing)
-    if need_fp and run_dir is not None and (run_dir / "config.yml").exists():
-        F, pixels = run_footprints(run_dir)
+    have_run = run_dir is not None and (run_dir / "config.yml").exists()
+    if need_fp and (footprints is not None or have_run):
+        F, pixels = footprints if footprints is not None else run_footprints(run_dir)
         rows_final = np.diff(F.indptr).astype(np.float64)
         rows = rows_final[out["view"]]
         for p in phases:  # scale each phase to its recorded mean footprint rows
