@@ -32,9 +32,9 @@ from nerfstudio.models.splatfacto import (
 from nerfstudio.utils.rich_utils import CONSOLE
 from torch import Tensor
 
-from odin_ns.errors import OdinInputError
 from odin_ns.optim import SelectiveAdam
-from odin_ns.render import rasterize, resolve_backend
+from odin_ns.preflight import check_rasterizer
+from odin_ns.render import rasterize
 
 GAUSSIAN_GROUPS = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
 
@@ -83,11 +83,7 @@ class OdinSplatfactoModel(SplatfactoModel):
     config: OdinSplatfactoModelConfig
 
     def populate_modules(self):
-        # The render module's own backend check, as a one-line CLI error ("gsplat" without CUDA).
-        try:
-            resolve_backend(self.config.rasterizer, "cuda" if torch.cuda.is_available() else "cpu")
-        except ValueError as err:
-            raise OdinInputError(str(err)) from err
+        check_rasterizer(self.config.rasterizer)  # one CLI line for gsplat without CUDA
         # Same initialisation as splatfacto, without its hard-coded `.cuda()` and without
         # building LPIPS (which downloads AlexNet weights) in the constructor.
         dim_sh = num_sh_bases(self.config.sh_degree)
@@ -109,7 +105,8 @@ class OdinSplatfactoModel(SplatfactoModel):
             rgb = self.seed_points[1].float() / 255
             shs = torch.zeros((num_points, dim_sh, 3))
             shs[:, 0, :] = RGB2SH(rgb) if self.config.sh_degree > 0 else torch.logit(rgb, eps=1e-10)
-            features_dc, features_rest = shs[:, 0, :], shs[:, 1:, :]
+            # contiguous rows: the runtime updates them in place, row by row
+            features_dc, features_rest = shs[:, 0, :].contiguous(), shs[:, 1:, :].contiguous()
         else:
             features_dc = torch.rand(num_points, 3)
             features_rest = torch.zeros((num_points, dim_sh - 1, 3))

@@ -1,20 +1,36 @@
-"""OdinTrainer: nerfstudio's Trainer whose step is driven by the Odin pipeline.
+"""OdinTrainer: nerfstudio's Trainer; in distributed runs it owns Odin's step.
 
-With one process it is nerfstudio's Trainer unchanged. With several, the pipeline's
-runtime applies parameter updates (there is no local ``optimizer.step()`` and no DDP
-all-reduce), and every point where someone reads the whole model — checkpoint, evaluation,
-end of training — first drains the runtime, so what is saved or measured is exactly the
-barrier-synchronous state.
+With one process it is nerfstudio's Trainer unchanged. With several, ``train_iteration``
+keeps nerfstudio's step shape (zero_grad, forward, loss, backward, scheduler step) and asks
+a ``DistributedSession`` before and after backward: wait for the peer updates the step
+reads, publish its own, apply what arrived. There is no local ``optimizer.step()`` and no
+DDP all-reduce: the runtime applies each Gaussian update. Every point where someone reads
+the whole model (checkpoint, evaluation, end of training) first drains the runtime, so what
+is saved or measured is exactly the barrier-synchronous state.
 """
 
 from __future__ import annotations
 
+import functools
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
 
+import torch
 from nerfstudio.engine.trainer import Trainer, TrainerConfig
+from nerfstudio.utils import comms
 from nerfstudio.utils.misc import step_check
+from nerfstudio.utils.rich_utils import CONSOLE
 
+from odin_ns import resume
+from odin_ns.distributed.optimizer_binding import (
+    rebind_optimizer_params,
+    store_plain_float_learning_rates,
+)
+from odin_ns.distributed.session import DistributedSession
 from odin_ns.errors import OdinInputError
+from odin_ns.model import GAUSSIAN_GROUPS
 from odin_ns.pipeline import OdinPipeline
 
 
@@ -31,18 +47,54 @@ class OdinTrainerConfig(TrainerConfig):
 
 
 class OdinTrainer(Trainer):
-    """Trainer that delegates distributed steps to :class:`OdinPipeline`."""
+    """Trainer whose distributed step synchronizes per primitive (see the module docstring)."""
 
     pipeline: OdinPipeline
+    session: DistributedSession | None = None
+    _resumed: dict[str, Any] | None = None  # the checkpoint's "odin" entry, same world size
+
+    def setup(self, test_mode: Literal["test", "val", "inference"] = "val") -> None:
+        super().setup(test_mode)  # loads a checkpoint, if one is given
+        resumed = self._resumed
+        if isinstance(self.pipeline, OdinPipeline) and self.pipeline.distributed:
+            self.session = DistributedSession(
+                self.pipeline,
+                self.optimizers,
+                checkpoint_every=self.config.steps_per_save,
+                resumed_phase=resumed["phase"] if resumed is not None else None,
+            )
+        if resumed is not None:
+            # Last, so that nothing in the set-up draws from the restored generators.
+            mine = resumed["ranks"][self._rank]
+            resume.restore_rng_state(mine["rng"])
+            if mine.get("datamanager") is not None:
+                resume.restore_datamanager_state(self.pipeline.datamanager, mine["datamanager"])
 
     @property
-    def _distributed(self) -> bool:
-        return isinstance(self.pipeline, OdinPipeline) and self.pipeline.distributed
+    def _rank(self) -> int:
+        return self.pipeline.rank if isinstance(self.pipeline, OdinPipeline) else 0
 
     def train_iteration(self, step: int):
-        if not self._distributed:
+        if self.session is None:
             return super().train_iteration(step)
-        return self.pipeline.distributed_train_iteration(step, self.optimizers)
+        started = time.time()
+        wait_s = self.session.before_step(step)
+        tic = time.perf_counter()
+        self.optimizers.zero_grad_all()
+        _, loss_dict, metrics_dict = self.pipeline.get_train_loss_dict(step=step)
+        loss = functools.reduce(torch.add, loss_dict.values())
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"rank {self.session.rank}: non-finite loss at step {step}; nothing from this "
+                "step was published, so every replica still holds the last finite state"
+            )
+        loss.backward()
+        compute_s = time.perf_counter() - tic
+        self.session.after_backward(step, compute_s=compute_s, wait_s=wait_s, started=started)
+        self.optimizers.scheduler_step_all(step)
+        metrics_dict["odin_wait_s"] = wait_s
+        metrics_dict["odin_compute_s"] = compute_s
+        return loss, loss_dict, metrics_dict
 
     def eval_iteration(self, step: int) -> None:
         enabled = (
@@ -58,33 +110,117 @@ class OdinTrainer(Trainer):
                 self.config.steps_per_eval_all_images,
             )
         )
-        if self._distributed and due:
-            self.pipeline.drain()
+        if self.session is not None and due:
+            self.session.drain()
         super().eval_iteration(step)
 
+    # ------------------------------------------------------------------ checkpoints
+    def _checkpoint_path(self) -> Path | None:
+        load_dir, load_checkpoint = self.config.load_dir, self.config.load_checkpoint
+        if load_dir is not None:
+            step = self.config.load_step
+            if step is None:  # nerfstudio's naming: step-000000123.ckpt
+                names = [p.name for p in Path(load_dir).glob("step-*.ckpt")]
+                if not names:
+                    raise OdinInputError(f"no checkpoint (step-*.ckpt) in '{load_dir}'")
+                step = max(int(n[len("step-") : -len(".ckpt")]) for n in names)
+            return Path(load_dir) / f"step-{step:09d}.ckpt"
+        return Path(load_checkpoint) if load_checkpoint is not None else None
+
     def _load_checkpoint(self) -> None:
+        """nerfstudio's resume, plus the state exact resume needs (``odin_ns.resume``)."""
+        path = self._checkpoint_path()
+        if path is None:
+            CONSOLE.print("No Nerfstudio checkpoint to load, so training from scratch.")
+            return
         try:
-            super()._load_checkpoint()
+            if not path.exists():
+                raise FileNotFoundError("the file does not exist")
+            loaded = torch.load(path, map_location="cpu")
+            self.pipeline.load_pipeline(loaded["pipeline"], loaded["step"])
+            rebind_optimizer_params(
+                self.optimizers, self.pipeline.model.gauss_params, GAUSSIAN_GROUPS
+            )
+            self.optimizers.load_optimizers(loaded["optimizers"])
+            if "schedulers" in loaded and self.config.load_scheduler:
+                self.optimizers.load_schedulers(loaded["schedulers"])
+            self.grad_scaler.load_state_dict(loaded["scalers"])
         except Exception as err:  # any failure to read it: unpickling raises many types
-            where = self.config.load_checkpoint or self.config.load_dir
             reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise OdinInputError(f"cannot resume from checkpoint '{where}': {reason}") from err
+            raise OdinInputError(f"cannot resume from checkpoint '{path}': {reason}") from err
+        self._start_step = loaded["step"] + 1
+        self._restore_odin_state(loaded.get("odin"), path)
+        CONSOLE.print(f"Done loading Nerfstudio checkpoint from {path}")
+
+    def _restore_odin_state(self, odin: dict | None, path: Path) -> None:
+        model = self.pipeline.model
+        world_size = self.pipeline.world_size if isinstance(self.pipeline, OdinPipeline) else 1
+        if odin is None or odin.get("format") != resume.FORMAT:
+            CONSOLE.print(
+                f"note: '{path}' has no odin-ns resume state; training continues from its "
+                "parameters, but the trajectory differs from an uninterrupted run"
+            )
+            return
+        ranks = odin["ranks"]
+        if len(ranks) == world_size:
+            strategy = ranks[self._rank]["strategy"]
+            self._resumed = odin
+        else:
+            # The refine step sums the ranks' statistics: give the sums to rank 0.
+            strategy = resume.merge_strategy_states([r["strategy"] for r in ranks])
+            if self._rank != 0:
+                strategy = resume.zeros_like_strategy_state(strategy)
+            CONSOLE.print(
+                f"note: checkpoint of a {len(ranks)}-rank run resumed on {world_size} "
+                f"rank(s): training continues, but the trajectory differs from here on"
+            )
+        resume.restore_strategy_state(model.strategy_state, strategy, model.means.device)
 
     def save_checkpoint(self, step: int) -> None:
-        if self._distributed:
-            self.pipeline.drain(sync_optimizer_steps=self.optimizers)
-        # nerfstudio's exponential-decay scheduler leaves numpy floats in the learning rates;
-        # torch >= 2.6 loads checkpoints with weights_only=True and rejects them, which breaks
-        # ns-eval / ns-viewer. Store plain floats.
-        for opt in self.optimizers.optimizers.values():
-            for group in opt.param_groups:
-                group["lr"] = float(group["lr"])
-        for scheduler in self.optimizers.schedulers.values():
-            scheduler._last_lr = [float(lr) for lr in scheduler.get_last_lr()]
-        super().save_checkpoint(step)
+        """A drained checkpoint with nerfstudio's layout plus every rank's resume state.
+
+        Runs on every rank (the drain and the gather are collective); rank 0 writes.
+        """
+        if self.session is not None:
+            self.session.drain()
+        store_plain_float_learning_rates(self.optimizers)
+        mine = {
+            "rng": resume.capture_rng_state(),
+            "strategy": resume.capture_strategy_state(self.pipeline.model.strategy_state),
+            "datamanager": None
+            if self.session is not None
+            else resume.capture_datamanager_state(self.pipeline.datamanager),
+        }
+        ranks = self.session.gather(mine) if self.session is not None else [mine]
+        odin = {
+            "format": resume.FORMAT,
+            "ranks": ranks,
+            "phase": self.session.resume_state(step) if self.session is not None else None,
+        }
+        if not comms.is_main_process():
+            return
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        path = self.checkpoint_dir / f"step-{step:09d}.ckpt"
+        state = {
+            "step": step,
+            "pipeline": self.pipeline.state_dict(),
+            "optimizers": {k: v.state_dict() for k, v in self.optimizers.optimizers.items()},
+            "schedulers": {k: v.state_dict() for k, v in self.optimizers.schedulers.items()},
+            "scalers": self.grad_scaler.state_dict(),
+            "odin": odin,
+        }
+        partial = path.with_suffix(".ckpt.partial")
+        torch.save(state, partial)
+        partial.replace(path)  # atomic: a crash mid-write never leaves a truncated step-*.ckpt
+        if self.config.save_only_latest_checkpoint:
+            for old in self.checkpoint_dir.glob("*.ckpt"):
+                if old != path:
+                    old.unlink()
 
     def _after_train(self) -> None:
-        if self._distributed:
-            self.pipeline.drain(sync_optimizer_steps=self.optimizers)
-            self.pipeline.write_run_summary(self.base_dir)
-        super()._after_train()
+        if self.session is None:
+            return super()._after_train()
+        path = self.pipeline.config.run_summary_path or self.base_dir / "odin_run.json"
+        self.session.finish(path)
+        super()._after_train()  # the final checkpoint, the summary table, callbacks
+        self.session.close()

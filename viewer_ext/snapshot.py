@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from odin_ns.runtime.admission import FALLBACK_REASONS
+
 SNAPSHOT_KEYS = (
     "step",  # int: latest global step
     "mode",  # "barrier" | "quality-first" | "throughput-first"
@@ -29,7 +31,6 @@ SNAPSHOT_KEYS = (
     "staleness_window",  # int: K in use
 )
 
-FALLBACK_REASONS = ("overlap", "evidence", "staleness", "phase")
 
 MISSING = "—"
 

@@ -1,0 +1,226 @@
+"""Phases: when one starts, the footprints it is planned from, and the AOT plan itself.
+
+A phase is a run of steps with a fixed primitive set. It starts at the first step, after
+every structural step (refine / opacity reset), and at least every ``max_phase_steps``
+steps (fresh footprints, since Gaussians move). At a phase start every rank computes the
+footprints of every R-th training view, the ranks gather them (as tensors), and every rank
+builds the same plan (``odin_ns.schedule.build_plan``), continuing the previous phase's
+epoch so that each view is still trained once per epoch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.distributed as dist
+from nerfstudio.cameras.cameras import Cameras
+from torch import Tensor
+
+from odin_ns.model import OdinSplatfactoModel, get_viewmat
+from odin_ns.schedule import Plan, build_plan, compute_footprints, plan_conflict
+
+
+@dataclass
+class PhaseRecord:
+    """What one phase start did and cost (JSON-ready through ``vars``)."""
+
+    phase: int
+    start_step: int
+    num_steps: int
+    num_gaussians: int
+    footprint_seconds: float
+    plan_seconds: float
+    mean_footprint_rows: float
+    views_per_rank: int
+    predicted_conflict: float
+    phase_start_s: float = 0.0  # the whole phase start: drain, exchange, footprints, plan, bind
+
+
+@torch.no_grad()
+def local_footprints(
+    model: OdinSplatfactoModel, cameras: Cameras, views: np.ndarray, margin_px: float
+) -> sp.csr_matrix:
+    """[len(views), N] footprints of ``views`` for the model's current Gaussians."""
+    device = model.means.device
+    return compute_footprints(
+        means=model.means.detach(),
+        scales=torch.exp(model.scales.detach()),
+        quats=model.quats.detach(),
+        opacities=torch.sigmoid(model.opacities.detach()).squeeze(-1),
+        viewmats=get_viewmat(cameras.camera_to_worlds[views].to(device)),
+        Ks=cameras.get_intrinsics_matrices()[views].to(device),
+        width=cameras.width[views].squeeze(-1),
+        height=cameras.height[views].squeeze(-1),
+        margin_px=margin_px,
+    )
+
+
+def gather_footprints(
+    local: sp.csr_matrix, num_views: int, rank: int, world_size: int, group=None
+) -> sp.csr_matrix:
+    """All ranks' footprints as one [V, N] CSR; rank r holds views r, r + R, r + 2R, ...
+
+    Two all-gathers of int64 CPU tensors (sizes, then the padded row lengths and column
+    ids), no pickling: cost is the footprints' size, not Python objects.
+    """
+    num_prims = local.shape[1]
+    lengths = torch.from_numpy(np.diff(local.indptr).astype(np.int64))
+    indices = torch.from_numpy(local.indices.astype(np.int64))
+    size = torch.tensor([lengths.numel(), indices.numel()], dtype=torch.int64)
+    sizes = [torch.zeros_like(size) for _ in range(world_size)]
+    dist.all_gather(sizes, size, group=group)
+    max_views = max(int(s[0]) for s in sizes)
+    max_nnz = max(int(s[1]) for s in sizes)
+    payload = torch.zeros(max_views + max_nnz, dtype=torch.int64)
+    payload[: lengths.numel()] = lengths
+    payload[max_views : max_views + indices.numel()] = indices
+    parts = [torch.zeros_like(payload) for _ in range(world_size)]
+    dist.all_gather(parts, payload, group=group)
+
+    row_lengths = np.zeros(num_views, dtype=np.int64)
+    columns: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * num_views
+    for q, (part, s) in enumerate(zip(parts, sizes, strict=True)):
+        n_views, nnz = int(s[0]), int(s[1])
+        lens = part[:n_views].numpy()
+        cols = part[max_views : max_views + nnz].numpy()
+        offsets = np.concatenate([[0], np.cumsum(lens)])
+        for i, view in enumerate(range(q, num_views, world_size)):
+            row_lengths[view] = lens[i]
+            columns[view] = cols[offsets[i] : offsets[i + 1]]
+    indptr = np.concatenate([[0], np.cumsum(row_lengths)])
+    data = np.ones(int(indptr[-1]), dtype=bool)
+    out = sp.csr_matrix(
+        (data, np.concatenate(columns) if num_views else np.empty(0, np.int64), indptr),
+        shape=(num_views, num_prims),
+    )
+    out.sum_duplicates()  # canonical format (already sorted and unique: a no-op check)
+    return out
+
+
+class PhaseController:
+    """Owns the current plan and the phase boundaries of one rank's run.
+
+    Args:
+        rank, world_size: this rank and R.
+        seed: plan seed (the data manager's sampling seed): identical on every rank.
+        strategy: "odin" (low-conflict spatial streams) or "random" (baseline deal).
+        max_phase_steps: re-plan at least this often.
+        margin_px: pixels added around each projected footprint.
+        group: process group of the footprint gather (gloo: CPU tensors).
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        seed: int,
+        strategy: str,
+        max_phase_steps: int,
+        margin_px: float,
+        group=None,
+    ):
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = int(seed)
+        self.strategy = strategy
+        self.max_phase_steps = int(max_phase_steps)
+        self.margin_px = float(margin_px)
+        self.group = group
+        self.plan: Plan | None = None
+        self.start_step = 0
+        self.end_step = 0  # first step of the next phase
+        self.index = 0
+
+    def due(self, step: int) -> bool:
+        """Whether a new phase starts at ``step``."""
+        return self.plan is None or step >= self.end_step
+
+    def end_after(self, step: int) -> None:
+        """End the current phase after ``step`` (a structural step changed the model)."""
+        self.end_step = step + 1
+
+    def local_step(self, step: int) -> int:
+        return step - self.start_step
+
+    def step_rows(self, step: int, device: torch.device | str) -> Tensor:
+        """[M] int64 sorted ids this rank reads and writes at global ``step``."""
+        assert self.plan is not None
+        rows = self.plan.step_footprint(self.local_step(step), self.rank)
+        return torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(device)
+
+    def resume_state(self, next_step: int) -> dict:
+        """What a phase starting at ``next_step`` continues from (epoch position, phase
+        count), as plain lists and ints for a checkpoint."""
+        assert self.plan is not None
+        resume = self.plan.resume(next_step - self.start_step)
+        pending = resume["pending"]
+        return {
+            "epoch": int(resume["epoch"]),
+            "pending": None if pending is None else [int(v) for v in pending],
+            "phase_index": self.index,
+        }
+
+    def start(
+        self,
+        step: int,
+        model: OdinSplatfactoModel,
+        cameras: Cameras,
+        next_boundary: int | None,
+        resumed: dict | None = None,
+    ) -> tuple[Plan, PhaseRecord]:
+        """Plan the phase that starts at ``step`` (call on every rank, after a drain).
+
+        Args:
+            next_boundary: the first step in the coming ``max_phase_steps`` after which the
+                phase must end (a structural step, or a checkpoint step), or None.
+            resumed: a checkpoint's ``resume_state`` (the run's first phase after a resume).
+        """
+        tic = time.perf_counter()
+        views = np.arange(self.rank, len(cameras), self.world_size)
+        local = local_footprints(model, cameras, views, self.margin_px)
+        footprints = gather_footprints(local, len(cameras), self.rank, self.world_size, self.group)
+        footprint_s = time.perf_counter() - tic
+
+        tic = time.perf_counter()
+        end = next_boundary + 1 if next_boundary is not None else step + self.max_phase_steps
+        num_steps = max(1, end - step)
+        # Continue the previous phase's epoch, so every view is still trained once per epoch.
+        if resumed is not None:
+            self.index = int(resumed["phase_index"])
+            pending = resumed["pending"]
+            resume = {
+                "epoch": int(resumed["epoch"]),
+                "pending": None if pending is None else np.asarray(pending, dtype=np.int64),
+            }
+        elif self.plan is not None:
+            resume = self.plan.resume(step - self.start_step)
+        else:
+            resume = {}
+        plan = build_plan(
+            footprints,
+            num_ranks=self.world_size,
+            num_steps=num_steps,
+            views_per_rank=1,
+            seed=self.seed,
+            strategy=self.strategy,
+            **resume,
+        )
+        record = PhaseRecord(
+            phase=self.index,
+            start_step=step,
+            num_steps=num_steps,
+            num_gaussians=model.num_points,
+            footprint_seconds=footprint_s,
+            plan_seconds=time.perf_counter() - tic,
+            mean_footprint_rows=float(np.mean(plan.message_rows)),
+            views_per_rank=plan.views_per_rank,
+            predicted_conflict=float(np.mean(plan_conflict(plan))) if num_steps > 1 else 0.0,
+        )
+        self.plan = plan
+        self.start_step, self.end_step = step, step + num_steps
+        self.index += 1
+        return plan, record

@@ -1,0 +1,268 @@
+"""One rank's side of a distributed training step: what the trainer calls around backward.
+
+``OdinTrainer.train_iteration`` keeps nerfstudio's step shape and calls, per global step::
+
+    wait_s = session.before_step(step)      # phase start if due; wait for (and apply) the
+                                            # peer updates this step's read set needs
+    ...zero_grad, forward, loss, backward on the planned view (footprint rows only)...
+    session.after_backward(step, ...)       # publish gradient rows, apply what arrived,
+                                            # structural change at refine / reset steps
+    session.drain()                         # before checkpoints and evaluation
+
+The session wires the pieces, each in its own module: ``PhaseController`` (footprints and
+plan), ``PrimitiveSyncEngine`` (publications, read gates, the update log),
+``ReplicatedDensifier`` (gsplat's strategy on summed statistics), the optimizer binding and
+``SyncTelemetry``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from nerfstudio.engine.optimizers import Optimizers
+from nerfstudio.utils.rich_utils import CONSOLE
+
+from odin_ns.distributed.densify import ReplicatedDensifier
+from odin_ns.distributed.optimizer_binding import bind_param_groups, set_step_counts
+from odin_ns.distributed.phase import PhaseController
+from odin_ns.distributed.telemetry import SyncTelemetry, live_engine_counters
+from odin_ns.model import GAUSSIAN_GROUPS
+from odin_ns.runtime import PrimitiveSyncEngine
+
+
+def runtime_process_group():
+    """The group the runtime's point-to-point transport and phase gathers use.
+
+    gloo: the default group. NCCL runs a communicator's operations in order, so a receive
+    waiting on a slow peer would block later sends: the runtime gets its own gloo group
+    (publications cross the host once; docs/architecture.md).
+    """
+    if dist.get_backend() == "gloo":
+        return None
+    return dist.new_group(backend="gloo")
+
+
+class DistributedSession:
+    """The distributed step of one rank (see the module docstring for the call order).
+
+    Args:
+        pipeline: the ``OdinPipeline`` (model, data manager, sync config, telemetry, panels).
+        optimizers: nerfstudio's optimizers; the runtime applies the Gaussian groups' Adam
+            updates with their moments.
+        checkpoint_every: the trainer's ``steps_per_save``; a checkpoint step ends a phase,
+            so a resumed run re-plans exactly where the uninterrupted run does.
+        resumed_phase: a checkpoint's ``PhaseController.resume_state`` (same world size).
+    """
+
+    def __init__(
+        self,
+        pipeline,
+        optimizers: Optimizers,
+        checkpoint_every: int = 0,
+        resumed_phase: dict | None = None,
+    ):
+        config = pipeline.config
+        self.pipeline = pipeline
+        self.model = pipeline.model
+        self.datamanager = pipeline.datamanager
+        self.optimizers = optimizers
+        self.sync_config = config.sync
+        self.rank = pipeline.rank
+        self.world_size = pipeline.world_size
+        self.snapshot_every = config.snapshot_every
+        self.telemetry: SyncTelemetry = pipeline.telemetry
+        self.group = runtime_process_group()
+        seed = int(self.datamanager.config.train_cameras_sampling_seed)
+        self.phases = PhaseController(
+            self.rank,
+            self.world_size,
+            seed=seed,
+            strategy=config.plan_strategy,
+            max_phase_steps=config.max_phase_steps,
+            margin_px=config.footprint_margin_px,
+            group=self.group,
+        )
+        self.densifier = ReplicatedDensifier(self.model.strategy, self.model.strategy_state, seed)
+        self.densifier.ensure_state(self.model.num_points, self.model.means.device)
+        self.checkpoint_every = int(checkpoint_every)
+        self._resumed_phase = resumed_phase
+        self.engine: PrimitiveSyncEngine | None = None
+        self._rows: torch.Tensor | None = None
+        self._start_replicas_from_rank0()
+
+    @torch.no_grad()
+    def _start_replicas_from_rank0(self) -> None:
+        """Ranks are seeded differently (nerfstudio seeds seed + rank), so random parts of
+        the initialisation (quaternions) differ: every replica starts from rank 0's
+        parameters, as DDP does when it wraps a model."""
+        for tensor in list(self.model.parameters()) + list(self.model.buffers()):
+            dist.broadcast(tensor.data, src=0)
+
+    # ------------------------------------------------------------------ the step
+    def before_step(self, step: int) -> float:
+        """Start a phase if one is due, then wait until this step's read set is current
+        (applying peer updates as they arrive). Returns the seconds spent waiting."""
+        if self.phases.due(step):
+            self._start_phase(step)
+        assert self.engine is not None
+        wait_s = self.engine.apply_until_readable(step)
+        self._rows = self.phases.step_rows(step, self.model.means.device)
+        self.model.active_rows = self._rows
+        return wait_s
+
+    def after_backward(self, step: int, compute_s: float, wait_s: float, started: float) -> None:
+        """Publish this rank's gradient rows, apply what has arrived, make the structural
+        change at refine / reset steps, and log the step."""
+        assert self.engine is not None and self._rows is not None
+        rows = self._rows
+        grads = {name: self.model.gauss_params[name].grad for name in GAUSSIAN_GROUPS}
+        for name, grad in grads.items():
+            if grad is not None and not torch.isfinite(grad[rows]).all():
+                raise FloatingPointError(
+                    f"rank {self.rank}: non-finite gradient of '{name}' at step {step}; "
+                    "refusing to publish it"
+                )
+        self.engine.publish(step, grads, self.model.visible_rows)
+        self.densifier.accumulate(step, self.model.info, rows, self.model.num_points)
+        self.engine.apply_arrived()
+        if self.densifier.is_structural(step):
+            self._apply_structural_change(step)
+        metrics = self.engine.metrics[-1]
+        height, width = self.model.last_size
+        self.telemetry.record_step(
+            {
+                "step": step,
+                "view": self.datamanager.plan_view(step),
+                "compute_s": compute_s,
+                "wait_s": wait_s,
+                "start": started,
+                "end": time.time(),
+                "footprint_rows": int(rows.numel()),
+                "visible_rows": self.model.visible_rows.sum(),
+                "pixels": int(height * width),
+                "bytes_sent": metrics.bytes_sent,
+                "bytes_recv": metrics.bytes_recv,
+            }
+        )
+        panels = self.pipeline.panels
+        if panels is not None and panels.panels is not None and step % self.snapshot_every == 0:
+            self.telemetry.refresh_snapshot(step, self._engine_counters())
+
+    # ------------------------------------------------------------------ phases
+    def _start_phase(self, step: int) -> None:
+        """Drain, exchange telemetry and panel requests, plan the phase, bind the runtime."""
+        tic = time.perf_counter()
+        if self.engine is not None:
+            self.engine.drain_and_apply_all()
+        panels = self.pipeline.panels
+        request = self.telemetry.exchange_at_phase_start(
+            panels.requested_settings() if panels is not None else {}, self._engine_counters()
+        )
+        if request:  # a panel request takes effect here, on every rank at once
+            self.sync_config.tau = float(request.get("tau", self.sync_config.tau))
+            self.sync_config.staleness_window = int(
+                request.get("K", self.sync_config.staleness_window)
+            )
+        plan, record = self.phases.start(
+            step,
+            self.model,
+            self.datamanager.train_dataset.cameras,
+            self._next_boundary(step),
+            resumed=self._resumed_phase,
+        )
+        self._resumed_phase = None
+        self.datamanager.set_plan_views(plan.views[:, self.rank, 0], start_step=step)
+        groups = bind_param_groups(self.model.gauss_params, self.optimizers, GAUSSIAN_GROUPS)
+        if self.engine is None:
+            self.engine = PrimitiveSyncEngine(
+                groups,
+                plan,
+                self.rank,
+                self.world_size,
+                config=self.sync_config,
+                process_group=self.group,
+                step_offset=step,
+            )
+        else:
+            versions = None
+            if self.model.num_points != self.engine.num_rows:
+                # Densified: after the drain every primitive is current up to the last step.
+                versions = torch.full((self.model.num_points,), step - 1, dtype=torch.int64)
+            self.engine.rebind(groups, plan, step_offset=step, versions=versions)
+        record.phase_start_s = time.perf_counter() - tic
+        self.telemetry.record_phase(vars(record))
+
+    def _next_boundary(self, step: int) -> int | None:
+        """The first step of the coming phase after which it must end: a structural step or
+        a checkpoint step (nerfstudio saves after steps ``k * steps_per_save``, k >= 1)."""
+        stop = step + self.phases.max_phase_steps
+        candidates = [self.densifier.next_structural_step(step, stop)]
+        if self.checkpoint_every > 0:
+            k = max(1, -(-step // self.checkpoint_every))  # ceil(step / every), at least 1
+            if k * self.checkpoint_every < stop:
+                candidates.append(k * self.checkpoint_every)
+        found = [c for c in candidates if c is not None]
+        return min(found) if found else None
+
+    def _apply_structural_change(self, step: int) -> None:
+        assert self.engine is not None
+        self.engine.drain_and_apply_all()
+        before = self.model.num_points
+        self.densifier.apply(step, self.model.gauss_params, self.optimizers.optimizers)
+        self.phases.end_after(step)
+        if self.rank == 0 and self.model.num_points != before:
+            CONSOLE.log(f"step {step}: densification {before} -> {self.model.num_points} Gaussians")
+
+    def _engine_counters(self) -> dict:
+        return live_engine_counters(self.engine.summary()) if self.engine is not None else {}
+
+    # ------------------------------------------------------------------ drains
+    def drain(self) -> None:
+        """Apply every pending update on every replica (checkpoints, evaluation, the end):
+        afterwards every replica holds the barrier-synchronous parameters."""
+        if self.engine is None:
+            return
+        self.engine.drain_and_apply_all()
+        applied = int(self.engine.versions.max().item()) + 1
+        set_step_counts(self.optimizers, GAUSSIAN_GROUPS, applied)
+
+    def resume_state(self, step: int) -> dict:
+        """The phase state a checkpoint taken after ``step`` needs (call after ``drain``)."""
+        return self.phases.resume_state(step + 1)
+
+    def gather(self, obj) -> list:
+        """``obj`` of every rank, in rank order (an all-gather; call on every rank)."""
+        parts: list = [None] * self.world_size
+        dist.all_gather_object(parts, obj)
+        return parts
+
+    def replica_hash(self) -> str:
+        """sha256 of every Gaussian parameter: equal on all ranks after a drain."""
+        digest = hashlib.sha256()
+        for name in GAUSSIAN_GROUPS:
+            digest.update(
+                self.model.gauss_params[name].detach().cpu().contiguous().numpy().tobytes()
+            )
+        return digest.hexdigest()
+
+    def finish(self, run_summary_path: Path) -> None:
+        """End of training: drain, gather every rank's logs, write ``odin_run.json``."""
+        self.drain()
+        engine = self.engine.summary() if self.engine is not None else {}
+        # Peers' last steps reach rank 0, so the panels' final snapshot covers the whole end.
+        self.telemetry.exchange_at_phase_start({}, live_engine_counters(engine))
+        if self.rank == 0 and self.telemetry.steps:
+            self.telemetry.refresh_snapshot(self.telemetry.steps[-1]["step"], engine)
+        summary = self.telemetry.run_summary(engine, self.replica_hash())
+        self.telemetry.write_run_summary(summary, run_summary_path)
+        if self.rank == 0:
+            CONSOLE.log(f"Odin run summary written to {run_summary_path}")
+
+    def close(self) -> None:
+        """Stop the runtime's transport threads (after the last drain)."""
+        if self.engine is not None:
+            self.engine.close()

@@ -1,0 +1,140 @@
+"""Sync telemetry: what the viewer panels, nerfstudio's writer and ``odin_run.json`` read.
+
+Each rank logs one record per step (compute and wait seconds, timestamps, footprint and
+visible rows, pixels, bytes) and one per phase start. Peers' recent steps reach rank 0 in
+the phase-start exchange, which also carries the panels' tau / K requests from rank 0 to
+every rank. Every derived figure (wait hidden, the barrier estimate, staleness) comes from
+one function, ``odin_ns.viewer_ext.snapshot.snapshot_from_run``: the live panels call it
+on the recent window, ``ns-viewer`` on the saved run, so both show the same numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from nerfstudio.utils import writer
+
+from odin_ns.viewer_ext.snapshot import snapshot_from_run, wait_hidden
+
+# Engine summary keys the panels need; all O(1) to produce.
+LIVE_ENGINE_KEYS = (
+    "mode",
+    "tau",
+    "staleness_window",
+    "admitted",
+    "fallbacks",
+    "staleness_hist",
+    "max_version_lag",
+    "bytes_sent",
+    "steps",
+)
+
+
+def _plain(record: dict) -> dict:
+    """A step record with tensor counts turned into ints (read lazily: no per-step sync)."""
+    return {k: int(v) if isinstance(v, torch.Tensor) else v for k, v in record.items()}
+
+
+class SyncTelemetry:
+    """One rank's step and phase logs, and rank 0's view of its peers for the panels.
+
+    Args:
+        rank, world_size: this rank and R.
+        mode: the sync mode (for the summaries).
+        window: steps per rank the live panels look at (keeps their cost independent of the
+            run's length).
+    """
+
+    def __init__(self, rank: int, world_size: int, mode: str, window: int = 200):
+        self.rank = rank
+        self.world_size = world_size
+        self.mode = mode
+        self.window = int(window)
+        self.steps: list[dict] = []  # this rank's step records, whole run
+        self.phases: list[dict] = []  # this rank's phase records
+        self._sent_upto = 0  # steps already shipped to rank 0
+        self._peer_steps = {q: deque(maxlen=self.window) for q in range(world_size)}
+        self._peer_engines: dict[int, dict] = {}
+        self.snapshot: dict = {}  # replaced wholesale; read by the panels' thread
+
+    # ------------------------------------------------------------ records
+    def record_step(self, record: dict) -> None:
+        """Log one step (values may be 0-d tensors: they are read when the log is read)."""
+        self.steps.append(record)
+
+    def record_phase(self, record: dict) -> None:
+        self.phases.append(record)
+
+    # ------------------------------------------------------------ exchange
+    def exchange_at_phase_start(self, request: dict, engine: dict) -> dict:
+        """All-gather (every rank, at a drain point): peers' new steps and engine counters
+        go to rank 0; every rank gets rank 0's panel request ({} or {"tau", "K"})."""
+        new = [_plain(r) for r in self.steps[self._sent_upto :]]
+        self._sent_upto = len(self.steps)
+        parts: list = [None] * self.world_size
+        dist.all_gather_object(parts, (new[-self.window :], engine, request))
+        if self.rank == 0:
+            for q, (steps, counters, _) in enumerate(parts):
+                self._peer_steps[q].extend(steps)
+                self._peer_engines[q] = counters
+        return parts[0][2]
+
+    # ------------------------------------------------------------ views
+    def live_run(self, engine: dict) -> dict:
+        """Rank 0: the run so far as an ``odin_run.json``-shaped dict, recent window only
+        (this rank live, peers as of the last exchange)."""
+        ranks = []
+        for q in range(self.world_size):
+            if q == self.rank:
+                steps = [_plain(r) for r in self.steps[-self.window :]]
+                counters = engine
+            else:
+                steps = list(self._peer_steps[q])
+                counters = self._peer_engines.get(q, {})
+            ranks.append(
+                {"rank": q, "steps": steps, "engine": counters, "phases": self.phases[-1:]}
+            )
+        return {"world_size": self.world_size, "sync": self.mode, "ranks": ranks}
+
+    def refresh_snapshot(self, step: int, engine: dict) -> None:
+        """Rank 0: rebuild the panels' snapshot from the recent window."""
+        snap = snapshot_from_run(self.live_run(engine))
+        snap["step"] = step
+        self.snapshot = snap
+
+    def run_summary(self, engine_summary: dict, replica_hash: str) -> dict:
+        """Every rank's logs and engine summary (an all-gather; call on every rank)."""
+        mine = {
+            "rank": self.rank,
+            "replica_hash": replica_hash,
+            "engine": engine_summary,
+            "steps": [_plain(r) for r in self.steps],
+            "phases": self.phases,
+        }
+        ranks: list = [None] * self.world_size
+        dist.all_gather_object(ranks, mine)
+        return {"world_size": self.world_size, "sync": self.mode, "ranks": ranks}
+
+    def write_run_summary(self, summary: dict, path: Path) -> None:
+        """Rank 0: write ``odin_run.json`` (with the live snapshot the panels last showed)
+        and the run's headline figures to nerfstudio's writer."""
+        if self.rank != 0:
+            return
+        out = dict(summary, live_snapshot=self.snapshot)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=1))
+        waits = [sum(s["wait_s"] for s in r["steps"]) for r in summary["ranks"]]
+        writer.put_scalar("odin/total_wait_s_max_rank", max(waits), step=0)
+        hidden = wait_hidden(snapshot_from_run(summary))
+        if hidden is not None:
+            writer.put_scalar("odin/wait_hidden", hidden, step=0)
+
+
+def live_engine_counters(summary: dict[str, Any]) -> dict:
+    """The subset of an engine summary the panels show."""
+    return {k: summary[k] for k in LIVE_ENGINE_KEYS if k in summary}

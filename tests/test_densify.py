@@ -1,0 +1,160 @@
+"""The replicated densifier against gsplat 1.4.0's own DefaultStrategy (public API only).
+
+``ReplicatedDensifier`` is the one adapter over gsplat's private strategy functions; these
+tests pin it: its per-step statistics over a footprint-restricted render equal what
+``DefaultStrategy.step_post_backward`` accumulates from a full render, and its structural
+change equals ``step_post_backward``'s at a refine step, bit for bit.
+"""
+
+from __future__ import annotations
+
+import gsplat
+import pytest
+import torch
+from gsplat.strategy import DefaultStrategy
+
+from odin_ns.distributed.densify import ReplicatedDensifier, seeded_global_rng
+
+N = 400
+SEED = 7
+
+
+def test_pinned_gsplat_version():
+    assert gsplat.__version__ == "1.4.0", "ReplicatedDensifier is pinned to gsplat 1.4.0"
+
+
+def _strategy(absgrad: bool) -> DefaultStrategy:
+    return DefaultStrategy(
+        prune_opa=0.05,
+        grow_grad2d=2e-4,
+        grow_scale3d=0.01,
+        refine_start_iter=2,
+        refine_stop_iter=1000,
+        refine_every=5,
+        reset_every=30,
+        pause_refine_after_reset=0,
+        refine_scale2d_stop_iter=1000,
+        absgrad=absgrad,
+        verbose=False,
+    )
+
+
+def _params(gen: torch.Generator) -> torch.nn.ParameterDict:
+    return torch.nn.ParameterDict(
+        {
+            "means": torch.randn(N, 3, generator=gen),
+            "scales": torch.randn(N, 3, generator=gen) * 0.5 - 3.0,
+            "quats": torch.randn(N, 4, generator=gen),
+            "opacities": torch.randn(N, generator=gen),
+            "colors": torch.rand(N, 3, generator=gen),
+        }
+    )
+
+
+def _optimizers(params) -> dict[str, torch.optim.Optimizer]:
+    opts = {k: torch.optim.Adam([p], lr=1e-3) for k, p in params.items()}
+    for k, p in params.items():  # give every optimizer moments, as after a step
+        p.grad = torch.ones_like(p)
+        opts[k].step()
+        p.grad = None
+    return opts
+
+
+def _clone(params: torch.nn.ParameterDict) -> torch.nn.ParameterDict:
+    return torch.nn.ParameterDict({k: p.detach().clone() for k, p in params.items()})
+
+
+def _infos(gen: torch.Generator, rows: torch.Tensor, absgrad: bool, width=64, height=48):
+    """A full render's info and the same render restricted to ``rows`` (radii 0 elsewhere)."""
+    grad = torch.randn(1, N, 2, generator=gen) * 1e-3
+    radii = (torch.rand(1, N, generator=gen) * 20).to(torch.int32)
+    outside = torch.ones(N, dtype=torch.bool)
+    outside[rows] = False
+    radii[:, outside] = 0
+    grad[:, outside] = 0.0
+    full_means2d = torch.zeros(1, N, 2)
+    sub_means2d = torch.zeros(1, rows.numel(), 2)
+    for t, g in ((full_means2d, grad), (sub_means2d, grad[:, rows])):
+        t.grad = g.clone()
+        t.absgrad = g.abs()
+    common = {"width": width, "height": height, "n_cameras": 1, "gaussian_ids": None}
+    full = dict(common, means2d=full_means2d, radii=radii)
+    sub = dict(common, means2d=sub_means2d, radii=radii[:, rows])
+    return full, sub
+
+
+@pytest.mark.parametrize("absgrad", [False, True])
+def test_accumulate_equals_gsplat_update_state(absgrad):
+    gen = torch.Generator().manual_seed(0)
+    params = _params(gen)
+    strategy = _strategy(absgrad)
+    theirs = strategy.initialize_state()
+    ours = ReplicatedDensifier(strategy, strategy.initialize_state(), SEED)
+    opts = _optimizers(params)
+    for step in (1, 3, 4):  # not refine steps: step_post_backward only accumulates
+        rows = torch.randperm(N, generator=gen)[: N // 3].sort().values
+        full, sub = _infos(gen, rows, absgrad)
+        strategy.step_post_backward(params, opts, theirs, step, full)
+        ours.accumulate(step, sub, rows, N)
+    for key in ("grad2d", "count", "radii"):
+        assert torch.equal(ours.state[key], theirs[key]), key
+
+
+def test_apply_equals_gsplat_refine_step():
+    gen = torch.Generator().manual_seed(1)
+    base = _params(gen)
+    strategy = _strategy(absgrad=False)
+    rows = torch.arange(0, N, 2)
+    full, sub = _infos(gen, rows, absgrad=False)
+    full["means2d"].grad *= 50.0  # large gradients: some Gaussians grow
+    sub["means2d"].grad *= 50.0
+    step = 10
+    assert _strategy(False).refine_every == 5
+
+    theirs_params = _clone(base)
+    theirs_opts = _optimizers(theirs_params)
+    theirs_state = strategy.initialize_state()
+    with seeded_global_rng(SEED * 1_000_003 + step):
+        strategy.step_post_backward(theirs_params, theirs_opts, theirs_state, step, full)
+
+    ours_params = _clone(base)
+    ours_opts = _optimizers(ours_params)
+    densifier = ReplicatedDensifier(strategy, strategy.initialize_state(), SEED)
+    assert densifier.is_structural(step) and densifier.is_refine_step(step)
+    densifier.accumulate(step, sub, rows, N)
+    densifier.apply(step, ours_params, ours_opts)
+
+    assert ours_params["means"].shape[0] != N, "the case must change the Gaussian count"
+    for key in base:
+        assert torch.equal(ours_params[key], theirs_params[key]), key
+        mine = ours_opts[key].state[ours_params[key]]
+        ref = theirs_opts[key].state[theirs_params[key]]
+        assert torch.equal(mine["exp_avg"], ref["exp_avg"]), key
+    for key in ("grad2d", "count", "radii"):
+        assert torch.equal(densifier.state[key], theirs_state[key]), key
+
+
+def test_schedule_matches_gsplat_conditions():
+    strategy = _strategy(absgrad=False)
+    densifier = ReplicatedDensifier(strategy, strategy.initialize_state(), SEED)
+    for step in range(0, 200):
+        refine = (
+            step > strategy.refine_start_iter
+            and step % strategy.refine_every == 0
+            and step % strategy.reset_every >= strategy.pause_refine_after_reset
+        )
+        assert densifier.is_refine_step(step) == refine
+        assert densifier.is_reset_step(step) == (step % strategy.reset_every == 0)
+    assert densifier.next_structural_step(6, 100) == 10
+    assert densifier.next_structural_step(11, 14) is None
+
+
+def test_seeded_rng_restores_the_global_stream():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    with seeded_global_rng(5):
+        inside = torch.rand(3)
+    with seeded_global_rng(5):
+        assert torch.equal(torch.rand(3), inside)
+    assert torch.equal(torch.rand(3), expected)
