@@ -27,7 +27,9 @@ TRAINING = [
     "--steps-per-eval-image",
     "0",
     "--steps-per-save",
-    "1000",
+    "30",
+    "--save-only-latest-checkpoint",
+    "False",
     "--pipeline.model.num-downscales",
     "0",
     "--pipeline.model.warmup-length",
@@ -39,7 +41,7 @@ TRAINING = [
 ]
 
 
-def _train_2_ranks(data: Path, out: Path, mode: str) -> Path:
+def _train_2_ranks(data: Path, out: Path, mode: str, name: str | None = None, extra=()) -> Path:
     cmd = [
         str(BIN / "odin-ns-train"),
         "--nproc-per-node",
@@ -54,17 +56,18 @@ def _train_2_ranks(data: Path, out: Path, mode: str) -> Path:
         "--experiment-name",
         "dist",
         "--timestamp",
-        mode,
+        name or mode,
         "--max-num-iterations",
         str(STEPS),
         *TRAINING,
         "--pipeline.sync.mode",
         mode,
+        *extra,
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return out / "dist" / "odin-splatfacto" / mode
+    return out / "dist" / "odin-splatfacto" / (name or mode)
 
 
 def _final_params(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -95,6 +98,26 @@ def test_quality_first_equals_barrier(two_rank_runs):
     # the run crossed at least one densification (the Gaussian count changed between phases)
     counts = {p["num_gaussians"] for p in ranks[0]["phases"]}
     assert len(counts) > 1, counts
+
+
+@pytest.mark.slow
+def test_resume_on_the_same_world_size_is_exact(two_rank_runs, street_scene):
+    """Checkpoint at step 30 of 60 (before the refine at 45), resume on 2 ranks: the final
+    parameters equal the uninterrupted run's bit for bit."""
+    full = two_rank_runs["quality-first"]
+    checkpoint = full / "nerfstudio_models" / "step-000000030.ckpt"
+    resumed = _train_2_ranks(
+        street_scene,
+        full.parent.parent.parent,
+        "quality-first",
+        name="resumed",
+        # nerfstudio resumes at step 31 and counts --max-num-iterations from there
+        extra=["--load-checkpoint", str(checkpoint), "--max-num-iterations", str(STEPS - 31)],
+    )
+    ours, theirs = _final_params(resumed), _final_params(full)
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        assert torch.equal(ours[key], theirs[key]), key
 
 
 @pytest.mark.slow

@@ -71,18 +71,21 @@ class SyncTelemetry:
         self.phases.append(record)
 
     # ------------------------------------------------------------ exchange
-    def exchange_at_phase_start(self, request: dict, engine: dict) -> dict:
+    def exchange_at_phase_start(
+        self, request: dict, engine: dict, plan_check: tuple | None = None
+    ) -> tuple[dict, list]:
         """All-gather (every rank, at a drain point): peers' new steps and engine counters
-        go to rank 0; every rank gets rank 0's panel request ({} or {"tau", "K"})."""
+        go to rank 0; every rank gets rank 0's panel request ({} or {"tau", "K"}) and every
+        rank's ``plan_check`` (the session compares them: one collective for both)."""
         new = [_plain(r) for r in self.steps[self._sent_upto :]]
         self._sent_upto = len(self.steps)
         parts: list = [None] * self.world_size
-        dist.all_gather_object(parts, (new[-self.window :], engine, request))
+        dist.all_gather_object(parts, (new[-self.window :], engine, request, plan_check))
         if self.rank == 0:
-            for q, (steps, counters, _) in enumerate(parts):
+            for q, (steps, counters, _, _) in enumerate(parts):
                 self._peer_steps[q].extend(steps)
                 self._peer_engines[q] = counters
-        return parts[0][2]
+        return parts[0][2], [p[3] for p in parts]
 
     # ------------------------------------------------------------ views
     def live_run(self, engine: dict) -> dict:

@@ -35,6 +35,16 @@ class Projection:
     compensations: Tensor | None  # [C, N] antialiasing opacity factor, or None
 
 
+def three_sigma_radius(c00: Tensor, c01: Tensor, c11: Tensor) -> Tensor:
+    """gsplat's screen radius, in whole pixels, of the blurred 2D covariance
+    ``[[c00, c01], [c01, c11]]`` (any matching shapes): ``ceil(3 sqrt(lambda_max))`` with
+    gsplat's ``max(0.01, b^2 - det)`` guard on the eigenvalue's square root."""
+    det = c00 * c11 - c01 * c01
+    b = 0.5 * (c00 + c11)
+    v1 = b + torch.sqrt(torch.clamp(b * b - det, min=0.01))
+    return torch.ceil(3.0 * torch.sqrt(v1.clamp(min=0.0)))
+
+
 def quat_scale_to_matrix(quats: Tensor, scales: Tensor) -> list[list[Tensor]]:
     """Entries of ``R(quat) @ diag(scale)`` (3x3 nested list of [N] tensors); quats wxyz,
     normalized here as in gsplat."""
@@ -119,9 +129,7 @@ def project_gaussians(
         compensations = torch.sqrt(torch.clamp(det_orig * inv_det, min=0.0))
 
     with torch.no_grad():
-        b = 0.5 * (c00 + c11)
-        v1 = b + torch.sqrt(torch.clamp(b * b - det, min=0.01))
-        radius = torch.ceil(3.0 * torch.sqrt(v1.clamp(min=0.0)))
+        radius = three_sigma_radius(c00, c01, c11)
         mx, my = means2d[..., 0], means2d[..., 1]
         keep = (
             valid

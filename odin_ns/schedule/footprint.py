@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from odin_ns.cuda import ops as ext_ops
+from odin_ns.render.projection import three_sigma_radius
 
 # Smallest gsplat radius: the 0.3 px blur and the 0.01 floor give v1 >= 0.4, ceil(3*sqrt(0.4)) = 2.
 _MIN_RADIUS = 2.0
@@ -100,11 +101,7 @@ def _exact_radius(
     J = torch.stack([fx / z, zero, -fx * tx / z**2, zero, fy / z, -fy * ty / z**2], -1)
     J = J.reshape(-1, 2, 3)
     cov2d = J @ cov_c @ J.transpose(1, 2)
-    a, b_, c = cov2d[:, 0, 0] + eps2d, cov2d[:, 0, 1], cov2d[:, 1, 1] + eps2d
-    det = a * c - b_ * b_
-    b = 0.5 * (a + c)
-    v1 = b + torch.sqrt(torch.clamp(b * b - det, min=0.01))
-    return torch.ceil(3.0 * torch.sqrt(v1))
+    return three_sigma_radius(cov2d[:, 0, 0] + eps2d, cov2d[:, 0, 1], cov2d[:, 1, 1] + eps2d)
 
 
 def _kd_cells(
