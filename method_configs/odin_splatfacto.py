@@ -1,5 +1,15 @@
 """``ns-train odin-splatfacto``: splatfacto trained with Odin's primitive-level synchronization.
 
+Three methods share the model, trainer and pipeline:
+
+- ``odin-splatfacto``: splatfacto's settings (gsplat's DefaultStrategy);
+- ``odin-splatfacto-big``: splatfacto-big's settings (lower cull and densify thresholds,
+  faster bilateral grid);
+- ``odin-splatfacto-mcmc``: gsplat's MCMCStrategy with the settings of gsplat's simple
+  trainer's ``mcmc`` preset (cap_max, noise_lr, relocation schedule, init opacity 0.5 and
+  scale 0.1, opacity and scale regularisers 0.01); the position noise is drawn per
+  (seed, step, Gaussian) so replicas need no communication for it.
+
 One process behaves like ``splatfacto`` (same model, loss, densification and learning
 rates) with visibility-masked Adam, on CPU when no GPU is present. Several processes
 (``--machine.num-devices N`` on GPUs, ``odin-ns-train --nproc-per-node N`` anywhere) train
@@ -26,9 +36,11 @@ def _gaussian_optimizer(lr: float) -> SelectiveAdamOptimizerConfig:
     return SelectiveAdamOptimizerConfig(lr=lr, eps=1e-15)
 
 
-odin_splatfacto = MethodSpecification(
-    config=OdinTrainerConfig(
-        method_name="odin-splatfacto",
+def _trainer(
+    method_name: str, model: OdinSplatfactoModelConfig, bilateral_grid_lr: float = 2e-3
+) -> OdinTrainerConfig:
+    return OdinTrainerConfig(
+        method_name=method_name,
         steps_per_eval_image=100,
         steps_per_eval_batch=0,
         steps_per_save=2000,
@@ -41,7 +53,7 @@ odin_splatfacto = MethodSpecification(
                 dataparser=NerfstudioDataParserConfig(load_3D_points=True),
                 cache_images_type="uint8",
             ),
-            model=OdinSplatfactoModelConfig(),
+            model=model,
         ),
         optimizers={
             "means": {
@@ -60,7 +72,7 @@ odin_splatfacto = MethodSpecification(
                 ),
             },
             "bilateral_grid": {
-                "optimizer": AdamOptimizerConfig(lr=2e-3, eps=1e-15),
+                "optimizer": AdamOptimizerConfig(lr=bilateral_grid_lr, eps=1e-15),
                 "scheduler": ExponentialDecaySchedulerConfig(
                     lr_final=1e-4, max_steps=30000, warmup_steps=1000, lr_pre_warmup=0
                 ),
@@ -68,6 +80,40 @@ odin_splatfacto = MethodSpecification(
         },
         viewer=ViewerConfig(num_rays_per_chunk=1 << 15),
         vis="viewer",
-    ),
+    )
+
+
+odin_splatfacto = MethodSpecification(
+    config=_trainer("odin-splatfacto", OdinSplatfactoModelConfig()),
     description="Splatfacto with Odin primitive-level synchronization for multi-process training.",
+)
+
+odin_splatfacto_big = MethodSpecification(
+    config=_trainer(
+        "odin-splatfacto-big",
+        OdinSplatfactoModelConfig(cull_alpha_thresh=0.005, densify_grad_thresh=0.0005),
+        bilateral_grid_lr=5e-3,
+    ),
+    description="splatfacto-big's settings with Odin primitive-level synchronization.",
+)
+
+odin_splatfacto_mcmc = MethodSpecification(
+    config=_trainer(
+        "odin-splatfacto-mcmc",
+        OdinSplatfactoModelConfig(
+            strategy="mcmc",
+            cap_max=1_000_000,
+            noise_lr=5e5,
+            mcmc_min_opacity=0.005,
+            warmup_length=500,
+            refine_every=100,
+            stop_split_at=25_000,
+            init_opacity=0.5,
+            init_scale=0.1,
+            opacity_reg=0.01,
+            scale_reg=0.01,
+        ),
+    ),
+    description="Splatfacto with gsplat's MCMC strategy (3DGS as MCMC) and Odin "
+    "primitive-level synchronization; the position noise needs no communication.",
 )

@@ -10,7 +10,11 @@ same densification strategy):
 - ``active_rows`` restricts rendering to a primitive subset (the Odin runtime's planned
   footprint), which makes a rank's read and write set exactly the plan's;
 - LPIPS is built lazily at evaluation and only from weights already on disk, so
-  construction, training and evaluation never touch the network.
+  construction, training and evaluation never touch the network;
+- ``strategy="mcmc"`` swaps gsplat's ``DefaultStrategy`` for its ``MCMCStrategy``
+  (relocation and sampling at refine steps, position noise every step, opacity and scale
+  regularisers), with the noise drawn by ``odin_ns.distributed.mcmc_noise`` so that replicas
+  need no communication for it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ from nerfstudio.models.splatfacto import (
 from nerfstudio.utils.rich_utils import CONSOLE
 from torch import Tensor
 
+from odin_ns.distributed.densify import MCMCDensifier
+from odin_ns.distributed.mcmc_noise import MCMCNoise
+from odin_ns.distributed.optimizer_binding import learning_rate_at
 from odin_ns.optim import SelectiveAdam
 from odin_ns.preflight import check_rasterizer
 from odin_ns.render import rasterize
@@ -48,6 +55,30 @@ class OdinSplatfactoModelConfig(SplatfactoModelConfig):
     """Rasterizer backend: gsplat (CUDA), torch (CPU), or auto (gsplat when CUDA is available)."""
     selective_adam: bool = True
     """Update only primitives visible in the step's views (False: plain Adam, for comparison)."""
+    strategy: Literal["default", "mcmc"] = "default"
+    """Densification: gsplat's DefaultStrategy (splatfacto's) or MCMCStrategy (3DGS as MCMC:
+    relocation, sampling up to cap_max, position noise; warmup_length, refine_every and
+    stop_split_at give its schedule)."""
+    cap_max: int = 1_000_000
+    """MCMC: most Gaussians."""
+    noise_lr: float = 5e5
+    """MCMC: position-noise scale (times the means' learning rate)."""
+    mcmc_min_opacity: float = 0.005
+    """MCMC: Gaussians at or below this opacity are relocated."""
+    opacity_reg: float = 0.0
+    """Loss weight of mean(sigmoid(opacities)) (gsplat's MCMC preset: 0.01)."""
+    scale_reg: float = 0.0
+    """Loss weight of mean(exp(scales)) (gsplat's MCMC preset: 0.01)."""
+    init_opacity: float = 0.1
+    """Opacity of the initial Gaussians (gsplat's MCMC preset: 0.5)."""
+    init_scale: float = 1.0
+    """Initial scale as a multiple of the mean 3-NN distance (gsplat's MCMC preset: 0.1)."""
+    noise_seed: int = 0
+    """MCMC: seed of the counter-based noise draws and of single-process relocation."""
+    noise_schedule: Literal["eager", "lazy"] = "eager"
+    """MCMC, one process: add every Gaussian's noise after each step (eager) or just before
+    the next render (lazy). Same bits; distributed runs are always lazy (per row, in version
+    order)."""
 
 
 def get_viewmat(camera_to_worlds: Tensor) -> Tensor:
@@ -113,11 +144,15 @@ class OdinSplatfactoModel(SplatfactoModel):
         self.gauss_params = torch.nn.ParameterDict(
             {
                 "means": means,
-                "scales": torch.nn.Parameter(torch.log(avg_dist.repeat(1, 3))),
+                "scales": torch.nn.Parameter(
+                    torch.log(avg_dist.repeat(1, 3) * self.config.init_scale)
+                ),
                 "quats": torch.nn.Parameter(random_quat_tensor(num_points)),
                 "features_dc": torch.nn.Parameter(features_dc),
                 "features_rest": torch.nn.Parameter(features_rest),
-                "opacities": torch.nn.Parameter(torch.logit(0.1 * torch.ones(num_points, 1))),
+                "opacities": torch.nn.Parameter(
+                    torch.logit(self.config.init_opacity * torch.ones(num_points, 1))
+                ),
             }
         )
         self._lpips = None
@@ -157,6 +192,12 @@ class OdinSplatfactoModel(SplatfactoModel):
                 grid_Y=self.config.grid_shape[1],
                 grid_W=self.config.grid_shape[2],
             )
+        self.mcmc_noise: MCMCNoise | None = None
+        self._mcmc_densifier: MCMCDensifier | None = None
+        self._noise_done_through = -1  # lazy single process: last step whose noise is due
+        if self.config.strategy == "mcmc":
+            self._populate_mcmc()
+            return
         self.strategy = DefaultStrategy(
             prune_opa=self.config.cull_alpha_thresh,
             grow_grad2d=self.config.densify_grad_thresh,
@@ -176,6 +217,40 @@ class OdinSplatfactoModel(SplatfactoModel):
         )
         self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
 
+    def _populate_mcmc(self) -> None:
+        from gsplat.strategy import MCMCStrategy
+
+        self.strategy = MCMCStrategy(
+            cap_max=self.config.cap_max,
+            noise_lr=self.config.noise_lr,
+            refine_start_iter=self.config.warmup_length,
+            refine_stop_iter=self.config.stop_split_at,
+            refine_every=self.config.refine_every,
+            min_opacity=self.config.mcmc_min_opacity,
+            verbose=False,
+        )
+        self.strategy_state = self.strategy.initialize_state()
+        self.mcmc_noise = MCMCNoise(
+            self.gauss_params,
+            noise_lr=self.config.noise_lr,
+            seed=self.config.noise_seed,
+            num_rows=self.num_points,
+            skip_step=self._mcmc_structural,
+        )
+
+    def _mcmc_structural(self, step: int) -> bool:
+        s = self.strategy
+        return s.refine_start_iter < step < s.refine_stop_iter and step % s.refine_every == 0
+
+    @property
+    def mcmc_densifier(self) -> MCMCDensifier:
+        """Single process: the MCMC adapter of ``odin_ns.distributed.densify``."""
+        if self._mcmc_densifier is None:
+            self._mcmc_densifier = MCMCDensifier(
+                self.strategy, self.strategy_state, self.config.noise_seed, self.mcmc_noise
+            )
+        return self._mcmc_densifier
+
     # ------------------------------------------------------------------ training hooks
 
     def step_cb(self, optimizers: Optimizers, step):
@@ -184,11 +259,37 @@ class OdinSplatfactoModel(SplatfactoModel):
             opt = self.optimizers.get(name)
             if isinstance(opt, SelectiveAdam):
                 opt.visibility_source = self._visible_for_optimizer
+        noise = self.mcmc_noise
+        if noise is not None:
+            noise.lr_at = learning_rate_at(optimizers, "means")
+            if noise.version.numel() != self.num_points:  # a loaded checkpoint: drained
+                noise.resize(self.num_points, step - 1)
+            if self.config.noise_schedule == "lazy" and not self.external_densification:
+                noise.catch_up_all(step - 1)  # before this step renders
 
     def step_post_backward(self, step):
-        # Distributed: the pipeline sums statistics across ranks and refines at a drain.
-        if not self.external_densification:
-            super().step_post_backward(step)
+        # Distributed: the session densifies at a drain and keeps the noise per row.
+        if self.external_densification:
+            return
+        if self.mcmc_noise is None:
+            return super().step_post_backward(step)
+        # gsplat's order after the optimizer step: relocate + add at refine steps, then noise
+        densifier = self.mcmc_densifier
+        if densifier.is_structural(step):
+            densifier.apply(step, self.gauss_params, self.optimizers)
+        elif self.config.noise_schedule == "eager":
+            self.mcmc_noise.catch_up_all(step)
+        self._noise_done_through = step
+
+    def get_loss_dict(self, outputs, batch, metrics_dict=None) -> dict[str, Tensor]:
+        loss_dict = super().get_loss_dict(outputs, batch, metrics_dict)
+        if self.training and self.config.opacity_reg > 0.0:
+            # gsplat's MCMC regularisers (each row's gradient reads only that row)
+            reg = torch.sigmoid(self.opacities).mean()
+            loss_dict["opacity_reg"] = self.config.opacity_reg * reg
+        if self.training and self.config.scale_reg > 0.0:
+            loss_dict["mcmc_scale_reg"] = self.config.scale_reg * torch.exp(self.scales).mean()
+        return loss_dict
 
     def _visible_for_optimizer(self) -> Tensor | None:
         return self.visible_rows if self.config.selective_adam else None
@@ -206,6 +307,9 @@ class OdinSplatfactoModel(SplatfactoModel):
             camera_to_worlds = camera.camera_to_worlds
 
         rows = self.active_rows if self.training else None  # evaluation sees every primitive
+        noise = self.mcmc_noise
+        if noise is not None and not self.training and not self.external_densification:
+            noise.catch_up_all(self._noise_done_through)  # lazy: what the last step added
         if self.crop_box is not None and not self.training:
             crop = self.crop_box.within(self.means).squeeze(-1)
             if crop.sum() == 0:
@@ -249,7 +353,7 @@ class OdinSplatfactoModel(SplatfactoModel):
             far_plane=1e10,
             render_mode=render_mode,
             sh_degree=sh_degree,
-            absgrad=self.strategy.absgrad,
+            absgrad=getattr(self.strategy, "absgrad", False),
             rasterize_mode=self.config.rasterize_mode,
             backend=self.config.rasterizer,
         )

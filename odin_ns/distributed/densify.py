@@ -1,7 +1,8 @@
-"""Replicated densification: gsplat's ``DefaultStrategy`` applied identically on every replica.
+"""Replicated densification: gsplat's strategies applied identically on every replica.
 
 This is the only module that calls gsplat's private strategy functions (``_grow_gs``,
-``_prune_gs``), pinned to gsplat 1.4.0 by ``tests/test_densify.py``. Why private: the public
+``_prune_gs`` of ``DefaultStrategy``; ``_relocate_gs``, ``_add_new_gs`` of
+``MCMCStrategy``), pinned to gsplat 1.4.0 by ``tests/test_densify.py``. Why private: the public
 ``step_post_backward`` accumulates the step's statistics *and* refines in one call, but in a
 distributed run the statistics of a refine step must first be summed across ranks.
 
@@ -10,18 +11,29 @@ Per step each rank accumulates its own view's statistics over the rows it render
 drained, ``apply`` sums the statistics across ranks (one fixed sequence of collectives,
 issued by every rank whatever its local state), then grows, prunes and resets with the same
 random stream on every replica, so every replica makes the same structural change.
+
+``MCMCDensifier`` is the same interface over ``MCMCStrategy``: its refine steps relocate dead
+Gaussians and sample new ones (seeded the same way on every replica); it keeps no per-step
+statistics (relocation reads only the replicated opacities and scales, identical on every
+replica after the drain), and it orders the strategy's position noise around the structural
+change as gsplat does (``odin_ns.distributed.mcmc_noise``). ``make_densifier`` picks the
+adapter from the strategy's type.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator, Mapping
 
 import torch
 import torch.distributed as dist
-from gsplat.strategy import DefaultStrategy
+from gsplat.strategy import DefaultStrategy, MCMCStrategy
+from gsplat.strategy import ops as gsplat_ops
 from gsplat.strategy.ops import reset_opa
 from torch import Tensor
+
+from odin_ns.distributed.mcmc_noise import MCMCNoise
 
 # (state key, how ranks combine it) in the fixed order every rank issues the collectives.
 _REDUCTIONS = (
@@ -154,6 +166,129 @@ class ReplicatedDensifier:
                     state=self.state,
                     value=self.strategy.prune_opa * 2.0,
                 )
+
+
+class MCMCDensifier:
+    """gsplat's MCMCStrategy (relocation and sampling of new Gaussians) on every replica.
+
+    Same public interface as ``ReplicatedDensifier``.
+
+    Args:
+        strategy: the model's ``MCMCStrategy`` (cap_max, min_opacity, schedule).
+        state: the model's strategy state (gsplat's ``binoms``); the densifier keeps its own
+            copy of the binomial table, so a resumed state cannot change it.
+        seed: structural step ``s`` draws from torch's global generators seeded by
+            ``(seed, s)`` on every replica.
+        noise: the model's ``MCMCNoise``: at a refine step s every row first carries the
+            noise up to s - 1, then relocation and sampling, then every row (new ones too)
+            gets noise s, gsplat's order (optimizer step, relocate, add, inject noise).
+    """
+
+    def __init__(
+        self, strategy: MCMCStrategy, state: dict, seed: int, noise: MCMCNoise | None = None
+    ):
+        self.strategy = strategy
+        self.state = state
+        self.seed = int(seed)
+        self.noise = noise
+        self.binoms = strategy.initialize_state()["binoms"]
+        self.last_change: tuple[int, int] = (0, 0)  # (relocated, added) at the last apply
+
+    def is_structural(self, step: int) -> bool:
+        """gsplat's relocate/add condition of ``MCMCStrategy.step_post_backward``."""
+        s = self.strategy
+        return s.refine_start_iter < step < s.refine_stop_iter and step % s.refine_every == 0
+
+    def next_structural_step(self, start: int, stop: int) -> int | None:
+        """The first structural step in ``[start, stop)``, or None."""
+        for step in range(start, min(stop, self.strategy.refine_stop_iter)):
+            if self.is_structural(step):
+                return step
+        return None
+
+    def ensure_state(self, num_rows: int, device: torch.device) -> None:
+        """The binomial table on the parameters' device (MCMC keeps no per-row statistics)."""
+        self.binoms = self.binoms.to(device)
+        self.state["binoms"] = self.binoms
+
+    def accumulate(self, step: int, info: Mapping, rows: Tensor, num_rows: int) -> None:
+        """Nothing: relocation and sampling read no per-step statistics."""
+
+    @torch.no_grad()
+    def apply(
+        self,
+        step: int,
+        params: torch.nn.ParameterDict,
+        optimizers: Mapping[str, torch.optim.Optimizer],
+    ) -> None:
+        """Relocate dead Gaussians and add new ones (up to ``cap_max``) at refine step ``step``.
+
+        Call on every replica after the runtime has drained (single process: after the
+        optimizer step). Issues no collective: the inputs are replicated.
+        """
+        self.ensure_state(params["means"].shape[0], params["means"].device)
+        if self.noise is not None:
+            self.noise.catch_up_all(step - 1)
+        with seeded_global_rng(self.seed * 1_000_003 + step), _relocation_on(params["means"]):
+            relocated = self.strategy._relocate_gs(params, optimizers, self.binoms)
+            added = self.strategy._add_new_gs(params, optimizers, self.binoms)
+        self.last_change = (int(relocated), int(added))
+        if self.noise is not None:
+            self.noise.resize(params["means"].shape[0], step - 1)
+            self.noise.catch_up_all(step)
+
+
+def compute_relocation_torch(
+    opacities: Tensor, scales: Tensor, ratios: Tensor, binoms: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Torch twin of gsplat's CUDA ``compute_relocation`` (Eq. 9 of 3DGS-as-MCMC), for CPU.
+
+    Args:
+        opacities: [K] or [K, 1] activated opacities of the sampled Gaussians.
+        scales: [K, 3] activated scales.
+        ratios: [K] int: how many Gaussians share each sample (clamped to [1, n_max]).
+        binoms: [n_max, n_max] binomial table.
+
+    Returns:
+        new opacities (shape of ``opacities``) and new scales [K, 3].
+    """
+    n_max = binoms.shape[0]
+    ratios = ratios.clamp(1, n_max).to(torch.int64)
+    op = opacities.reshape(-1)
+    new_op = 1.0 - torch.pow(1.0 - op, 1.0 / ratios.to(op.dtype))
+    denom = torch.zeros_like(op)
+    for i in range(1, int(ratios.max()) + 1 if ratios.numel() else 1):
+        active = ratios >= i
+        for k in range(i):
+            term = ((-1.0) ** k / math.sqrt(k + 1)) * new_op ** (k + 1)
+            denom = torch.where(active, denom + binoms[i - 1, k] * term, denom)
+    coeff = op / denom
+    return new_op.reshape(opacities.shape), coeff.unsqueeze(-1) * scales
+
+
+@contextlib.contextmanager
+def _relocation_on(means: Tensor) -> Iterator[None]:
+    """gsplat's relocation ops call a CUDA kernel; on CPU they use the torch twin."""
+    if means.is_cuda:
+        yield
+        return
+    saved = gsplat_ops.compute_relocation
+    gsplat_ops.compute_relocation = compute_relocation_torch
+    try:
+        yield
+    finally:
+        gsplat_ops.compute_relocation = saved
+
+
+def make_densifier(
+    strategy, state: dict, seed: int, noise: MCMCNoise | None = None
+) -> ReplicatedDensifier | MCMCDensifier:
+    """The adapter for the model's strategy (``DefaultStrategy`` or ``MCMCStrategy``)."""
+    if isinstance(strategy, MCMCStrategy):
+        return MCMCDensifier(strategy, state, seed, noise)
+    if isinstance(strategy, DefaultStrategy):
+        return ReplicatedDensifier(strategy, state, seed)
+    raise TypeError(f"no replicated densifier for {type(strategy).__name__}")
 
 
 @contextlib.contextmanager

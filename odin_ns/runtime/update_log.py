@@ -15,12 +15,16 @@ Two planes:
   and a device mirror of ``versions`` that the apply op keeps.
 
 So deciding what is ready never reads the device; apply runs by mask.
+
+An optional ``ApplyHook`` sees every applied row set around its Adam update (the MCMC
+strategy's lazy position noise, ``odin_ns.distributed.mcmc_noise``); with the default
+``hook=None`` the apply path is unchanged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -30,6 +34,16 @@ from odin_ns.cuda import ops
 from odin_ns.runtime.config import ParamGroupState
 
 HOST = torch.device("cpu")
+
+
+class ApplyHook(Protocol):
+    """Called around the update of every applied row set, in apply order."""
+
+    def before_apply(self, step: int, ids: Tensor) -> None:
+        """Rows ``ids`` ([K] int64 host, sorted unique) are about to get step ``step``'s update."""
+
+    def after_apply(self, step: int, ids: Tensor) -> None:
+        """Rows ``ids`` ([K] int64 host) just got step ``step``'s update."""
 
 
 class PendingStep:
@@ -84,6 +98,7 @@ class UpdateLog:
         world_size: R.
         step_offset: global step of the plan's local step 0.
         versions: [N] int64 host version vector to continue from (updated in place).
+        hook: optional ``ApplyHook`` called around every apply (None: no call).
     """
 
     def __init__(
@@ -93,8 +108,10 @@ class UpdateLog:
         world_size: int,
         step_offset: int,
         versions: Tensor,
+        hook: ApplyHook | None = None,
     ):
         self.groups = list(groups)
+        self.hook = hook
         self.plan = plan
         self.world_size = world_size
         self.step_offset = step_offset
@@ -200,6 +217,10 @@ class UpdateLog:
         for part in rec.parts:  # fixed rank order: bitwise identical sums
             if part is not None:
                 ops.accumulate_ready_rows(acc, ready_data, part[0], part[1])
+        hook = self.hook
+        if hook is not None:
+            ids = rec.ids[ready]
+            hook.before_apply(rec.step, ids)
         ops.apply_ready_rows(
             [g.param for g in self.groups],
             [g.exp_avg for g in self.groups],
@@ -213,6 +234,8 @@ class UpdateLog:
             rec.step,
             self.versions_data,
         )
+        if hook is not None:
+            hook.after_apply(rec.step, ids)
 
 
-__all__ = ["PendingStep", "UpdateLog"]
+__all__ = ["ApplyHook", "PendingStep", "UpdateLog"]
