@@ -34,6 +34,12 @@ class OdinPipelineConfig(VanillaPipelineConfig):
     sync: SyncConfig = field(default_factory=SyncConfig)
     """How ranks synchronize: ddp (dense all-reduce baseline), barrier (synchronous
     baseline), quality-first, throughput-first."""
+    parallel: Literal["replicated", "sharded"] = "replicated"
+    """replicated: every rank holds every Gaussian. sharded: each Gaussian's parameters and
+    Adam moments live on one owner rank; ranks cache the rows their planned steps read
+    (odin_ns.distributed.sharded_session; needs >= 2 ranks)."""
+    ownership: Literal["locality", "random"] = "locality"
+    """sharded: owners from the plan's view streams (locality) or a random deal (baseline)."""
     plan_strategy: Literal["odin", "random"] = "odin"
     """AOT plan: low-conflict spatial streams (odin) or a random deal (baseline)."""
     footprint_margin_px: float = 16.0

@@ -28,6 +28,7 @@ from odin_ns.distributed.optimizer_binding import (
     rebind_optimizer_params,
     store_plain_float_learning_rates,
 )
+from odin_ns.distributed import sharded_session
 from odin_ns.distributed.session import DistributedSession
 from odin_ns.errors import OdinInputError
 from odin_ns.model import GAUSSIAN_GROUPS
@@ -57,12 +58,13 @@ class OdinTrainer(Trainer):
         super().setup(test_mode)  # loads a checkpoint, if one is given
         resumed = self._resumed
         if isinstance(self.pipeline, OdinPipeline) and self.pipeline.distributed:
-            self.session = DistributedSession(
+            sharded = self.pipeline.config.parallel == "sharded"  # odin_ns.distributed.sharded_session
+            self.session = (sharded_session.open_session(self) if sharded else DistributedSession(
                 self.pipeline,
                 self.optimizers,
                 checkpoint_every=self.config.steps_per_save,
                 resumed_phase=resumed["phase"] if resumed is not None else None,
-            )
+            ))  # fmt: skip
         if resumed is not None:
             # Last, so that nothing in the set-up draws from the restored generators.
             mine = resumed["ranks"][self._rank]
@@ -181,6 +183,8 @@ class OdinTrainer(Trainer):
 
         Runs on every rank (the drain and the gather are collective); rank 0 writes.
         """
+        if hasattr(self.session, "save_checkpoint"):  # sharded: one merged checkpoint
+            return self.session.save_checkpoint(self, step)
         if self.session is not None:
             self.session.drain()
         store_plain_float_learning_rates(self.optimizers)

@@ -1,0 +1,580 @@
+"""Sharded distributed step (``--pipeline.parallel sharded``): the ``DistributedSession``
+interface (before_step / after_backward / drain / finish / resume_state / gather / close)
+over owner-sharded Gaussians (``odin_ns.runtime.sharded``, DESIGN 3.11).
+
+Storage per rank: ``model.gauss_params`` is the local table (owned rows, then the phase's
+cache); Adam moments exist for owned rows only (held here, not in the optimizers' state).
+Phase start (collectives): drain; footprints of every view over each rank's owned rows,
+gathered; the plan; ownership (first phase: ``schedule.ownership`` on the plan; later:
+carried, new rows belong to their parent's owner); cache fill (owners send each reader
+the rows its phase reads); bind the engine. Step path: point-to-point only.
+
+Densification (``sharded_densify``): an all-reduce of the [N] statistics at structural
+steps (as replicated training does), flags and the post-grow renumbering all-reduced, rows
+made on owners. Checkpoints: drained, every rank sends its owned rows and moments to rank
+0, which writes one nerfstudio checkpoint of the whole model (gathered in rank 0's memory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.distributed as dist
+from nerfstudio.engine.optimizers import Optimizers
+from nerfstudio.utils.rich_utils import CONSOLE
+
+from odin_ns.distributed.densify import ReplicatedDensifier
+from odin_ns.distributed.optimizer_binding import learning_rate_at, store_plain_float_learning_rates
+from odin_ns.distributed.phase import PhaseController, local_footprints
+from odin_ns.distributed.sharded_densify import (
+    OwnedRows,
+    all_reduce_statistics,
+    grow_and_prune,
+    reset_opacities,
+)
+from odin_ns.errors import OdinInputError
+from odin_ns.model import GAUSSIAN_GROUPS
+from odin_ns.runtime import P2PTransport, ParamGroupState
+from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, phase_read_sets
+from odin_ns.schedule.ownership import assign_ownership, ownership_report
+
+
+def gather_owned_footprints(
+    local: sp.csr_matrix, owned: np.ndarray, num_prims: int, world_size: int, group=None
+) -> sp.csr_matrix:
+    """[V, N] footprints from every rank's [V, O_r] footprints over its owned rows.
+
+    ``owned``: [O_r] global ids of this rank's columns. Two all-gathers of int64 tensors.
+    """
+    coo = local.tocoo()
+    pairs = np.stack([coo.row.astype(np.int64), owned[coo.col]]).reshape(-1)
+    size = torch.tensor([pairs.size], dtype=torch.int64)
+    sizes = [torch.zeros_like(size) for _ in range(world_size)]
+    dist.all_gather(sizes, size, group=group)
+    top = max(int(s) for s in sizes)
+    payload = torch.zeros(top, dtype=torch.int64)
+    payload[: pairs.size] = torch.from_numpy(pairs)
+    parts = [torch.zeros_like(payload) for _ in range(world_size)]
+    dist.all_gather(parts, payload, group=group)
+    rows, cols = [], []
+    for part, s in zip(parts, sizes, strict=True):
+        p = part[: int(s)].numpy().reshape(2, -1)
+        rows.append(p[0])
+        cols.append(p[1])
+    r, c = np.concatenate(rows), np.concatenate(cols)
+    out = sp.csr_matrix((np.ones(r.size, dtype=bool), (r, c)), shape=(local.shape[0], num_prims))
+    out.sum_duplicates()
+    out.sort_indices()
+    return out
+
+
+class ShardedPhaseController(PhaseController):
+    """Phases whose footprints come from the owners' rows (each rank: all views x owned)."""
+
+    owned: np.ndarray | None = None  # [O] global ids of the model's first O rows
+    num_rows: int = 0  # N
+
+    @torch.no_grad()
+    def _footprints(self, model, cameras) -> sp.csr_matrix:
+        if self.owned is None:  # the first phase: every rank still holds the whole model
+            return super()._footprints(model, cameras)
+        o = self.owned.size
+        view = _Rows(model, o)
+        local = local_footprints(view, cameras, np.arange(len(cameras)), self.margin_px)
+        return gather_owned_footprints(
+            local, self.owned, self.num_rows, self.world_size, self.group
+        )
+
+
+class _Rows:
+    """The first ``o`` rows of a model's Gaussians, as ``local_footprints`` reads them."""
+
+    def __init__(self, model, o: int):
+        self.means = model.means[:o]
+        self.scales = model.scales[:o]
+        self.quats = model.quats[:o]
+        self.opacities = model.opacities[:o]
+
+
+def check_sharded_supported(pipeline, trainer_config=None) -> None:
+    """One clear line for what sharded mode does not do (yet)."""
+    config = pipeline.config
+    if pipeline.world_size < 2:
+        raise OdinInputError(
+            "--pipeline.parallel sharded needs at least 2 ranks (launch with "
+            "odin-ns-train --nproc-per-node N); one process holds the whole model anyway"
+        )
+    if int(getattr(config, "views_per_rank", 1)) != 1:
+        raise OdinInputError("--pipeline.parallel sharded trains one view per rank per step")
+    if config.sync.mode not in ("quality-first", "barrier"):
+        raise OdinInputError(
+            f"--pipeline.parallel sharded runs quality-first (exact); sync mode "
+            f"'{config.sync.mode}' is not supported in sharded mode yet"
+        )
+    if getattr(pipeline.model, "mcmc_noise", None) is not None:
+        raise OdinInputError("--pipeline.parallel sharded supports the default strategy only")
+    if trainer_config is None:
+        return
+    if trainer_config.load_dir is not None or trainer_config.load_checkpoint is not None:
+        raise OdinInputError(
+            "--pipeline.parallel sharded cannot resume from a checkpoint yet; resume the "
+            "merged checkpoint with --pipeline.parallel replicated"
+        )
+    evals = (
+        trainer_config.steps_per_eval_batch,
+        trainer_config.steps_per_eval_image,
+        trainer_config.steps_per_eval_all_images,
+    )
+    if any(int(e) > 0 for e in evals):
+        raise OdinInputError(
+            "--pipeline.parallel sharded: evaluation during training is not supported yet; "
+            "pass --steps-per-eval-batch 0 --steps-per-eval-image 0 "
+            "--steps-per-eval-all-images 0 and evaluate the checkpoint with ns-eval"
+        )
+    if trainer_config.vis not in ("tensorboard", "wandb", "comet"):
+        raise OdinInputError(
+            "--pipeline.parallel sharded: the live viewer is not supported yet; pass --vis "
+            "tensorboard and open the checkpoint with ns-viewer"
+        )
+
+
+class ShardedSession:
+    """The sharded distributed step of one rank (same interface as DistributedSession).
+
+    Args:
+        pipeline, optimizers, checkpoint_every: as ``DistributedSession``.
+        resumed_phase: must be None (resume is refused before this).
+        stop_step: the trainer's ``max_num_iterations`` (no push for steps never run).
+        ownership: "locality" (from the plan) or "random" (Grendel-style baseline).
+    """
+
+    def __init__(
+        self,
+        pipeline,
+        optimizers: Optimizers,
+        checkpoint_every: int = 0,
+        resumed_phase: dict | None = None,
+        stop_step: int | None = None,
+        ownership: str = "locality",
+    ):
+        if resumed_phase is not None:
+            raise OdinInputError("--pipeline.parallel sharded cannot resume yet")
+        config = pipeline.config
+        self.pipeline = pipeline
+        self.model = pipeline.model
+        self.datamanager = pipeline.datamanager
+        self.optimizers = optimizers
+        self.rank = pipeline.rank
+        self.world_size = pipeline.world_size
+        self.timeout_s = float(config.sync.timeout_s)
+        self.ownership = ownership
+        self.stop_step = stop_step
+        self.checkpoint_every = int(checkpoint_every)
+        # three gloo groups: gradients, pushes, phase-start collectives (cache fill, ...)
+        self.group = dist.new_group(backend="gloo")
+        grads_group = dist.new_group(backend="gloo")
+        push_group = dist.new_group(backend="gloo")
+        idle = float(config.sync.idle_timeout_s)
+        self.grads_tx = P2PTransport(self.rank, self.world_size, grads_group, idle)
+        self.push_tx = P2PTransport(self.rank, self.world_size, push_group, idle)
+        self.seed = int(self.datamanager.config.train_cameras_sampling_seed)
+        self.phases = ShardedPhaseController(
+            self.rank,
+            self.world_size,
+            seed=self.seed,
+            strategy=config.plan_strategy,
+            max_phase_steps=config.max_phase_steps,
+            margin_px=config.footprint_margin_px,
+            group=self.group,
+        )
+        self.densifier = ReplicatedDensifier(self.model.strategy, self.model.strategy_state, 0)
+        self.densifier.seed = self.seed
+        self.densifier.ensure_state(self.model.num_points, self.model.means.device)
+        self.owner: np.ndarray | None = None  # [N] int64
+        self.layout: ShardLayout | None = None
+        self.moments: tuple[dict, dict] | None = None  # exp_avg, exp_avg_sq per group [O]
+        self.versions: torch.Tensor | None = None  # [O] int64
+        self.engine: ShardedEngine | None = None
+        self.records: list[dict] = []  # per step
+        self.phase_records: list[dict] = []
+        self.reports: list[dict] = []
+        self._rows: torch.Tensor | None = None
+        for tensor in list(self.model.parameters()) + list(self.model.buffers()):
+            dist.broadcast(tensor.data, src=0)  # every rank starts from rank 0's model
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.owner.size) if self.owner is not None else self.model.num_points
+
+    # ------------------------------------------------------------------ the step
+    def before_step(self, step: int) -> float:
+        if self.phases.due(step):
+            self._start_phase(step)
+        assert self.engine is not None
+        t = step - self.phases.start_step
+        wait_s = self.engine.before_step(t)
+        st = self.engine.steps[t]
+        self._rows = torch.from_numpy(st.reads).to(self.model.means.device)
+        self._global_rows = torch.from_numpy(st.reads_global).to(self.model.means.device)
+        self.model.active_rows = self._rows
+        return wait_s
+
+    def after_backward(
+        self, step: int, compute_s: float, wait_s: float, started: float, infos=None
+    ) -> None:
+        assert self.engine is not None and self._rows is not None
+        grads = [self.model.gauss_params[name].grad for name in GAUSSIAN_GROUPS]
+        for name, grad in zip(GAUSSIAN_GROUPS, grads, strict=True):
+            if grad is not None and not torch.isfinite(grad[self._rows]).all():
+                raise FloatingPointError(
+                    f"rank {self.rank}: non-finite gradient of '{name}' at step {step}"
+                )
+        t = step - self.phases.start_step
+        metrics = self.engine.metrics[-1]
+        self.engine.after_backward(t, grads, self.model.visible_rows)
+        for info in infos if infos is not None else [self.model.info]:
+            self.densifier.accumulate(step, info, self._global_rows, self.num_rows)
+        if self.densifier.is_structural(step):
+            self._apply_structural_change(step)
+        self.records.append(
+            {
+                "step": step,
+                "compute_s": compute_s,
+                "wait_s": wait_s,
+                "start": started,
+                "end": time.time(),
+                "footprint_rows": int(self._rows.numel()),
+                "bytes_sent": metrics.bytes_sent,
+                "bytes_recv": metrics.bytes_recv,
+                "resident_rows": self.model.num_points,
+                "owned_rows": self.layout.num_owned,
+            }
+        )
+
+    # ------------------------------------------------------------------ phases
+    def _next_boundary(self, step: int) -> int | None:
+        stop = step + self.phases.max_phase_steps
+        candidates = [self.densifier.next_structural_step(step, stop)]
+        if self.checkpoint_every > 0:
+            k = max(1, -(-step // self.checkpoint_every))
+            if k * self.checkpoint_every < stop:
+                candidates.append(k * self.checkpoint_every)
+        found = [c for c in candidates if c is not None]
+        return min(found) if found else None
+
+    def _owned_rows(self) -> OwnedRows:
+        """This rank's owned rows (copies of the table's owned prefix) with moments."""
+        assert self.layout is not None and self.moments is not None
+        o = self.layout.num_owned
+        params = {n: self.model.gauss_params[n].data[:o].clone() for n in GAUSSIAN_GROUPS}
+        return OwnedRows(params, dict(self.moments[0]), dict(self.moments[1]))
+
+    def _start_phase(self, step: int) -> None:
+        tic = time.perf_counter()
+        if self.engine is not None:
+            self.engine.drain()
+        first = self.owner is None
+        if not first:
+            self.phases.owned = self.layout.owned
+            self.phases.num_rows = self.num_rows
+        plan, record = self.phases.start(
+            step,
+            self.model,
+            self.datamanager.train_dataset.cameras,
+            self._next_boundary(step),
+        )
+        self.datamanager.set_plan_views(plan.views[:, self.rank, 0], start_step=step)
+        device = self.model.means.device
+        if first:
+            n = self.model.num_points
+            self.owner = assign_ownership(plan, self.ownership, self.seed)
+            o_ids = np.flatnonzero(self.owner == self.rank)
+            params = {
+                k: self.model.gauss_params[k].data[torch.from_numpy(o_ids)].clone()
+                for k in GAUSSIAN_GROUPS
+            }
+            zeros = {k: torch.zeros_like(v) for k, v in params.items()}
+            rows = OwnedRows(params, zeros, {k: torch.zeros_like(v) for k, v in params.items()})
+            self.versions = torch.full((o_ids.size,), step - 1, dtype=torch.int64, device=device)
+            assert n == self.owner.size
+        else:
+            rows = self._owned_rows()
+        report = ownership_report(plan, self.owner, self.seed)
+        report["start_step"] = step
+        self.reports.append(report)
+        self._bind_table(plan, rows, step)
+        record.phase_start_s = time.perf_counter() - tic
+        self.phase_records.append(vars(record))
+
+    @torch.no_grad()
+    def _bind_table(self, plan, rows: OwnedRows, step: int) -> None:
+        """New local table (owned rows + this phase's cache, filled by the owners)."""
+        reads = phase_read_sets(plan, self.world_size)
+        caches = [r[self.owner[r] != q] for q, r in enumerate(reads)]
+        layout = ShardLayout(self.owner, self.rank, caches[self.rank])
+        fill = self._fill_cache(rows, layout.owned, caches)
+        table = {}
+        for name in GAUSSIAN_GROUPS:
+            data = torch.cat([rows.params[name], fill[name]]).contiguous()
+            table[name] = torch.nn.Parameter(data)
+        for name in GAUSSIAN_GROUPS:
+            self.model.gauss_params[name] = table[name]
+            opt = self.optimizers.optimizers[name]
+            opt.param_groups[0]["params"] = [table[name]]
+            opt.state.clear()  # moments live in the session (owned rows only)
+        self.layout = layout
+        self.moments = (rows.exp_avg, rows.exp_avg_sq)
+        groups = []
+        for name in GAUSSIAN_GROUPS:
+            pg = self.optimizers.optimizers[name].param_groups[0]
+            groups.append(
+                ParamGroupState(
+                    name=name,
+                    param=table[name],
+                    exp_avg=rows.exp_avg[name],
+                    exp_avg_sq=rows.exp_avg_sq[name],
+                    lr_at=learning_rate_at(self.optimizers, name),
+                    betas=tuple(pg["betas"]),
+                    eps=float(pg["eps"]),
+                )
+            )
+        stop = None if self.stop_step is None else self.stop_step - step
+        self.engine = ShardedEngine(
+            groups,
+            layout,
+            plan,
+            self.rank,
+            self.world_size,
+            self.grads_tx,
+            self.push_tx,
+            step_offset=step,
+            versions=self.versions,
+            timeout_s=self.timeout_s,
+            stop=stop,
+        )
+
+    def _fill_cache(self, rows: OwnedRows, owned: np.ndarray, caches: list[np.ndarray]) -> dict:
+        """Every owner sends each reader the rows of its cache it owns (isend / irecv on the
+        phase group); returns this rank's cache rows per group, [C, ...] each."""
+        device = rows.params["means"].device
+        names = list(GAUSSIAN_GROUPS)
+        dims = [int(np.prod(rows.params[n].shape[1:])) for n in names]
+        width = sum(dims)
+        mine = caches[self.rank]
+        works, recvs = [], []
+        for q in range(self.world_size):
+            if q == self.rank:
+                continue
+            need = caches[q][self.owner[caches[q]] == self.rank]  # q's cache rows I own
+            if need.size:
+                local = torch.from_numpy(np.searchsorted(owned, need))
+                buf = torch.cat(
+                    [rows.params[n][local].reshape(need.size, -1).cpu() for n in names], dim=1
+                ).contiguous()
+                works.append(dist.isend(buf, dst=q, group=self.group, tag=7))
+            got = np.flatnonzero(self.owner[mine] == q)  # positions in my cache
+            if got.size:
+                buf = torch.empty(got.size, width)
+                works.append(dist.irecv(buf, src=q, group=self.group, tag=7))
+                recvs.append((got, buf))
+        for w in works:
+            w.wait()
+        out = {n: torch.empty((mine.size, *rows.params[n].shape[1:]), device=device) for n in names}
+        for got, buf in recvs:
+            off = 0
+            pos = torch.from_numpy(got).to(device)
+            for n, d in zip(names, dims, strict=True):
+                out[n][pos] = buf[:, off : off + d].reshape(got.size, *out[n].shape[1:]).to(device)
+                off += d
+        return out
+
+    def _apply_structural_change(self, step: int) -> None:
+        assert self.engine is not None
+        self.engine.drain()
+        state = self.densifier.state
+        self.densifier.ensure_state(self.num_rows, self.model.means.device)
+        all_reduce_statistics(state, self.group)
+        rows = self._owned_rows()
+        before = self.num_rows
+        if self.densifier.is_refine_step(step):
+            rows, self.owner = grow_and_prune(
+                self.model.strategy,
+                state,
+                rows,
+                self.layout.owned,
+                self.owner,
+                self.rank,
+                step,
+                self.seed,
+                self.group,
+            )
+            for key in ("grad2d", "count", "radii"):
+                if key in state and state[key] is not None:
+                    state[key] = torch.zeros(self.owner.size, device=self.model.means.device)
+        if self.densifier.is_reset_step(step):
+            reset_opacities(rows, self.model.strategy.prune_opa * 2.0)
+        o = rows.params["means"].shape[0]
+        self.versions = torch.full((o,), step, dtype=torch.int64, device=self.model.means.device)
+        # the table is the owned rows until the next phase start adds the cache
+        self.layout = ShardLayout(self.owner, self.rank, np.empty(0, dtype=np.int64))
+        for name in GAUSSIAN_GROUPS:
+            self.model.gauss_params[name] = torch.nn.Parameter(rows.params[name].contiguous())
+            self.optimizers.optimizers[name].param_groups[0]["params"] = [
+                self.model.gauss_params[name]
+            ]
+        self.moments = (rows.exp_avg, rows.exp_avg_sq)
+        self.engine = None
+        self.phases.end_after(step)
+        if self.rank == 0 and self.num_rows != before:
+            CONSOLE.log(f"step {step}: densification {before} -> {self.num_rows} Gaussians")
+
+    # ------------------------------------------------------------------ drains
+    def drain(self) -> None:
+        if self.engine is not None:
+            self.engine.drain()
+
+    def resume_state(self, step: int) -> dict | None:
+        return None  # resume from a sharded checkpoint: not supported yet (refused)
+
+    def gather(self, obj) -> list:
+        parts: list = [None] * self.world_size
+        dist.all_gather_object(parts, obj, group=self.group)
+        return parts
+
+    @torch.no_grad()
+    def merged_model(self) -> dict | None:
+        """Rank 0: {group: (param [N, ...], exp_avg, exp_avg_sq)} of the whole model, rows
+        in global order (every rank sends its owned rows to rank 0; call after a drain, on
+        every rank); None on other ranks."""
+        if self.layout is None:  # no phase yet: every rank holds the whole model
+            if self.rank != 0:
+                return None
+            return {
+                n: (p.data.clone(), torch.zeros_like(p.data), torch.zeros_like(p.data))
+                for n, p in self.model.gauss_params.items()
+            }
+        rows = self._owned_rows()
+        ids = torch.from_numpy(self.layout.owned)
+        names = list(GAUSSIAN_GROUPS)
+        local = torch.cat(
+            [
+                t[n].reshape(ids.numel(), -1).cpu()
+                for n in names
+                for t in (rows.params, rows.exp_avg, rows.exp_avg_sq)
+            ],
+            dim=1,
+        ).contiguous()
+        if self.rank != 0:
+            dist.send(local, dst=0, group=self.group, tag=9)
+            return None
+        n = self.num_rows
+        full = torch.empty(n, local.shape[1])
+        full[ids] = local
+        for q in range(1, self.world_size):
+            q_ids = torch.from_numpy(np.flatnonzero(self.owner == q))
+            buf = torch.empty(q_ids.numel(), local.shape[1])
+            dist.recv(buf, src=q, group=self.group, tag=9)
+            full[q_ids] = buf
+        out, off = {}, 0
+        for name in names:
+            shape = rows.params[name].shape[1:]
+            d = int(np.prod(shape))
+            parts = []
+            for _ in range(3):
+                parts.append(full[:, off : off + d].reshape(n, *shape).clone())
+                off += d
+            out[name] = tuple(parts)
+        return out
+
+    def save_checkpoint(self, trainer, step: int) -> None:
+        """One nerfstudio checkpoint of the whole model, written by rank 0 (collective)."""
+        self.drain()
+        merged = self.merged_model()
+        if self.rank != 0:
+            return
+        store_plain_float_learning_rates(self.optimizers)
+        pipeline = trainer.pipeline.state_dict()
+        optimizers = {}
+        for name, (param, m, v) in merged.items():
+            pipeline[f"_model.gauss_params.{name}"] = param
+            opt = self.optimizers.optimizers[name].state_dict()
+            opt["state"] = {
+                0: {"step": torch.tensor(float(step + 1)), "exp_avg": m, "exp_avg_sq": v}
+            }
+            optimizers[name] = opt
+        for name, opt in self.optimizers.optimizers.items():
+            if name not in optimizers:
+                optimizers[name] = opt.state_dict()
+        state = {
+            "step": step,
+            "pipeline": pipeline,
+            "optimizers": optimizers,
+            "schedulers": {k: v.state_dict() for k, v in self.optimizers.schedulers.items()},
+            "scalers": trainer.grad_scaler.state_dict(),
+            "odin": {"format": "odin-ns-sharded-merged-v1", "world_size": self.world_size},
+        }
+        trainer.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        path = trainer.checkpoint_dir / f"step-{step:09d}.ckpt"
+        partial = path.with_suffix(".ckpt.partial")
+        torch.save(state, partial)
+        partial.replace(path)
+        if trainer.config.save_only_latest_checkpoint:
+            for old in trainer.checkpoint_dir.glob("*.ckpt"):
+                if old != path:
+                    old.unlink()
+
+    def replica_hash(self) -> str:
+        digest = hashlib.sha256()
+        for name in GAUSSIAN_GROUPS:
+            o = self.layout.num_owned if self.layout is not None else None
+            digest.update(self.model.gauss_params[name].detach()[:o].cpu().numpy().tobytes())
+        return digest.hexdigest()
+
+    def finish(self, run_summary_path: Path) -> None:
+        """Drain; gather every rank's step records; rank 0 writes ``odin_run.json``."""
+        self.drain()
+        mine = {
+            "rank": self.rank,
+            "engine": self.engine.summary() if self.engine is not None else {},
+            "steps": self.records,
+            "phases": self.phase_records,
+            "ownership": self.reports,
+            "owned_rows": self.layout.num_owned if self.layout is not None else None,
+            "resident_rows": self.model.num_points,
+        }
+        ranks = self.gather(mine)
+        if self.rank == 0:
+            summary = {"world_size": self.world_size, "parallel": "sharded", "ranks": ranks}
+            Path(run_summary_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(run_summary_path).write_text(json.dumps(summary, default=float))
+            CONSOLE.log(f"Odin run summary written to {run_summary_path}")
+
+    def busy(self, what: str):
+        """What the replicated session's liveness needs; nothing to do here."""
+        return contextlib.nullcontext()
+
+    def set_paused(self, paused: bool) -> None:
+        """The viewer's pause: the live viewer is refused in sharded mode."""
+
+    def close(self) -> None:
+        self.grads_tx.close()
+        self.push_tx.close()
+
+
+def open_session(trainer) -> ShardedSession:
+    """The trainer's sharded session, after the checks of what sharded mode refuses."""
+    check_sharded_supported(trainer.pipeline, trainer.config)
+    return ShardedSession(
+        trainer.pipeline,
+        trainer.optimizers,
+        checkpoint_every=trainer.config.steps_per_save,
+        stop_step=trainer.config.max_num_iterations,
+        ownership=trainer.pipeline.config.ownership,
+    )

@@ -1,0 +1,450 @@
+"""Sharded primitive sync (DESIGN 3.11): owners hold rows and moments, readers cache.
+
+Rank ``me`` holds a local table of ``L = O + C`` rows: the ``O`` rows it owns (sorted by
+global id, so ``[0, O)`` is a contiguous prefix the apply op updates with the ``[O]`` Adam
+moments) followed by a cache of the ``C`` non-owned rows its planned steps read in the
+phase. ``ShardLayout`` maps global ids to local ids. Renders read local ids in global-id
+order, so a rank draws exactly the tensors replicated training draws.
+
+Per step ``t`` (all sizes and peers known from the plan, ``StepTables``):
+
+- **before**: wait until (a) every owned row of the read set has its last planned update
+  before ``t`` applied here, and (b) every *push* for ``t`` has arrived: owner ``o`` sends
+  reader ``r`` the rows ``r`` reads at ``t`` that some rank wrote earlier in the phase, as
+  soon as the last of those updates is applied (pushes per pair go in (ready step, t)
+  order, so FIFO receives match);
+- **after backward**: send the gradient rows of non-owned rows to their owners, one
+  message per owner; file the own rows' gradients;
+- **apply** (owner, in step order): step ``s``'s update of the owned rows once every writer
+  of ``s`` has arrived, summed in rank order (``ops.accumulate_ready_rows``) and applied
+  with ``ops.apply_ready_rows``, as ``UpdateLog`` does: bitwise the replicated update.
+
+Gradients and pushes travel on two ``P2PTransport`` instances (two gloo groups), so each
+stream is FIFO per peer in the sender's order and neither blocks the other. Only
+point-to-point messages on the step path; phase starts use collectives.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from odin_ns.cuda import ops
+from odin_ns.runtime.config import ParamGroupState
+from odin_ns.runtime.errors import SyncTimeout
+from odin_ns.runtime.transport import Transport
+
+GRAD, PUSH = 0, 1
+
+
+@dataclass
+class ShardLayout:
+    """One rank's local table: owned rows, then cached rows (both sorted by global id).
+
+    Args:
+        owner: [N] int64 owner rank of every global row (identical on every rank).
+        rank: this rank.
+        cache: [C] int64 sorted global ids of the non-owned rows this rank caches.
+    """
+
+    owner: np.ndarray
+    rank: int
+    cache: np.ndarray
+    owned: np.ndarray = field(init=False)  # [O] int64 sorted global ids
+    gids: np.ndarray = field(init=False)  # [L] int64 global id of each local row
+    _order: np.ndarray = field(init=False)  # [L] local ids sorted by global id
+    _sorted: np.ndarray = field(init=False)  # [L] gids[_order]
+
+    def __post_init__(self):
+        self.owned = np.flatnonzero(self.owner == self.rank).astype(np.int64)
+        self.cache = np.asarray(self.cache, dtype=np.int64)
+        self.gids = np.concatenate([self.owned, self.cache])
+        self._order = np.argsort(self.gids, kind="stable")
+        self._sorted = self.gids[self._order]
+
+    @property
+    def num_owned(self) -> int:
+        return int(self.owned.size)
+
+    @property
+    def num_local(self) -> int:
+        return int(self.gids.size)
+
+    def local(self, gids: np.ndarray) -> np.ndarray:
+        """[K] int64 local ids of global ids ``gids`` (each must be in the table)."""
+        pos = np.searchsorted(self._sorted, gids)
+        if gids.size and (pos.max() >= self._sorted.size or (self._sorted[pos] != gids).any()):
+            raise KeyError(f"rank {self.rank}: global rows not in the local table")
+        return self._order[pos]
+
+
+def phase_read_sets(plan, num_ranks: int) -> list[np.ndarray]:
+    """Per rank, [K_r] sorted global ids its planned steps of the phase read."""
+    F = plan.footprints
+    return [np.unique(F[plan.views[:, r, :].reshape(-1)].indices) for r in range(num_ranks)]
+
+
+@dataclass
+class Step:
+    """What rank ``me`` does at one local step (host index arrays; local ids)."""
+
+    reads: np.ndarray  # [M] local ids of the read set, in global-id order (render order)
+    reads_global: np.ndarray  # [M] global ids (sorted)
+    grad_out: dict[int, np.ndarray]  # owner -> local ids (cache rows) whose grads go there
+    own_rows: np.ndarray  # local ids (owned) of own reads, global order
+    union: np.ndarray  # [U] sorted owned local ids anyone writes at this step
+    positions: dict[int, np.ndarray]  # writer q -> [M_q] positions in union (global order)
+    need_owned: int  # owned reads need local steps <= this applied (-1: none)
+    push_in: dict[int, np.ndarray]  # owner -> local cache ids refreshed by its push
+
+
+@dataclass
+class Push:
+    """One push of owned rows to a reader, sent once step ``ready`` is applied."""
+
+    ready: int  # local step after whose apply the rows are sent
+    step: int  # local step at which the reader reads them
+    peer: int  # reader (push out) or owner (push in)
+    rows: np.ndarray  # local ids (owned rows out / cache rows in), global order
+
+
+def step_tables(plan, layout: ShardLayout, num_ranks: int):
+    """(steps, pushes_out, pushes_in) of rank ``layout.rank`` for the phase's plan.
+
+    ``pushes_out[q]`` / ``pushes_in[o]``: lists sorted by (ready, step), the order the
+    owner sends them in. A row read at t by r is pushed iff some rank wrote it in the phase
+    before t (its previous write ``prev >= 0``); else the phase start's cache fill holds it.
+    """
+    me, owner = layout.rank, layout.owner
+    last = np.full(owner.size, -1, dtype=np.int64)  # last write (local step) per global row
+    steps: list[Step] = []
+    out: dict[int, list[Push]] = {q: [] for q in range(num_ranks) if q != me}
+    inn: dict[int, list[Push]] = {q: [] for q in range(num_ranks) if q != me}
+    for t in range(plan.num_steps):
+        reads = [np.asarray(plan.step_footprint(t, q), dtype=np.int64) for q in range(num_ranks)]
+        prevs = [last[r] for r in reads]
+        mine = reads[me]
+        own_of = owner[mine]
+        grad_out = {}
+        push_in = {}
+        for o in inn:
+            sel = own_of == o
+            if sel.any():
+                grad_out[o] = layout.local(mine[sel])
+            sel &= prevs[me] >= 0
+            if sel.any():
+                rows = layout.local(mine[sel])
+                push_in[o] = rows
+                inn[o].append(Push(int(prevs[me][sel].max()), t, o, rows))
+        owned_parts = [r[owner[r] == me] for r in reads]
+        union_g = np.unique(np.concatenate(owned_parts))
+        positions = {
+            q: np.searchsorted(union_g, part) for q, part in enumerate(owned_parts) if part.size
+        }
+        for q in out:
+            sel = (owner[reads[q]] == me) & (prevs[q] >= 0)
+            if sel.any():
+                out[q].append(Push(int(prevs[q][sel].max()), t, q, layout.local(reads[q][sel])))
+        mine_owned = own_of == me
+        need = int(prevs[me][mine_owned].max()) if mine_owned.any() else -1
+        steps.append(
+            Step(
+                reads=layout.local(mine),
+                reads_global=mine,
+                grad_out=grad_out,
+                own_rows=layout.local(mine[mine_owned]),
+                union=layout.local(union_g),
+                positions=positions,
+                need_owned=need,
+                push_in=push_in,
+            )
+        )
+        last[np.unique(np.concatenate(reads))] = t
+    for lists in (out, inn):
+        for q in lists:
+            lists[q].sort(key=lambda p: (p.ready, p.step))
+    return steps, out, inn
+
+
+@dataclass
+class ShardedMetrics:
+    """Per local step: seconds waited before it, bytes sent / received during it."""
+
+    step: int
+    wait_s: float = 0.0
+    apply_s: float = 0.0
+    bytes_sent: int = 0
+    bytes_recv: int = 0
+    rows_applied: int = 0
+
+
+class ShardedEngine:
+    """Step path of one rank in sharded mode (see the module docstring).
+
+    Args:
+        groups: the rank's parameter groups: ``param`` is the local table [L, ...] (owned
+            prefix [O]); ``exp_avg`` / ``exp_avg_sq`` are [O, ...] (owned rows only).
+        layout: the phase's ``ShardLayout``.
+        plan: the phase's plan.
+        rank, world_size: this rank and R.
+        grads: transport of gradient rows (its own gloo group).
+        pushes: transport of pushed parameter rows (another gloo group).
+        step_offset: global step of the plan's local step 0.
+        versions: [O] int64 last applied global step of each owned row.
+        timeout_s: deadline of every wait.
+        stop: local steps >= stop never run (the end of training): nothing is pushed for
+            them, so no send waits on a reader that will never post its receive.
+    """
+
+    def __init__(
+        self,
+        groups: Sequence[ParamGroupState],
+        layout: ShardLayout,
+        plan,
+        rank: int,
+        world_size: int,
+        grads: Transport,
+        pushes: Transport,
+        step_offset: int,
+        versions: Tensor,
+        timeout_s: float = 120.0,
+        stop: int | None = None,
+    ):
+        self.groups = list(groups)
+        self.layout = layout
+        self.plan = plan
+        self.rank = rank
+        self.world = world_size
+        self.grads_tx = grads
+        self.push_tx = pushes
+        self.offset = int(step_offset)
+        self.versions = versions  # [O] int64 (parameters' device)
+        self.timeout_s = float(timeout_s)
+        self.device = self.groups[0].param.device
+        self.dims = [g.row_dim for g in self.groups]
+        self.width = sum(self.dims) + 1  # gradient rows: groups' columns, then visible flag
+        self.pwidth = sum(self.dims)  # pushed rows: parameters only
+        self.steps, self.out, self.inn = step_tables(plan, layout, world_size)
+        if stop is not None:
+            self.steps = self.steps[: max(0, stop)]
+            for lists in (self.out, self.inn):
+                for q in lists:
+                    lists[q] = [p for p in lists[q] if p.step < len(self.steps)]
+        self.num_steps = len(self.steps)
+        self.metrics: list[ShardedMetrics] = []
+        self._cur = ShardedMetrics(step=-1)
+        self.done = -1  # own steps finished (gradients filed)
+        self.applied = -1  # local steps applied on owned rows
+        self.parts: dict[int, dict[int, Tensor]] = {}  # step -> writer -> [M_q, W] rows
+        self.push_got: dict[int, int] = {}  # step -> pushes received for it
+        self.grad_posted = dict.fromkeys(self.inn, -1)  # per peer: steps posted up to
+        self.push_posted = dict.fromkeys(self.inn, 0)  # per owner: pushes posted (count)
+        self.push_sent = dict.fromkeys(self.out, 0)  # per reader: pushes sent (count)
+        self.push_recv = dict.fromkeys(self.inn, 0)  # per owner: pushes received (count)
+
+    # ------------------------------------------------------------ keys and posting
+    def _key(self, kind: int, t: int) -> int:
+        """Arrival.step of a message: gradients (global step t) and pushes (index t in the
+        pair's push list of the phase) apart by the low bit."""
+        return ((self.offset + t) if kind == GRAD else t) * 2 + kind
+
+    def _tag(self, kind: int, t: int) -> int:
+        return self._key(kind, t) % (1 << 30)
+
+    def _post(self, t: int) -> None:
+        """Post gradient receives for local steps <= t and push receives read at <= t."""
+        for q in self.inn:
+            for s in range(self.grad_posted[q] + 1, t + 1):
+                rows = self.steps[s].positions.get(q)
+                if rows is not None:
+                    self.grads_tx.post_recv(q, self._key(GRAD, s), self._tag(GRAD, s),
+                                            rows.size, self.width)  # fmt: skip
+            self.grad_posted[q] = max(self.grad_posted[q], t)
+            pushes = self.inn[q]
+            i = self.push_posted[q]
+            want = max((k + 1 for k, p in enumerate(pushes) if p.step <= t), default=0)
+            for k in range(i, want):
+                p = pushes[k]
+                self.push_tx.post_recv(q, self._key(PUSH, k), self._tag(PUSH, k),
+                                       p.rows.size, self.pwidth)  # fmt: skip
+            self.push_posted[q] = max(i, want)
+
+    # ------------------------------------------------------------ progress
+    def _poll(self, timeout: float = 0.0) -> int:
+        got = 0
+        for tx, kind in ((self.grads_tx, GRAD), (self.push_tx, PUSH)):
+            for a in tx.take(timeout if got == 0 and kind == PUSH else 0.0):
+                got += 1
+                self._cur.bytes_recv += a.buf.numel() * a.buf.element_size()
+                if kind == GRAD:
+                    s = a.step // 2 - self.offset
+                    self.parts.setdefault(s, {})[a.peer] = a.buf.to(self.device)
+                else:
+                    self._absorb_push(a.peer, a.step // 2, a.buf)
+            err = tx.failure()
+            if err is not None:
+                raise err
+        return got
+
+    @torch.no_grad()
+    def _absorb_push(self, owner: int, k: int, buf: Tensor) -> None:
+        push = self.inn[owner][k]
+        if k != self.push_recv[owner]:
+            raise RuntimeError(f"rank {self.rank}: push {k} from {owner} out of order")
+        self.push_recv[owner] += 1
+        rows = torch.from_numpy(push.rows).to(self.device)
+        buf = buf.to(self.device)
+        off = 0
+        for g, d in zip(self.groups, self.dims, strict=True):
+            g.param.data.view(g.param.shape[0], d)[rows] = buf[:, off : off + d]
+            off += d
+        self.push_got[push.step] = self.push_got.get(push.step, 0) + 1
+
+    def _ready(self, s: int) -> bool:
+        if s > self.done:
+            return False
+        got = self.parts.get(s, {})
+        return all(q in got for q in self.steps[s].positions)
+
+    @torch.no_grad()
+    def _apply_ready(self) -> None:
+        while self.applied + 1 < self.num_steps and self._ready(self.applied + 1):
+            s = self.applied + 1
+            tic = time.perf_counter()
+            st = self.steps[s]
+            parts = self.parts.pop(s, {})
+            if st.union.size:
+                u = st.union.size
+                acc = torch.zeros(u, self.width, dtype=torch.float32, device=self.device)
+                ready = torch.ones(u, dtype=torch.bool, device=self.device)
+                for q in range(self.world):  # fixed rank order: bitwise the replicated sum
+                    if q in parts:
+                        pos = torch.from_numpy(st.positions[q]).to(self.device)
+                        ops.accumulate_ready_rows(acc, ready, pos, parts[q])
+                step = self.offset + s
+                o = self.layout.num_owned
+                ops.apply_ready_rows(
+                    [g.param.data[:o] for g in self.groups],
+                    [g.exp_avg for g in self.groups],
+                    [g.exp_avg_sq for g in self.groups],
+                    torch.from_numpy(st.union).to(self.device),
+                    acc,
+                    ready,
+                    [g.lr_at(step) for g in self.groups],
+                    [g.betas for g in self.groups],
+                    [g.eps for g in self.groups],
+                    step,
+                    self.versions,
+                )
+                self._cur.rows_applied += u
+            self.applied = s
+            self._flush_pushes(s)
+            self._cur.apply_s += time.perf_counter() - tic
+
+    @torch.no_grad()
+    def _flush_pushes(self, s: int) -> None:
+        """Send every push whose last update (local step <= s) is now applied."""
+        for q, pushes in self.out.items():
+            k = self.push_sent[q]
+            while k < len(pushes) and pushes[k].ready <= s:
+                rows = torch.from_numpy(pushes[k].rows).to(self.device)
+                columns = [g.param.detach().reshape(g.param.shape[0], -1) for g in self.groups]
+                buf = ops.pack_rows(rows, columns)
+                self.push_tx.send(q, self._key(PUSH, k), self._tag(PUSH, k), buf)
+                self._cur.bytes_sent += buf.numel() * buf.element_size()
+                k += 1
+            self.push_sent[q] = k
+
+    def _wait(self, done, what: str, t: int) -> None:
+        deadline = time.perf_counter() + self.timeout_s
+        while True:
+            self._poll()
+            self._apply_ready()
+            if done():
+                return
+            if time.perf_counter() > deadline:
+                raise SyncTimeout(self.rank, -1, self.offset + t, f"timed out in {what}")
+            self._poll(0.002)
+
+    # ------------------------------------------------------------ step path
+    def before_step(self, t: int) -> float:
+        """Block until local step t's read set is current; returns seconds waited."""
+        if t != self.done + 1:
+            raise ValueError(f"before_step({t}): expected local step {self.done + 1}")
+        self._cur = ShardedMetrics(step=self.offset + t)
+        self.metrics.append(self._cur)
+        start = time.perf_counter()
+        self._post(t)
+        st = self.steps[t]
+        expected = len(st.push_in)
+        self._wait(
+            lambda: self.applied >= st.need_owned and self.push_got.get(t, 0) >= expected,
+            f"before_step({self.offset + t}) waiting for owners' rows",
+            t,
+        )
+        self._cur.wait_s = time.perf_counter() - start - self._cur.apply_s
+        return self._cur.wait_s
+
+    @torch.no_grad()
+    def after_backward(self, t: int, grads: Sequence[Tensor | None], visible: Tensor) -> None:
+        """Send non-owned gradient rows to their owners, file the own rows, apply.
+
+        Args:
+            grads: per group the local [L, ...] gradient (None: zero).
+            visible: [L] bool rows visible in this rank's view.
+        """
+        n = self.layout.num_local
+        columns = []
+        for d, grad in zip(self.dims, grads, strict=True):
+            columns.append(
+                torch.zeros(n, d, device=self.device)
+                if grad is None
+                else grad.detach().reshape(n, d)
+            )
+        columns.append(visible.to(torch.float32).unsqueeze(1))
+        st = self.steps[t]
+        for o, rows in st.grad_out.items():
+            buf = ops.pack_rows(torch.from_numpy(rows).to(self.device), columns)
+            self.grads_tx.send(o, self._key(GRAD, t), self._tag(GRAD, t), buf)
+            self._cur.bytes_sent += buf.numel() * buf.element_size()
+        if st.own_rows.size:
+            own = ops.pack_rows(torch.from_numpy(st.own_rows).to(self.device), columns)
+            self.parts.setdefault(t, {})[self.rank] = own
+        self.done = t
+        self._poll()
+        self._apply_ready()
+
+    def drain(self) -> None:
+        """Apply every step of the phase run so far; wait for this rank's sends."""
+        last = self.done
+        self._post(last)
+        for q, pushes in self.inn.items():  # pushes already sent for later steps land too
+            for k in range(self.push_posted[q], len(pushes)):
+                self.push_tx.post_recv(q, self._key(PUSH, k), self._tag(PUSH, k),
+                                       pushes[k].rows.size, self.pwidth)  # fmt: skip
+            self.push_posted[q] = len(pushes)
+        self._wait(lambda: self.applied >= last, "drain", last)
+
+        def sent() -> bool:
+            return self.grads_tx.oldest_unsent() is None and self.push_tx.oldest_unsent() is None
+
+        self._wait(sent, "drain (sends)", last)
+
+    def summary(self) -> dict:
+        ms = self.metrics
+        return {
+            "steps": len(ms),
+            "wait_s_total": float(sum(m.wait_s for m in ms)),
+            "apply_s_total": float(sum(m.apply_s for m in ms)),
+            "bytes_sent": int(sum(m.bytes_sent for m in ms)),
+            "bytes_recv": int(sum(m.bytes_recv for m in ms)),
+            "rows_applied": int(sum(m.rows_applied for m in ms)),
+        }
+
+
+__all__ = ["Push", "ShardLayout", "ShardedEngine", "Step", "phase_read_sets", "step_tables"]
