@@ -58,6 +58,16 @@ class SyncConfig:
             may be changed between phases.
         staleness_window: K, the most steps a delayed read may lag (t - s <= K).
         verify_plan: check at bind time that all ranks hold the same plan and model size.
+        max_inflight_bytes: credits: the most bytes of this rank's publications to one peer
+            whose send has not completed (the peer has not taken them yet). A rank at the cap
+            waits in ``publish`` (``StepMetrics.credit_wait_s``) until the peer catches up;
+            one publication is always allowed, however large. Bounds the host memory a rank
+            running ahead of a slow peer holds (default 64 MiB per peer).
+        heartbeat_s: while a rank is busy with work of its own (``engine.busy``: rank 0's
+            checkpoint write, evaluation, a paused viewer) it beats this often, and peers
+            waiting on it reset their deadlines at every beat: a peer times out only when
+            the rank it waits for has been silent for ``timeout_s``. Capped at a quarter
+            of ``timeout_s``.
     """
 
     mode: str = "quality-first"
@@ -67,6 +77,8 @@ class SyncConfig:
     tau: float = 0.2
     staleness_window: int = 4
     verify_plan: bool = True
+    max_inflight_bytes: int = 64 << 20
+    heartbeat_s: float = 2.0
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -80,6 +92,16 @@ class SyncConfig:
             raise ValueError("recv_ahead and staleness_window must be >= 0")
         if not (math.isfinite(self.tau) and self.tau >= 0):
             raise ValueError(f"SyncConfig.tau must be a finite number >= 0, got {self.tau}")
+        if self.max_inflight_bytes < 1 or not self.heartbeat_s > 0:
+            raise ValueError(
+                f"need max_inflight_bytes >= 1 and heartbeat_s > 0, got "
+                f"{self.max_inflight_bytes} and {self.heartbeat_s}"
+            )
+
+    @property
+    def beat_s(self) -> float:
+        """The heartbeat period used: ``heartbeat_s``, at most ``timeout_s / 4``."""
+        return min(self.heartbeat_s, self.timeout_s / 4)
 
 
 @dataclass
@@ -90,7 +112,10 @@ class StepMetrics:
     apply_until_readable(t). Throughput-first: ``admitted`` delayed reads (pending peer
     publications read around), ``fallbacks`` (decisions that waited), ``delayed_rows`` (rows
     of the read set read at an older version than quality-first would), ``max_staleness``
-    (largest t - s admitted)."""
+    (largest t - s admitted). ``credit_wait_s``: seconds ``publish`` waited for credits (a
+    peer at ``max_inflight_bytes``); ``busy_wait_s``: seconds of ``wait_s`` spent waiting on
+    a peer that said it was busy (``engine.busy``); ``inflight_bytes_max``: most bytes in
+    flight to one peer after this step's sends."""
 
     step: int
     wait_s: float = 0.0
@@ -103,6 +128,9 @@ class StepMetrics:
     fallbacks: int = 0
     delayed_rows: int = 0
     max_staleness: int = 0
+    credit_wait_s: float = 0.0
+    busy_wait_s: float = 0.0
+    inflight_bytes_max: int = 0
 
 
 __all__ = ["MODES", "ParamGroupState", "StepMetrics", "SyncConfig"]

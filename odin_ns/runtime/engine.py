@@ -6,7 +6,14 @@ Every rank holds a full replica. At step t rank r reads and writes exactly the r
 - ``update_log``: pending steps, per-primitive version order, apply (selective Adam);
 - ``gates``: what a step waits for before it reads, one gate per ``SyncConfig.mode``;
 - ``exchange``: packing publications and moving them over the ``transport``;
+- ``liveness``: busy notices (heartbeats) and rendezvous, so slow is not dead;
 - an optional observer (``recorder.ReadRecorder``) of reads and admission decisions.
+
+Every blocking wait ends with ``SyncTimeout`` once the peer it waits for has been silent for
+``SyncConfig.timeout_s``: no publication, no send completed and, while that peer is
+``busy`` (rank 0's checkpoint write, evaluation, a paused viewer), no heartbeat. A rank
+whose publications to a peer reach ``SyncConfig.max_inflight_bytes`` unreceived waits for
+credits in ``publish`` (``StepMetrics.credit_wait_s``) under the same deadline.
 
 Loop per rank::
 
@@ -24,6 +31,7 @@ with more than 2 ranks: up to the all-reduce's summation order).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -42,9 +50,10 @@ from odin_ns.runtime.config import MODES, ParamGroupState, StepMetrics, SyncConf
 from odin_ns.runtime.errors import PeerFailure, SyncError, SyncTimeout
 from odin_ns.runtime.exchange import DenseExchange, SparseExchange
 from odin_ns.runtime.gates import make_gate
+from odin_ns.runtime.liveness import Liveness, StoreLiveness
 from odin_ns.runtime.recorder import ReadRecord, ReadRecorder
 from odin_ns.runtime.transport import P2PTransport, Transport
-from odin_ns.runtime.update_log import UpdateLog
+from odin_ns.runtime.update_log import ApplyHook, UpdateLog
 
 
 def _check_plan(plan: Any, world_size: int) -> int:
@@ -87,6 +96,43 @@ def _check_groups(groups: Sequence[ParamGroupState]) -> int:
     return n
 
 
+class _Silence:
+    """When each peer was last heard from (heartbeats of its busy sections), for deadlines.
+
+    The beat counters are read at most every ``beat_s`` per peer and only once a wait has
+    lasted ``beat_s``: waits that end quickly never touch the channel.
+    """
+
+    def __init__(self, liveness: Liveness | None, world_size: int, config: SyncConfig):
+        self.liveness = liveness
+        self.config = config
+        self.count: list[int | None] = [None] * world_size
+        self.heard = [-float("inf")] * world_size  # perf_counter of the last beat seen
+        self.checked = [-float("inf")] * world_size
+
+    def deadline(self, peer: int, start: float) -> float:
+        now = time.perf_counter()
+        beat = self.config.beat_s
+        if self.liveness is not None and now - start >= beat and now - self.checked[peer] >= beat:
+            self.checked[peer] = now
+            n = self.liveness.beats(peer)
+            if n is not None:
+                if self.count[peer] is not None and n != self.count[peer]:
+                    self.heard[peer] = now
+                self.count[peer] = n
+        return max(start, self.heard[peer]) + self.config.timeout_s
+
+    def heard_since(self, start: float) -> bool:
+        return any(h >= start for h in self.heard)
+
+    def describe(self, peer: int) -> str:
+        if self.liveness is None or self.heard[peer] == -float("inf"):
+            return ""
+        silent = time.perf_counter() - self.heard[peer]
+        reason = self.liveness.reason(peer) or "busy"
+        return f"; its last busy notice ({reason}) came {silent:.1f} s ago"
+
+
 class PrimitiveSyncEngine:
     """Per-rank sync engine for one replica. See the module docstring for the loop.
 
@@ -102,6 +148,9 @@ class PrimitiveSyncEngine:
         step_offset: global step of the plan's local step 0.
         transport: a custom ``Transport`` (tests); default ``P2PTransport``.
         observer: optional ``ReadRecorder`` (reads and decisions); None records nothing.
+        liveness: busy notices and rendezvous (``odin_ns.runtime.liveness``); default with
+            the ``P2PTransport``: ``StoreLiveness`` on the default store; with a custom
+            transport None (plain deadlines, ``rendezvous`` does nothing).
 
     Steps passed to the methods are global steps (``step_offset + t``).
     """
@@ -117,6 +166,7 @@ class PrimitiveSyncEngine:
         step_offset: int = 0,
         transport: Transport | None = None,
         observer: ReadRecorder | None = None,
+        liveness: Liveness | None = None,
     ):
         self.config = config if config is not None else SyncConfig()
         if world_size < 1 or not 0 <= rank < world_size:
@@ -143,7 +193,14 @@ class PrimitiveSyncEngine:
                     "world_size > 1 needs torch.distributed initialized or a transport"
                 )
             transport = P2PTransport(rank, world_size, process_group, self.config.idle_timeout_s)
+            if liveness is None:
+                liveness = StoreLiveness(rank, world_size, self.config.beat_s)
         self._transport = transport
+        self._liveness = liveness
+        self._silence = _Silence(liveness, world_size, self.config)
+        self._rendezvous = 0
+        self._credit_s = 0.0
+        self._busy_s = 0.0
         self._bind(groups, plan, step_offset, None)
 
     # ----------------------------------------------------------------- binding
@@ -163,7 +220,9 @@ class PrimitiveSyncEngine:
         elif versions.shape != (n,) or versions.dtype != torch.int64:
             raise ValueError(f"versions must be [{n}] int64, got {tuple(versions.shape)}")
         self.versions = versions.to("cpu")  # [N] int64: last global step applied (host)
-        self._log = UpdateLog(self._groups, plan, self._world, self._offset, self.versions)
+        self._log = UpdateLog(
+            self._groups, plan, self._world, self._offset, self.versions, hook=self._apply_hook
+        )
         dependency = np.asarray(plan.dependency)
         self._gate = make_gate(self.config, self._rank, self._world, dependency, n, self._offset)
         if self._gate.dense:
@@ -237,6 +296,28 @@ class PrimitiveSyncEngine:
             versions = self.versions
         self._bind(groups, plan, step_offset, versions)
 
+    # ------------------------------------------------------- apply hook (MCMC)
+    _apply_hook: ApplyHook | None = None
+
+    @property
+    def apply_hook(self) -> ApplyHook | None:
+        """Optional ``update_log.ApplyHook`` called around every applied row set (the MCMC
+        strategy's lazy noise); kept across rebinds. None (default): nothing is called."""
+        return self._apply_hook
+
+    @apply_hook.setter
+    def apply_hook(self, hook: ApplyHook | None) -> None:
+        self._apply_hook = hook
+        self._log.hook = hook
+
+    def current_reads(self, step: int) -> Tensor:
+        """[K] int64 host ids: the rows of this rank's read set at ``step`` (after
+        ``apply_until_readable``) that are at the version quality-first requires (all of
+        them, except where throughput-first reads around a pending update)."""
+        t = self._local(step, "current_reads")
+        reads = self._log.record(t).footprints[self._rank]
+        return reads[self.versions[reads] >= self._log.required(t, self._rank)]
+
     # ---------------------------------------------------------------- waiting
     def _local(self, step: int, what: str) -> int:
         t = int(step) - self._offset
@@ -264,21 +345,37 @@ class PrimitiveSyncEngine:
             self._cur.rows_applied += n
         return n
 
-    def _wait(self, blocker: Callable[[], tuple[int, int] | None], deadline: float, what: str):
-        """Receive and apply until ``blocker()`` is None; it names the (peer, step) awaited."""
+    def _wait(
+        self,
+        blocker: Callable[[], tuple[int, int | None] | None],
+        start: float,
+        what: str | Callable[[], str],
+        poll_s: float | None = None,
+    ) -> float:
+        """Receive and apply until ``blocker()`` is None; it names the (peer, step) awaited.
+        Times out when that peer has been silent for ``timeout_s`` since ``start``; returns
+        the seconds waited while the peer said it was busy."""
+        poll_s = self.config.beat_s if poll_s is None else poll_s
+        begun = time.perf_counter()
         while True:
             self._poll()
             self._apply()
             waiting = blocker()
             if waiting is None:
-                return
-            remaining = deadline - time.perf_counter()
+                busy = self._silence.heard_since(begun)
+                return time.perf_counter() - begun if busy else 0.0
+            peer, step = waiting
+            remaining = self._silence.deadline(peer, start) - time.perf_counter()
             if remaining <= 0:
-                peer, step = waiting
+                text = what() if callable(what) else what
                 raise SyncTimeout(
-                    self._rank, peer, step, f"timed out after {self.config.timeout_s} s in {what}"
+                    self._rank,
+                    peer,
+                    step,
+                    f"timed out after {self.config.timeout_s} s in {text}"
+                    + self._silence.describe(peer),
                 )
-            self._poll(remaining)
+            self._poll(min(remaining, poll_s))
 
     def _arrived_up_to(self, need: Sequence[int]) -> Callable[[], tuple[int, int] | None]:
         done = self._exchange.recv_done
@@ -306,7 +403,6 @@ class PrimitiveSyncEngine:
         self._cur = StepMetrics(step=int(step))
         self.metrics.append(self._cur)
         start = time.perf_counter()
-        deadline = start + self.config.timeout_s
         what = f"apply_until_readable({step}) waiting for its publication"
         self._exchange.post_receives(t)
         reads = self._log.record(t).footprints[self._rank]
@@ -318,7 +414,7 @@ class PrimitiveSyncEngine:
                 self._count(decisions)
             if need is None:
                 break
-            self._wait(self._arrived_up_to(need), deadline, what)
+            self._cur.busy_wait_s += self._wait(self._arrived_up_to(need), start, what)
         # The one conflict scan: read rows whose version is below what they must have.
         base = self._log.required(t, self._rank)  # [M] last planned write before t
         allowed = self._gate.required(t, reads, base, self._log)
@@ -331,7 +427,7 @@ class PrimitiveSyncEngine:
                     return None
                 return self._log.first_missing(t)
 
-            self._wait(blocker, deadline, f"apply_until_readable({step}) waiting for a read row")
+            self._wait(blocker, start, f"apply_until_readable({step}) waiting for a read row")
         if allowed is not base:
             delayed = int(ops.validate_reads(reads, self.versions, base).numel())
             self._cur.delayed_rows = delayed
@@ -394,6 +490,8 @@ class PrimitiveSyncEngine:
         columns.append(visible.to(torch.float32).unsqueeze(1))
         reads = reads.to(self._device)
         buf, wire = self._exchange.pack(t, reads, columns)
+        if not self._gate.dense:
+            self._wait_for_credits(step, wire.numel() * wire.element_size())
         # After the wire copy (the transport's one host sync) this read costs nothing more.
         inside = visible[reads].sum()
         if int((visible.sum() - inside).item()) != 0:
@@ -403,6 +501,50 @@ class PrimitiveSyncEngine:
             )
         self._cur.bytes_sent += self._exchange.send(t, buf, wire, self._log)
         self._published = t
+        self._cur.inflight_bytes_max = max(
+            self._cur.inflight_bytes_max,
+            max((self._inflight(q)[0] for q in range(self._world) if q != self._rank), default=0),
+        )
+
+    def _inflight(self, peer: int) -> tuple[int, int | None]:
+        probe = getattr(self._transport, "inflight_bytes", None)
+        return (0, None) if probe is None else probe(peer)
+
+    def _wait_for_credits(self, step: int, nbytes: int) -> None:
+        """Credits: wait until every peer has room for ``nbytes`` more in flight (a peer
+        with nothing in flight always has: one publication is allowed, however large)."""
+        if self._transport is None:
+            return
+        cap = int(self.config.max_inflight_bytes)
+        held: dict[int, int] = {}
+
+        def blocker():
+            for q in range(self._world):
+                if q == self._rank:
+                    continue
+                inflight, oldest = self._inflight(q)
+                if inflight and inflight + nbytes > cap:
+                    held[q] = inflight
+                    return q, oldest
+            return None
+
+        if blocker() is None:
+            return
+        start = time.perf_counter()
+
+        def what() -> str:
+            q, inflight = next(reversed(held.items()))
+            return (
+                f"publish({step}) waiting for credits ({inflight} bytes of publications in "
+                f"flight to peer {q}, max_inflight_bytes {cap})"
+            )
+
+        try:
+            self._cur.busy_wait_s += self._wait(blocker, start, what)
+        finally:  # counted also when it times out
+            waited = time.perf_counter() - start
+            self._cur.credit_wait_s += waited
+            self._credit_s += waited
 
     def _column(self, group: ParamGroupState, grad: Tensor | None) -> Tensor:
         """[N, d_g] gradient block of one group (a cached zero block for None)."""
@@ -429,11 +571,10 @@ class PrimitiveSyncEngine:
                 "drain_and_apply_all() between apply_until_readable() and publish() of a step"
             )
         start = time.perf_counter()
-        deadline = start + self.config.timeout_s
         last = self._published
-        self._wait(
+        self._busy_s += self._wait(
             self._arrived_up_to([last] * self._world),
-            deadline,
+            start,
             "drain_and_apply_all() waiting for its publication",
         )
         self._apply()
@@ -442,17 +583,48 @@ class PrimitiveSyncEngine:
             raise RuntimeError(f"rank {self._rank}: drain left steps {left} unapplied (a bug)")
         if self._transport is not None:
             self._wait(
-                self._transport.oldest_unsent, deadline, "drain_and_apply_all() waiting for a send"
+                self._transport.oldest_unsent, start, "drain_and_apply_all() waiting for a send"
             )
         elapsed = time.perf_counter() - start
         self._drains += 1
         self._drain_s += elapsed
         return elapsed
 
+    def busy(self, reason: str):
+        """Context manager: this rank is busy with work of its own (``reason``: "writing a
+        checkpoint", "viewer paused"); peers waiting on it keep waiting while it lasts."""
+        if self._liveness is None:
+            return contextlib.nullcontext()
+        return self._liveness.busy(reason)
+
+    def rendezvous(self, what: str = "rendezvous") -> float:
+        """Wait until every peer has called ``rendezvous`` as often as this rank (all ranks
+        call it at the same points, e.g. before a gloo collective that follows work only
+        some ranks do), with the engine's heartbeat-aware deadline; returns seconds spent."""
+        live = self._liveness
+        if live is None or self._world == 1:
+            return 0.0
+        start = time.perf_counter()
+        self._rendezvous += 1
+        live.arrive()
+        n = self._rendezvous
+        step = self._offset + self._published
+
+        def blocker():
+            for q in range(self._world):
+                if q != self._rank and (live.arrived(q) or 0) < n:
+                    return q, step
+            return None
+
+        self._busy_s += self._wait(blocker, start, f"{what} (rendezvous {n})", poll_s=0.02)
+        return time.perf_counter() - start
+
     def close(self) -> None:
         """Stop the transport's background threads (call after a drain)."""
         if self._transport is not None:
             self._transport.close()
+        if self._liveness is not None:
+            self._liveness.close()
 
     def __enter__(self) -> PrimitiveSyncEngine:
         return self
@@ -488,6 +660,10 @@ class PrimitiveSyncEngine:
             "visibility_violations": self.visibility_violations,
             "drains": self._drains,
             "drain_s_total": self._drain_s,
+            "max_inflight_bytes": int(self.config.max_inflight_bytes),
+            "inflight_bytes_max": int(max((m.inflight_bytes_max for m in ms), default=0)),
+            "credit_wait_s_total": float(self._credit_s),
+            "busy_wait_s_total": float(sum(m.busy_wait_s for m in every) + self._busy_s),
             "tau": float(self.config.tau),
             "staleness_window": int(self.config.staleness_window),
             "admitted": admitted,

@@ -4,8 +4,11 @@ Why threads: gloo's ``isend``/``irecv`` works never report ``is_completed()`` be
 ``wait()`` is called, and a ``wait(timeout)`` that times out closes the connection to the
 peer. So non-blocking progress cannot poll. Instead one thread per peer posts the receives
 the engine allows (FIFO, exact sizes) and blocks in ``wait()`` (which releases the GIL), and
-one thread waits for sends to complete so their buffers can be freed. The threads only move
-buffers; all tensor math stays on the caller's thread. The engine's own deadlines
+one thread per peer waits for the sends to that peer to complete so their buffers can be
+freed. A gloo send completes only once the peer has posted the matching receive, so the
+bytes of incomplete sends to a peer (``inflight_bytes``) are what a rank running ahead of
+that peer holds; the engine caps them (credits, ``SyncConfig.max_inflight_bytes``). The
+threads only move buffers; all tensor math stays on the caller's thread. The engine's own deadlines
 (``SyncConfig.timeout_s``) are Python-level waits on a condition, so a slow peer raises
 ``SyncTimeout`` without touching gloo, and a crashed peer (closed socket) surfaces at once
 as ``PeerFailure``.
@@ -62,6 +65,9 @@ class Transport(Protocol):
     def oldest_unsent(self) -> tuple[int, int] | None:
         """(peer, step) of the oldest send not yet completed, or None."""
 
+    def inflight_bytes(self, peer: int) -> tuple[int, int | None]:
+        """(bytes of the sends to ``peer`` not yet completed, step of the oldest one)."""
+
     def failure(self) -> SyncError | None:
         """The first transport failure, if any."""
 
@@ -109,23 +115,29 @@ class P2PTransport:
         self._inbox: list[Arrival] = []
         self._events = 0
         self._failure: SyncError | None = None
-        self._unsent: deque[tuple[int, int]] = deque()
+        self._unsent: dict[int, deque[tuple[int, int]]] = {}  # peer -> (step, bytes) FIFO
+        self._inflight: dict[int, int] = {}  # peer -> bytes of incomplete sends
         self._specs: dict[int, queue.SimpleQueue] = {}
-        self._sends: queue.SimpleQueue = queue.SimpleQueue()
+        self._sends: dict[int, queue.SimpleQueue] = {}
         self._reduces: queue.SimpleQueue = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         for peer in range(world_size):
             if peer == rank:
                 continue
             self._specs[peer] = queue.SimpleQueue()
+            self._sends[peer] = queue.SimpleQueue()
+            self._unsent[peer] = deque()
+            self._inflight[peer] = 0
             self._threads.append(
                 threading.Thread(
                     target=self._recv_loop, args=(peer,), name=f"odin-recv-{peer}", daemon=True
                 )
             )
-        self._threads.append(
-            threading.Thread(target=self._send_loop, name="odin-send", daemon=True)
-        )
+            self._threads.append(
+                threading.Thread(
+                    target=self._send_loop, args=(peer,), name=f"odin-send-{peer}", daemon=True
+                )
+            )
         self._threads.append(
             threading.Thread(target=self._reduce_loop, name="odin-reduce", daemon=True)
         )
@@ -174,19 +186,21 @@ class P2PTransport:
         except Exception as exc:  # the peer died or the connection broke
             self._fail(PeerFailure(self.rank, peer, step, f"receive failed: {exc}"))
 
-    def _send_loop(self) -> None:
+    def _send_loop(self, peer: int) -> None:
+        sends = self._sends[peer]
         while True:
-            item = self._sends.get()
+            item = sends.get()
             if item is None:
                 return
-            peer, step, work = item
+            step, nbytes, work = item
             try:
                 work.wait(self._idle)
             except Exception as exc:
                 self._fail(PeerFailure(self.rank, peer, step, f"send failed: {exc}"))
                 return
             with self._cond:
-                self._unsent.popleft()
+                self._unsent[peer].popleft()
+                self._inflight[peer] -= nbytes
                 self._events += 1
                 self._cond.notify_all()
 
@@ -224,9 +238,11 @@ class P2PTransport:
             err = PeerFailure(self.rank, peer, step, f"send failed: {exc}")
             self._fail(err)
             raise err from exc
+        nbytes = buf.numel() * buf.element_size()
         with self._cond:
-            self._unsent.append((peer, step))
-        self._sends.put((peer, step, work))
+            self._unsent[peer].append((step, nbytes))
+            self._inflight[peer] += nbytes
+        self._sends[peer].put((step, nbytes, work))
 
     def take(self, timeout: float) -> list[Arrival]:
         with self._cond:
@@ -238,7 +254,16 @@ class P2PTransport:
 
     def oldest_unsent(self) -> tuple[int, int] | None:
         with self._cond:
-            return self._unsent[0] if self._unsent else None
+            heads = [(fifo[0][0], peer) for peer, fifo in self._unsent.items() if fifo]
+        if not heads:
+            return None
+        step, peer = min(heads)
+        return peer, step
+
+    def inflight_bytes(self, peer: int) -> tuple[int, int | None]:
+        with self._cond:
+            fifo = self._unsent[peer]
+            return self._inflight[peer], (fifo[0][0] if fifo else None)
 
     def failure(self) -> SyncError | None:
         with self._cond:
@@ -248,7 +273,8 @@ class P2PTransport:
         """Stop the threads. Threads still blocked in a wait (undrained) are left, as daemons."""
         for specs in self._specs.values():
             specs.put(None)
-        self._sends.put(None)
+        for sends in self._sends.values():
+            sends.put(None)
         self._reduces.put(None)
         for th in self._threads:
             th.join(timeout=1.0)

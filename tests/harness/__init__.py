@@ -21,6 +21,7 @@ from harness.toy import (
     spawn_ranks,
     toy_grads,
     toy_groups,
+    toy_outcome_worker,
     toy_result,
     toy_runs_worker,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "spawn_ranks",
     "toy_grads",
     "toy_groups",
+    "toy_outcome_worker",
     "toy_result",
     "toy_runs_worker",
 ]

@@ -33,6 +33,7 @@ from odin_ns.runtime import (
     SyncConfig,
     SyncError,
 )
+from odin_ns.runtime.liveness import Liveness, MemoryBoard, MemoryLiveness
 
 
 class ListPlan:
@@ -279,6 +280,7 @@ class ToyRun:
     jitter_s: float = 0.0  # random extra sleep per step, up to this
     die_at: dict[int, int] = field(default_factory=dict)  # rank -> os._exit(1) at step
     stall_at: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (step, s)
+    busy_at: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (step, s)
     weak: tuple[int, int] | None = None  # rows with WEAK_SCALE x gradient (toy_grads)
     record: bool = False  # attach a ReadRecorder (reads and decisions)
 
@@ -292,10 +294,20 @@ class ToyRank(NamedTuple):
 
 
 def run_toy_rank(
-    rank: int, world_size: int, run: ToyRun, transport=None, process_group=None
+    rank: int,
+    world_size: int,
+    run: ToyRun,
+    transport=None,
+    process_group=None,
+    liveness: Liveness | None = None,
+    keep: list | None = None,
 ) -> ToyRank:
     """One rank's loop: apply_until_readable, toy forward/backward on the footprint,
-    publish, apply_arrived; drain + rebind between phases; drain at the end."""
+    publish, apply_arrived; drain + rebind between phases; drain at the end.
+
+    ``stall_at``: a silent sleep before publishing (a stuck rank); ``busy_at``: a sleep
+    after publishing inside ``engine.busy`` (rank-0-only work, announced). ``keep``: the
+    engine is appended to it once built (to read its metrics after a failure)."""
     groups = toy_groups(run.num_rows, run.seed)
     rng = np.random.default_rng(run.seed * 100 + rank)
     first = run.phases[0]
@@ -310,7 +322,10 @@ def run_toy_rank(
         step_offset=first.step_offset,
         transport=transport,
         observer=recorder,
+        liveness=liveness,
     )
+    if keep is not None:
+        keep.append(engine)
     for i, ph in enumerate(run.phases):
         if i > 0:
             engine.drain_and_apply_all()
@@ -334,6 +349,9 @@ def run_toy_rank(
                 time.sleep(pause)
             engine.publish(step, grads, visible)
             engine.apply_arrived()
+            if rank in run.busy_at and run.busy_at[rank][0] == step:
+                with engine.busy("toy busy section"):
+                    time.sleep(run.busy_at[rank][1])
     engine.drain_and_apply_all()
     return ToyRank(groups, engine, recorder)
 
@@ -351,6 +369,26 @@ def toy_result(res: ToyRank) -> dict:
         "admissions": engine.admission_log(),
         "reads": [(r.step, r.rows, r.version, r.required) for r in records],
     }
+
+
+def toy_outcome_worker(rank: int, world_size: int, run: ToyRun) -> dict:
+    """Spawned-process entry: one toy run; its engine summary and step metrics also when it
+    fails (``error``: the failure's first line, None on success)."""
+    keep: list = []
+    error = None
+    try:
+        run_toy_rank(rank, world_size, run, keep=keep)
+    except SyncError as err:
+        error = f"{type(err).__name__}: {err}"
+    engine = keep[0] if keep else None
+    out = {
+        "error": error,
+        "summary": engine.summary() if engine is not None else None,
+        "steps": engine.step_metrics() if engine is not None else [],
+    }
+    if error is None and engine is not None:
+        engine.close()
+    return out
 
 
 def toy_runs_worker(rank: int, world_size: int, runs: Sequence[ToyRun]) -> list[dict]:
@@ -463,6 +501,9 @@ class LoopbackTransport:
     def oldest_unsent(self) -> tuple[int, int] | None:
         return None
 
+    def inflight_bytes(self, peer: int) -> tuple[int, int | None]:
+        return 0, None  # delivered at once (or held by the hub, not by this rank)
+
     def failure(self) -> SyncError | None:
         return self.error
 
@@ -473,20 +514,23 @@ class LoopbackTransport:
 def run_threads(world_size: int, run: ToyRun) -> list[ToyRank]:
     """Run ``run_toy_rank`` for every rank in threads over a loopback hub."""
     hub = LoopbackHub(world_size)
+    board = MemoryBoard()
     results: list[Any] = [None] * world_size
     errors: list[BaseException] = []
 
     def target(r: int) -> None:
+        live = MemoryLiveness(board, r, run.config.beat_s)
         try:
-            results[r] = run_toy_rank(r, world_size, run, transport=hub.transport(r))
+            results[r] = run_toy_rank(r, world_size, run, transport=hub.transport(r), liveness=live)
         except BaseException as exc:  # reported to the caller below
             errors.append(exc)
 
     threads = [threading.Thread(target=target, args=(r,), daemon=True) for r in range(world_size)]
     for th in threads:
         th.start()
+    limit = run.config.timeout_s + 30 + sum(s for _, s in run.busy_at.values())
     for th in threads:
-        th.join(timeout=run.config.timeout_s + 30)
+        th.join(timeout=limit)
     if errors:
         raise errors[0]
     if any(r is None for r in results):

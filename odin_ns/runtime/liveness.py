@@ -1,0 +1,219 @@
+"""Slow is not dead: busy notices (heartbeats) and rendezvous next to the transport.
+
+A rank busy with work of its own (rank 0's checkpoint write, evaluation, a paused viewer)
+holds ``Liveness.busy(reason)``: a background thread then beats every ``beat_s`` seconds.
+A peer that waits on it (``engine`` deadlines) reads the beat count now and then and resets
+its deadline whenever the count moved: it times out only after ``timeout_s`` of silence. A
+rank that hangs or is stopped (SIGSTOP stops its beat thread too) stays silent and times out
+as before. Only busy sections beat: a main thread stuck anywhere else is not kept alive.
+
+``rendezvous`` lets every rank wait, with the same heartbeat-aware deadline, until every
+peer has reached the same point, before a gloo collective that would otherwise wait under
+gloo's own timeout (``--distributed-timeout-s``) with no notion of "busy".
+
+The channel is the ``torch.distributed`` key-value store (``StoreLiveness``: TCPStore under
+torchrun, FileStore in tests): counters only (``add``), never a blocking ``get``, nothing
+posted that would have to be cancelled, independent of the publication sockets. Tests use
+``MemoryLiveness`` (threads in one process).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Protocol
+
+import torch.distributed as dist
+
+
+class Liveness(Protocol):
+    """What the engine needs to tell slow from dead (per rank)."""
+
+    def busy(self, reason: str):  # -> context manager
+        """Beat while the ``with`` block runs (nestable)."""
+
+    def beats(self, peer: int) -> int | None:
+        """``peer``'s beat count (None: the channel could not be read)."""
+
+    def reason(self, peer: int) -> str:
+        """What ``peer`` last said it was busy with ("" if unknown)."""
+
+    def arrive(self) -> None:
+        """This rank reached its next rendezvous."""
+
+    def arrived(self, peer: int) -> int | None:
+        """How many rendezvous ``peer`` has reached (None: unreadable)."""
+
+    def close(self) -> None:
+        """Stop beating."""
+
+
+class _Beater:
+    """The beat thread: beats while ``depth > 0``; ``beat()`` does one beat."""
+
+    def __init__(self, beat, period_s: float, name: str):
+        self._beat = beat
+        self._period = period_s
+        self._cond = threading.Condition()
+        self._depth = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        with self._cond:
+            while not self._closed:
+                if self._depth == 0:
+                    self._cond.wait()
+                    continue
+                self._cond.release()
+                try:
+                    self._beat()
+                except Exception:  # the store is gone: peers will see silence
+                    pass
+                finally:
+                    self._cond.acquire()
+                self._cond.wait(self._period)
+
+    def enter(self) -> None:
+        with self._cond:
+            self._depth += 1
+            self._cond.notify_all()
+
+    def leave(self) -> None:
+        with self._cond:
+            self._depth -= 1
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+_instances = itertools.count()  # same order on every rank: one namespace per engine
+
+
+class StoreLiveness:
+    """Busy beats and rendezvous counters in a ``torch.distributed`` store.
+
+    Args:
+        rank, world_size: this rank and R (ranks of the runtime's group).
+        beat_s: beat period while busy.
+        store: the store (default: the default process group's).
+        namespace: key prefix (default: a per-process instance counter, which every rank
+            advances in the same order).
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        beat_s: float,
+        store: dist.Store | None = None,
+        namespace: str | None = None,
+    ):
+        self.rank = rank
+        self.world_size = world_size
+        self.store = store if store is not None else dist.distributed_c10d._get_default_store()
+        self.prefix = f"odin/live/{namespace if namespace is not None else next(_instances)}/"
+        self._beater = _Beater(self._beat, beat_s, name=f"odin-beat-{rank}")
+        self._reason = ""
+
+    def _key(self, what: str, rank: int) -> str:
+        return f"{self.prefix}{what}/{rank}"
+
+    def _beat(self) -> None:
+        self.store.add(self._key("beats", self.rank), 1)
+
+    @contextmanager
+    def busy(self, reason: str) -> Iterator[None]:
+        try:
+            self.store.set(self._key("reason", self.rank), reason)
+        except Exception:
+            pass
+        self._beater.enter()
+        try:
+            yield
+        finally:
+            self._beater.leave()
+
+    def _count(self, what: str, peer: int) -> int | None:
+        try:
+            return int(self.store.add(self._key(what, peer), 0))
+        except Exception:
+            return None
+
+    def beats(self, peer: int) -> int | None:
+        return self._count("beats", peer)
+
+    def reason(self, peer: int) -> str:
+        key = self._key("reason", peer)
+        try:
+            return self.store.get(key).decode() if self.store.check([key]) else ""
+        except Exception:
+            return ""
+
+    def arrive(self) -> None:
+        self.store.add(self._key("arrived", self.rank), 1)
+
+    def arrived(self, peer: int) -> int | None:
+        return self._count("arrived", peer)
+
+    def close(self) -> None:
+        self._beater.close()
+
+
+class MemoryLiveness:
+    """``Liveness`` of ranks that are threads of one process (a shared ``MemoryBoard``)."""
+
+    def __init__(self, board: MemoryBoard, rank: int, beat_s: float):
+        self.board = board
+        self.rank = rank
+        self._beater = _Beater(lambda: board.add("beats", rank), beat_s, f"odin-beat-{rank}")
+
+    @contextmanager
+    def busy(self, reason: str) -> Iterator[None]:
+        self.board.reasons[self.rank] = reason
+        self._beater.enter()
+        try:
+            yield
+        finally:
+            self._beater.leave()
+
+    def beats(self, peer: int) -> int | None:
+        return self.board.get("beats", peer)
+
+    def reason(self, peer: int) -> str:
+        return self.board.reasons.get(peer, "")
+
+    def arrive(self) -> None:
+        self.board.add("arrived", self.rank)
+
+    def arrived(self, peer: int) -> int | None:
+        return self.board.get("arrived", peer)
+
+    def close(self) -> None:
+        self._beater.close()
+
+
+class MemoryBoard:
+    """Counters shared by ``MemoryLiveness`` ends."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, int], int] = {}
+        self.reasons: dict[int, str] = {}
+
+    def add(self, what: str, rank: int) -> None:
+        with self._lock:
+            self._counts[(what, rank)] = self._counts.get((what, rank), 0) + 1
+
+    def get(self, what: str, rank: int) -> int:
+        with self._lock:
+            return self._counts.get((what, rank), 0)
+
+
+__all__ = ["Liveness", "MemoryBoard", "MemoryLiveness", "StoreLiveness"]
