@@ -27,7 +27,7 @@ import torch.distributed as dist
 from nerfstudio.engine.optimizers import Optimizers
 from nerfstudio.utils.rich_utils import CONSOLE
 
-from odin_ns.distributed.densify import make_densifier
+from odin_ns.distributed.densify import ReplicatedDensifier
 from odin_ns.distributed.optimizer_binding import bind_param_groups, set_step_counts
 from odin_ns.distributed.phase import PhaseController
 from odin_ns.distributed.telemetry import SyncTelemetry, live_engine_counters
@@ -72,8 +72,6 @@ class DistributedSession:
         self.datamanager = pipeline.datamanager
         self.optimizers = optimizers
         self.sync_config = config.sync
-        # The phase-start exchange compares every rank's plan hash; the engine need not.
-        self.sync_config.verify_plan = False
         self.rank = pipeline.rank
         self.world_size = pipeline.world_size
         self.snapshot_every = config.snapshot_every
@@ -87,14 +85,9 @@ class DistributedSession:
             strategy=config.plan_strategy,
             max_phase_steps=config.max_phase_steps,
             margin_px=config.footprint_margin_px,
-            reuse_shift_px=config.footprint_reuse_shift_px,
             group=self.group,
-            views_per_rank=config.views_per_rank,
         )
-        self.noise = getattr(self.model, "mcmc_noise", None)  # MCMC's lazy position noise
-        self.densifier = make_densifier(
-            self.model.strategy, self.model.strategy_state, seed, self.noise
-        )
+        self.densifier = ReplicatedDensifier(self.model.strategy, self.model.strategy_state, seed)
         self.densifier.ensure_state(self.model.num_points, self.model.means.device)
         self.checkpoint_every = int(checkpoint_every)
         self._resumed_phase = resumed_phase
@@ -121,21 +114,11 @@ class DistributedSession:
         wait_s = self.engine.apply_until_readable(step)
         self._rows = self.phases.step_rows(step, self.model.means.device)
         self.model.active_rows = self._rows
-        if self.noise is not None:  # MCMC: the read set carries every earlier step's noise
-            self.noise.catch_up(self.engine.current_reads(step), step - 1)
         return wait_s
 
-    def after_backward(
-        self,
-        step: int,
-        compute_s: float,
-        wait_s: float,
-        started: float,
-        infos: list | None = None,
-    ) -> None:
+    def after_backward(self, step: int, compute_s: float, wait_s: float, started: float) -> None:
         """Publish this rank's gradient rows, apply what has arrived, make the structural
-        change at refine / reset steps, and log the step. ``infos``: the rasterizer info of
-        each of the step's B views (default: the model's last), statistics per view."""
+        change at refine / reset steps, and log the step."""
         assert self.engine is not None and self._rows is not None
         rows = self._rows
         grads = {name: self.model.gauss_params[name].grad for name in GAUSSIAN_GROUPS}
@@ -146,9 +129,7 @@ class DistributedSession:
                     "refusing to publish it"
                 )
         self.engine.publish(step, grads, self.model.visible_rows)
-        infos = infos if infos is not None else [self.model.info]
-        for info in infos:
-            self.densifier.accumulate(step, info, rows, self.model.num_points)
+        self.densifier.accumulate(step, self.model.info, rows, self.model.num_points)
         self.engine.apply_arrived()
         if self.densifier.is_structural(step):
             self._apply_structural_change(step)
@@ -164,7 +145,7 @@ class DistributedSession:
                 "end": time.time(),
                 "footprint_rows": int(rows.numel()),
                 "visible_rows": self.model.visible_rows.sum(),
-                "pixels": int(height * width) * len(infos),
+                "pixels": int(height * width),
                 "bytes_sent": metrics.bytes_sent,
                 "bytes_recv": metrics.bytes_recv,
             }
@@ -175,17 +156,22 @@ class DistributedSession:
 
     # ------------------------------------------------------------------ phases
     def _start_phase(self, step: int) -> None:
-        """Drain, plan the phase, exchange telemetry, panel requests and the plan check,
-        bind the runtime."""
+        """Drain, exchange telemetry and panel requests, plan the phase, bind the runtime."""
         tic = time.perf_counter()
         if self.engine is not None:
             self.engine.drain_and_apply_all()
-            self._catch_up_noise()
             # Every rank is here before the collectives below (rank 0 may come late from a
             # checkpoint write): a heartbeat-aware wait, not gloo's timeout.
             self.engine.rendezvous(f"phase start at step {step}")
-        if self.checkpoint_every > 0 and step > 1 and (step - 1) % self.checkpoint_every == 0:
-            self.phases.forget_footprints()  # as a run resumed from that checkpoint does
+        panels = self.pipeline.panels
+        request = self.telemetry.exchange_at_phase_start(
+            panels.requested_settings() if panels is not None else {}, self._engine_counters()
+        )
+        if request:  # a panel request takes effect here, on every rank at once
+            self.sync_config.tau = float(request.get("tau", self.sync_config.tau))
+            self.sync_config.staleness_window = int(
+                request.get("K", self.sync_config.staleness_window)
+            )
         plan, record = self.phases.start(
             step,
             self.model,
@@ -194,23 +180,7 @@ class DistributedSession:
             resumed=self._resumed_phase,
         )
         self._resumed_phase = None
-        panels = self.pipeline.panels
-        request, checks = self.telemetry.exchange_at_phase_start(
-            panels.requested_settings() if panels is not None else {},
-            self._engine_counters(),
-            plan_check=(str(plan.plan_hash), self.model.num_points),
-        )
-        if len(set(checks)) != 1:
-            raise RuntimeError(
-                f"rank {self.rank}: ranks hold different (plan hash, Gaussians) {checks} at "
-                f"step {step}; the replicas have diverged"
-            )
-        if request:  # a panel request takes effect here, on every rank at once
-            self.sync_config.tau = float(request.get("tau", self.sync_config.tau))
-            self.sync_config.staleness_window = int(
-                request.get("K", self.sync_config.staleness_window)
-            )
-        self.datamanager.set_plan_views(plan.views[:, self.rank, :], start_step=step)
+        self.datamanager.set_plan_views(plan.views[:, self.rank, 0], start_step=step)
         groups = bind_param_groups(self.model.gauss_params, self.optimizers, GAUSSIAN_GROUPS)
         if self.engine is None:
             self.engine = PrimitiveSyncEngine(
@@ -222,7 +192,6 @@ class DistributedSession:
                 process_group=self.group,
                 step_offset=step,
             )
-            self.engine.apply_hook = self.noise  # None (default strategy): no hook
         else:
             versions = None
             if self.model.num_points != self.engine.num_rows:
@@ -253,12 +222,6 @@ class DistributedSession:
         if self.rank == 0 and self.model.num_points != before:
             CONSOLE.log(f"step {step}: densification {before} -> {self.model.num_points} Gaussians")
 
-    def _catch_up_noise(self) -> None:
-        """MCMC, after a drain: every row carries the noise of every finished step, so every
-        replica holds the same bits (local: no communication)."""
-        if self.noise is not None and self.engine is not None and self.engine.metrics:
-            self.noise.catch_up_all(self.engine.metrics[-1].step)
-
     def _engine_counters(self) -> dict:
         return live_engine_counters(self.engine.summary()) if self.engine is not None else {}
 
@@ -269,7 +232,6 @@ class DistributedSession:
         if self.engine is None:
             return
         self.engine.drain_and_apply_all()
-        self._catch_up_noise()
         self.engine.rendezvous("drain")  # before the collectives that follow every drain
         applied = int(self.engine.versions.max().item()) + 1
         set_step_counts(self.optimizers, GAUSSIAN_GROUPS, applied)
