@@ -4,6 +4,10 @@ One process: exactly nerfstudio's ``FullImageDatamanager`` (random order, every 
 once per epoch), plus input checks that fail with one clear line. Several processes:
 ``next_train(step)`` returns the view the plan assigns to this rank at ``step``, so the
 runtime's dependency table describes exactly what each rank reads and writes.
+
+With B views per rank per step (``--pipeline.views-per-rank``), ``next_train_views(step,
+B)`` returns the step's B views: the plan's ``views[t, rank, :]`` in plan order, or (one
+process) the next B views of nerfstudio's random epoch order.
 """
 
 from __future__ import annotations
@@ -44,11 +48,14 @@ class OdinDataManager(FullImageDatamanager):
         self._plan_start = 0
 
     def set_plan_views(self, views: np.ndarray, start_step: int) -> None:
-        """Use ``views[t]`` (this rank's view ids at phase step t) from ``start_step`` on."""
-        self._plan_views = views
+        """Use ``views[t]`` (this rank's view ids at phase step t: int64 [T] or [T, B])
+        from ``start_step`` on."""
+        views = np.asarray(views, dtype=np.int64)
+        self._plan_views = views[:, None] if views.ndim == 1 else views
         self._plan_start = start_step
 
-    def plan_view(self, step: int) -> int:
+    def plan_views(self, step: int) -> np.ndarray:
+        """int64 [B] view ids this rank trains at ``step``, in plan order."""
         assert self._plan_views is not None
         t = step - self._plan_start
         if not 0 <= t < len(self._plan_views):
@@ -56,12 +63,31 @@ class OdinDataManager(FullImageDatamanager):
                 f"step {step} is outside the current plan (steps {self._plan_start}.."
                 f"{self._plan_start + len(self._plan_views) - 1}); the plan was not rebuilt"
             )
-        return int(self._plan_views[t])
+        return self._plan_views[t]
+
+    def plan_view(self, step: int) -> int:
+        """The first of this rank's views at ``step``."""
+        return int(self.plan_views(step)[0])
 
     def next_train(self, step: int) -> tuple[Cameras, dict]:
         if self._plan_views is None:
             return super().next_train(step)
-        image_idx = self.plan_view(step)
+        return self._train_view(self.plan_view(step))
+
+    def next_train_views(self, step: int, count: int) -> list[tuple[Cameras, dict]]:
+        """The ``count`` (= B) views of ``step``: (camera [1], batch) per view, in order.
+
+        Several processes: the plan's views of this rank at ``step`` (the plan must have B
+        = ``count``). One process: ``count`` calls of ``next_train`` (nerfstudio's order).
+        """
+        if self._plan_views is None:
+            return [super(OdinDataManager, self).next_train(step) for _ in range(count)]
+        views = self.plan_views(step)
+        if views.shape[0] != count:
+            raise RuntimeError(f"the plan has {views.shape[0]} views per rank, not {count}")
+        return [self._train_view(int(v)) for v in views]
+
+    def _train_view(self, image_idx: int) -> tuple[Cameras, dict]:
         data = self.cached_train[image_idx].copy()
         data["image"] = data["image"].to(self.device)
         camera = self.train_cameras[image_idx : image_idx + 1].to(self.device)

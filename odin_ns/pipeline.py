@@ -50,6 +50,16 @@ class OdinPipelineConfig(VanillaPipelineConfig):
     """Where the run's odin_run.json goes (set when the config is saved); ns-viewer reads it."""
     snapshot_every: int = 5
     """Rank 0 refreshes the viewer panels' snapshot every this many steps."""
+    views_per_rank: int = 1
+    """B: views each rank trains per optimizer step (loss averaged over them; the step's
+    footprint is the union of theirs). One process with B > 1 trains B views per step too."""
+    batch_scaling: Literal["none", "sqrt", "linear"] = "sqrt"
+    """Adapt learning rates, Adam eps and betas to the effective batch R x B: sqrt
+    (Grendel-GS / gsplat: lr x sqrt(E), eps / sqrt(E), betas ** E), linear (lr x E) or none."""
+    schedule_in_views: bool = True
+    """Read every step-based schedule (model, strategy, lr schedulers, --max-num-iterations,
+    save / eval intervals) in training views and convert it to optimizer steps of R x B
+    views, so one command line trains the same views on 1 or R ranks."""
 
 
 class OdinPipeline(VanillaPipeline):

@@ -7,28 +7,42 @@ reads, publish its own, apply what arrived. There is no local ``optimizer.step()
 DDP all-reduce: the runtime applies each Gaussian update. Every point where someone reads
 the whole model (checkpoint, evaluation, end of training) first drains the runtime, so what
 is saved or measured is exactly the barrier-synchronous state.
+
+Batches (``--pipeline.views-per-rank B``): a step trains B views per rank. The step loops
+over them (splatfacto's model is unchanged: one camera per forward): forward, loss / B,
+backward (gradients accumulate: the loss is the mean over the B views, as in gsplat's batched
+trainer), then one publish; the visible rows are the OR over the B views and densification
+statistics accumulate per view. One process with B > 1 runs the same loop, then one
+optimizer step. The effective batch is ``E = R x B``: the trainer config converts every
+step-based schedule from views to steps of E views (``odin_ns.distributed.batch_schedule``)
+and the optimizers are scaled for E (``optimizer_binding.apply_batch_scaling``).
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from gsplat.strategy import DefaultStrategy
 from nerfstudio.engine.trainer import Trainer, TrainerConfig
 from nerfstudio.utils import comms
 from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 
 from odin_ns import resume
+from odin_ns.distributed import batch_schedule, sharded_session
+from odin_ns.distributed.densify import ReplicatedDensifier
 from odin_ns.distributed.optimizer_binding import (
+    apply_batch_scaling,
     rebind_optimizer_params,
     store_plain_float_learning_rates,
 )
-from odin_ns.distributed import sharded_session
 from odin_ns.distributed.session import DistributedSession
 from odin_ns.errors import OdinInputError
 from odin_ns.model import GAUSSIAN_GROUPS
@@ -46,6 +60,26 @@ class OdinTrainerConfig(TrainerConfig):
         self.pipeline.run_summary_path = self.get_base_dir() / "odin_run.json"
         super().save_config()
 
+    def setup(self, **kwargs) -> OdinTrainer:
+        """The trainer, built from a copy of this config whose step-based settings are
+        converted from views to steps of the effective batch (``schedule_in_views``).
+
+        The saved ``config.yml`` keeps the settings in views, so a resume on any world size
+        converts them again for its own batch.
+        """
+        world_size = int(kwargs.get("world_size", 1))
+        config = copy.deepcopy(self)
+        batch = batch_schedule.effective_batch(world_size, config.pipeline.views_per_rank)
+        if config.pipeline.schedule_in_views and batch > 1:
+            changes = batch_schedule.convert_trainer_config(config, batch)
+            if comms.get_rank() == 0:
+                CONSOLE.print(
+                    batch_schedule.format_conversions(
+                        changes, world_size, config.pipeline.views_per_rank
+                    )
+                )
+        return config._target(config, **kwargs)
+
 
 class OdinTrainer(Trainer):
     """Trainer whose distributed step synchronizes per primitive (see the module docstring)."""
@@ -53,10 +87,50 @@ class OdinTrainer(Trainer):
     pipeline: OdinPipeline
     session: DistributedSession | None = None
     _resumed: dict[str, Any] | None = None  # the checkpoint's "odin" entry, same world size
+    _densifier: ReplicatedDensifier | None = None  # one process, B > 1: per-view statistics
+
+    @property
+    def views_per_rank(self) -> int:
+        """B (1 for pipelines other than ``OdinPipeline``)."""
+        return int(getattr(self.config.pipeline, "views_per_rank", 1))
+
+    @property
+    def effective_batch(self) -> int:
+        """E = R x B: views per optimizer step of the whole run."""
+        return batch_schedule.effective_batch(self.world_size, self.views_per_rank)
+
+    def setup_optimizers(self):
+        """nerfstudio's optimizers, scaled for the effective batch (before any checkpoint
+        is loaded: a checkpoint's param groups and schedulers hold the scaled values)."""
+        optimizers = super().setup_optimizers()
+        rule = getattr(self.config.pipeline, "batch_scaling", "none")
+        scaling = apply_batch_scaling(optimizers, rule, self.effective_batch)
+        if self.effective_batch > 1 and comms.get_rank() == 0:
+            CONSOLE.print(
+                f"batch scaling '{rule}' for {self.effective_batch} views per step: lr x "
+                f"{scaling.lr_factor:.4g}, eps x {scaling.eps_factor:.4g}, betas ** "
+                f"{scaling.beta_power}"
+            )
+        return optimizers
 
     def setup(self, test_mode: Literal["test", "val", "inference"] = "val") -> None:
         super().setup(test_mode)  # loads a checkpoint, if one is given
         resumed = self._resumed
+        self._adapt_strategy_to_batch()
+        if isinstance(self.pipeline, OdinPipeline) and not self.pipeline.distributed:
+            if self.views_per_rank > 1:
+                # The loop accumulates each view's statistics (gsplat's strategy sees one
+                # view per step_post_backward), then refines after the optimizer step.
+                model = self.pipeline.model
+                if not isinstance(model.strategy, DefaultStrategy):
+                    raise OdinInputError(
+                        "--pipeline.views-per-rank > 1 on one process needs the default "
+                        "strategy (MCMC's per-step noise is not batched); use B = 1"
+                    )
+                model.external_densification = True
+                seed = int(self.pipeline.datamanager.config.train_cameras_sampling_seed)
+                self._densifier = ReplicatedDensifier(model.strategy, model.strategy_state, seed)
+                self._densifier.ensure_state(model.num_points, model.means.device)
         if isinstance(self.pipeline, OdinPipeline) and self.pipeline.distributed:
             sharded = self.pipeline.config.parallel == "sharded"  # odin_ns.distributed.sharded_session
             self.session = (sharded_session.open_session(self) if sharded else DistributedSession(
@@ -76,26 +150,110 @@ class OdinTrainer(Trainer):
     def _rank(self) -> int:
         return self.pipeline.rank if isinstance(self.pipeline, OdinPipeline) else 0
 
+    def _adapt_strategy_to_batch(self) -> None:
+        """splatfacto builds the strategy's pause after an opacity reset as
+        ``num_train_data + refine_every`` steps; with ``schedule_in_views`` the epoch of
+        views it stands for is converted to steps of the effective batch too."""
+        batch = self.effective_batch
+        if batch == 1 or not getattr(self.config.pipeline, "schedule_in_views", False):
+            return
+        model = self.pipeline.model
+        strategy = getattr(model, "strategy", None)
+        if strategy is None or not hasattr(strategy, "pause_refine_after_reset"):
+            return
+        views = int(model.num_train_data) + int(self.config.pipeline.model.refine_every) * batch
+        strategy.pause_refine_after_reset = batch_schedule.pause_refine_after_reset_steps(
+            int(model.num_train_data), int(self.config.pipeline.model.refine_every), batch
+        )
+        if comms.get_rank() == 0:
+            CONSOLE.print(
+                f"  strategy.pause_refine_after_reset  {views:>8} -> "
+                f"{strategy.pause_refine_after_reset}"
+            )
+
     def train_iteration(self, step: int):
         if self.session is None:
-            return super().train_iteration(step)
+            if self.views_per_rank == 1:
+                return super().train_iteration(step)
+            return self._train_iteration_one_process(step)
         started = time.time()
         wait_s = self.session.before_step(step)
         tic = time.perf_counter()
         self.optimizers.zero_grad_all()
-        _, loss_dict, metrics_dict = self.pipeline.get_train_loss_dict(step=step)
-        loss = functools.reduce(torch.add, loss_dict.values())
-        if not torch.isfinite(loss):
-            raise FloatingPointError(
-                f"rank {self.session.rank}: non-finite loss at step {step}; nothing from this "
-                "step was published, so every replica still holds the last finite state"
-            )
-        loss.backward()
+        loss, loss_dict, metrics_dict, infos = self._views_forward_backward(step)
         compute_s = time.perf_counter() - tic
-        self.session.after_backward(step, compute_s=compute_s, wait_s=wait_s, started=started)
+        self.session.after_backward(
+            step, compute_s=compute_s, wait_s=wait_s, started=started, infos=infos
+        )
         self.optimizers.scheduler_step_all(step)
         metrics_dict["odin_wait_s"] = wait_s
         metrics_dict["odin_compute_s"] = compute_s
+        return loss, loss_dict, metrics_dict
+
+    def _views_forward_backward(self, step: int, mixed_precision: bool = False):
+        """Forward, loss / B and backward for each of the step's B views (gradients
+        accumulate). Leaves ``model.visible_rows`` = OR over the views; returns (loss,
+        loss_dict, metrics_dict, infos): the mean over the views of the losses and
+        metrics, and each view's rasterizer info with ``n_cameras`` scaled by B (what
+        gsplat's strategy does for a batch whose loss is the mean over its cameras)."""
+        count = self.views_per_rank
+        model = self.pipeline.model
+        views = self.pipeline.datamanager.next_train_views(step, count)
+        device = self.device.split(":")[0]
+        device = "cpu" if device == "mps" else device
+        visible: torch.Tensor | None = None
+        infos: list[Mapping] = []
+        losses: list[torch.Tensor] = []
+        loss_dicts: list[dict] = []
+        metrics_dicts: list[dict] = []
+        for camera, batch in views:
+            with torch.autocast(device_type=device, enabled=mixed_precision):
+                outputs = model(camera)
+                metrics = model.get_metrics_dict(outputs, batch)
+                loss_dict = model.get_loss_dict(outputs, batch, metrics)
+                loss = functools.reduce(torch.add, loss_dict.values())
+            if not torch.isfinite(loss):
+                raise FloatingPointError(
+                    f"rank {self._rank}: non-finite loss at step {step}; nothing from this "
+                    "step was published, so every replica still holds the last finite state"
+                )
+            scaled = loss if count == 1 else loss / count
+            if mixed_precision:
+                self.grad_scaler.scale(scaled).backward()
+            else:
+                scaled.backward()
+            mask = model.visible_rows
+            visible = mask if visible is None else visible | mask
+            infos.append(batch_view_info(model.info, count))
+            losses.append(loss)
+            loss_dicts.append(loss_dict)
+            metrics_dicts.append(metrics)
+        model.visible_rows = visible
+        if count == 1:
+            return losses[0], loss_dicts[0], metrics_dicts[0], infos
+        loss = torch.stack([x.detach() for x in losses]).mean()
+        return loss, mean_dicts(loss_dicts), mean_dicts(metrics_dicts), infos
+
+    def _train_iteration_one_process(self, step: int):
+        """One process, B > 1: the same loop, one optimizer step, then gsplat's refine on the
+        statistics of the step's B views (after the optimizer step, where splatfacto's
+        ``step_post_backward`` callback runs)."""
+        assert self._densifier is not None
+        model = self.pipeline.model
+        self.optimizers.zero_grad_all()
+        loss, loss_dict, metrics_dict, infos = self._views_forward_backward(
+            step, mixed_precision=self.mixed_precision
+        )
+        rows = torch.arange(model.num_points, device=model.means.device)
+        for info in infos:
+            self._densifier.accumulate(step, info, rows, model.num_points)
+        self.optimizers.optimizer_scaler_step_all(self.grad_scaler)
+        scale = self.grad_scaler.get_scale()
+        self.grad_scaler.update()
+        if scale <= self.grad_scaler.get_scale():
+            self.optimizers.scheduler_step_all(step)
+        if self._densifier.is_structural(step):
+            self._densifier.apply(step, model.gauss_params, self.optimizers.optimizers)
         return loss, loss_dict, metrics_dict
 
     def eval_iteration(self, step: int) -> None:
@@ -248,3 +406,24 @@ class OdinTrainer(Trainer):
         self.session.finish(path)
         super()._after_train()  # the final checkpoint, the summary table, callbacks
         self.session.close()
+
+
+def batch_view_info(info: Mapping, views_per_step: int) -> Mapping:
+    """One view's rasterizer info for gsplat's statistics when the loss is the mean over
+    ``views_per_step`` views: its ``means2d`` gradient is 1 / B of the single-view one, and
+    gsplat's ``_update_state`` multiplies by ``n_cameras`` to undo a batch mean."""
+    if views_per_step == 1:
+        return info
+    return {**info, "n_cameras": int(info["n_cameras"]) * views_per_step}
+
+
+def mean_dicts(dicts: list[dict]) -> dict:
+    """Key-wise mean of numeric (tensor or number) entries; others from the last dict."""
+    out = dict(dicts[-1])
+    for key in out:
+        values = [d[key] for d in dicts if key in d]
+        if all(isinstance(v, torch.Tensor) and v.numel() == 1 for v in values):
+            out[key] = torch.stack([v.detach().float().reshape(()) for v in values]).mean()
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            out[key] = sum(values) / len(values)
+    return out

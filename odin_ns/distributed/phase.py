@@ -111,6 +111,9 @@ class PhaseController:
         max_phase_steps: re-plan at least this often.
         margin_px: pixels added around each projected footprint.
         group: process group of the footprint gather (gloo: CPU tensors).
+        views_per_rank: B, views each rank trains per step (``Plan.views`` is [T, R, B];
+            a step's footprint is the union of its B views'; the plan balances each step's
+            cost across ranks with B views each).
     """
 
     def __init__(
@@ -122,7 +125,10 @@ class PhaseController:
         max_phase_steps: int,
         margin_px: float,
         group=None,
+        views_per_rank: int = 1,
     ):
+        if views_per_rank < 1:
+            raise ValueError(f"views_per_rank must be >= 1, got {views_per_rank}")
         self.rank = rank
         self.world_size = world_size
         self.seed = int(seed)
@@ -130,6 +136,7 @@ class PhaseController:
         self.max_phase_steps = int(max_phase_steps)
         self.margin_px = float(margin_px)
         self.group = group
+        self.views_per_rank = int(views_per_rank)
         self.plan: Plan | None = None
         self.start_step = 0
         self.end_step = 0  # first step of the next phase
@@ -204,7 +211,7 @@ class PhaseController:
             footprints,
             num_ranks=self.world_size,
             num_steps=num_steps,
-            views_per_rank=1,
+            views_per_rank=self.views_per_rank,
             seed=self.seed,
             strategy=self.strategy,
             **resume,

@@ -86,6 +86,7 @@ class DistributedSession:
             max_phase_steps=config.max_phase_steps,
             margin_px=config.footprint_margin_px,
             group=self.group,
+            views_per_rank=config.views_per_rank,
         )
         self.densifier = ReplicatedDensifier(self.model.strategy, self.model.strategy_state, seed)
         self.densifier.ensure_state(self.model.num_points, self.model.means.device)
@@ -116,9 +117,17 @@ class DistributedSession:
         self.model.active_rows = self._rows
         return wait_s
 
-    def after_backward(self, step: int, compute_s: float, wait_s: float, started: float) -> None:
+    def after_backward(
+        self,
+        step: int,
+        compute_s: float,
+        wait_s: float,
+        started: float,
+        infos: list | None = None,
+    ) -> None:
         """Publish this rank's gradient rows, apply what has arrived, make the structural
-        change at refine / reset steps, and log the step."""
+        change at refine / reset steps, and log the step. ``infos``: the rasterizer info of
+        each of the step's B views (default: the model's last), statistics per view."""
         assert self.engine is not None and self._rows is not None
         rows = self._rows
         grads = {name: self.model.gauss_params[name].grad for name in GAUSSIAN_GROUPS}
@@ -129,7 +138,9 @@ class DistributedSession:
                     "refusing to publish it"
                 )
         self.engine.publish(step, grads, self.model.visible_rows)
-        self.densifier.accumulate(step, self.model.info, rows, self.model.num_points)
+        infos = infos if infos is not None else [self.model.info]
+        for info in infos:
+            self.densifier.accumulate(step, info, rows, self.model.num_points)
         self.engine.apply_arrived()
         if self.densifier.is_structural(step):
             self._apply_structural_change(step)
@@ -145,7 +156,7 @@ class DistributedSession:
                 "end": time.time(),
                 "footprint_rows": int(rows.numel()),
                 "visible_rows": self.model.visible_rows.sum(),
-                "pixels": int(height * width),
+                "pixels": int(height * width) * len(infos),
                 "bytes_sent": metrics.bytes_sent,
                 "bytes_recv": metrics.bytes_recv,
             }
@@ -180,7 +191,7 @@ class DistributedSession:
             resumed=self._resumed_phase,
         )
         self._resumed_phase = None
-        self.datamanager.set_plan_views(plan.views[:, self.rank, 0], start_step=step)
+        self.datamanager.set_plan_views(plan.views[:, self.rank, :], start_step=step)
         groups = bind_param_groups(self.model.gauss_params, self.optimizers, GAUSSIAN_GROUPS)
         if self.engine is None:
             self.engine = PrimitiveSyncEngine(
