@@ -18,6 +18,7 @@ from nerfstudio.pipelines.base_pipeline import VanillaPipeline, VanillaPipelineC
 
 from odin_ns.datamanager import OdinDataManagerConfig
 from odin_ns.distributed.telemetry import SyncTelemetry
+from odin_ns.errors import OdinInputError
 from odin_ns.model import OdinSplatfactoModel, OdinSplatfactoModelConfig
 from odin_ns.preflight import check_distributed_setup
 from odin_ns.runtime import SyncConfig
@@ -90,6 +91,11 @@ class OdinPipeline(VanillaPipeline):
             self.panels = OdinPanelsElement(lambda: self.telemetry.snapshot)
         elif world_size == 1 and summary is not None and Path(summary).exists():
             self.panels = OdinPanelsElement.from_run_json(Path(summary))
+        if config.parallel == "sharded" and world_size == 1 and test_mode == "val":
+            raise OdinInputError(  # training; ns-eval / ns-viewer load a merged checkpoint
+                "--pipeline.parallel sharded needs at least 2 ranks (launch with "
+                "odin-ns-train --nproc-per-node N); one process holds the whole model anyway"
+            )
         if self.distributed:
             check_distributed_setup(world_size, len(self.datamanager.train_dataset), config.model)
             # The session sums statistics across ranks and refines at a drain point.

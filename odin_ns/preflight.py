@@ -169,6 +169,10 @@ def preflight(config: TrainerConfig, world_size: int) -> None:
     if hasattr(model_config, "rasterizer"):
         check_rasterizer(model_config.rasterizer)
     distributed = world_size > 1 and _is_odin_pipeline(config)
+    if getattr(config.pipeline, "parallel", "replicated") == "sharded":
+        from odin_ns.distributed.sharded_session import check_sharded_config
+
+        check_sharded_config(config, world_size)
     if distributed:
         check_dense_parameters(model_config)
     num_views = count_training_views(datamanager.dataparser, data)

@@ -41,6 +41,7 @@ from odin_ns.distributed.sharded_densify import (
 )
 from odin_ns.errors import OdinInputError
 from odin_ns.model import GAUSSIAN_GROUPS
+from odin_ns.preflight import check_dense_parameters
 from odin_ns.runtime import P2PTransport, ParamGroupState
 from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, phase_read_sets
 from odin_ns.schedule.ownership import assign_ownership, ownership_report
@@ -103,14 +104,16 @@ class _Rows:
         self.opacities = model.opacities[:o]
 
 
-def check_sharded_supported(pipeline, trainer_config=None) -> None:
-    """One clear line for what sharded mode does not do (yet)."""
-    config = pipeline.config
-    if pipeline.world_size < 2:
+def check_sharded_config(trainer_config, world_size: int) -> None:
+    """One clear line for what sharded mode does not do (yet); config-only (the launcher's
+    preflight runs it before any rank starts, the trainer again in every rank)."""
+    config = trainer_config.pipeline
+    if world_size < 2:
         raise OdinInputError(
             "--pipeline.parallel sharded needs at least 2 ranks (launch with "
             "odin-ns-train --nproc-per-node N); one process holds the whole model anyway"
         )
+    check_dense_parameters(config.model)
     if int(getattr(config, "views_per_rank", 1)) != 1:
         raise OdinInputError("--pipeline.parallel sharded trains one view per rank per step")
     if config.sync.mode not in ("quality-first", "barrier"):
@@ -118,10 +121,6 @@ def check_sharded_supported(pipeline, trainer_config=None) -> None:
             f"--pipeline.parallel sharded runs quality-first (exact); sync mode "
             f"'{config.sync.mode}' is not supported in sharded mode yet"
         )
-    if getattr(pipeline.model, "mcmc_noise", None) is not None:
-        raise OdinInputError("--pipeline.parallel sharded supports the default strategy only")
-    if trainer_config is None:
-        return
     if trainer_config.load_dir is not None or trainer_config.load_checkpoint is not None:
         raise OdinInputError(
             "--pipeline.parallel sharded cannot resume from a checkpoint yet; resume the "
@@ -570,7 +569,9 @@ class ShardedSession:
 
 def open_session(trainer) -> ShardedSession:
     """The trainer's sharded session, after the checks of what sharded mode refuses."""
-    check_sharded_supported(trainer.pipeline, trainer.config)
+    check_sharded_config(trainer.config, trainer.pipeline.world_size)
+    if getattr(trainer.pipeline.model, "mcmc_noise", None) is not None:
+        raise OdinInputError("--pipeline.parallel sharded supports the default strategy only")
     return ShardedSession(
         trainer.pipeline,
         trainer.optimizers,

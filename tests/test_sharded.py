@@ -1,0 +1,223 @@
+"""Sharded mode (--pipeline.parallel sharded): owners hold rows and moments, readers cache.
+
+Real runs (gloo, street scene, across densifications): the merged checkpoint of sharded
+quality-first training equals replicated barrier training's checkpoint bitwise (parameters
+and Adam moments), each rank owns at most 1.1 N/R rows, and the 2-rank sharded checkpoint
+evaluates in single-process ns-eval. Unit tests: the per-rank step tables agree pairwise
+(every push / gradient message one rank sends is a receive its peer posts, same order,
+same size), and bad input fails with one line before any rank starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from odin_ns.runtime.sharded import ShardLayout, phase_read_sets, step_tables
+from odin_ns.schedule import build_plan
+from odin_ns.schedule.ownership import random_ownership
+
+BIN = Path(sys.executable).parent
+VIEWS = 60  # training views (steps x ranks: 30 steps on 2 ranks, 20 on 3)
+TRAINING = [
+    "--vis",
+    "tensorboard",
+    "--steps-per-eval-all-images",
+    "0",
+    "--steps-per-eval-image",
+    "0",
+    "--steps-per-eval-batch",
+    "0",
+    "--steps-per-save",
+    "1000",
+    "--pipeline.model.num-downscales",
+    "0",
+    "--pipeline.model.warmup-length",
+    "20",
+    "--pipeline.model.refine-every",
+    "15",
+    "--pipeline.model.densify-grad-thresh",
+    "0.0002",
+]
+
+
+def _train(data: Path, out: Path, ranks: int, name: str, extra: list[str]) -> Path:
+    cmd = [
+        str(BIN / "odin-ns-train"),
+        "--nproc-per-node",
+        str(ranks),
+        "--master-port",
+        str(29500 + (os.getpid() * 7 + len(name) * 31 + ranks) % 2000),
+        "odin-splatfacto",
+        "--data",
+        str(data),
+        "--output-dir",
+        str(out),
+        "--experiment-name",
+        "shard",
+        "--timestamp",
+        name,
+        "--max-num-iterations",
+        str(VIEWS),
+        *TRAINING,
+        *extra,
+    ]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return out / "shard" / "odin-splatfacto" / name
+
+
+def _checkpoint(run_dir: Path) -> dict:
+    path = sorted((run_dir / "nerfstudio_models").glob("step-*.ckpt"))[-1]
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def runs(street_scene, tmp_path_factory):
+    out = tmp_path_factory.mktemp("shard")
+    sharded = ["--pipeline.sync.mode", "quality-first", "--pipeline.parallel", "sharded"]
+    barrier = ["--pipeline.sync.mode", "barrier"]
+    return {
+        (2, "replicated"): _train(street_scene, out, 2, "rep2", barrier),
+        (2, "sharded"): _train(street_scene, out, 2, "shard2", sharded),
+        (3, "replicated"): _train(street_scene, out, 3, "rep3", barrier),
+        # random ownership: most reads are remote, so pushes and gradient rows carry the run
+        (3, "sharded"): _train(
+            street_scene, out, 3, "shard3", [*sharded, "--pipeline.ownership", "random"]
+        ),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_sharded_checkpoint_equals_replicated_barrier(runs, ranks):
+    rep, shard = _checkpoint(runs[ranks, "replicated"]), _checkpoint(runs[ranks, "sharded"])
+    assert rep["step"] == shard["step"]
+    keys = [k for k in rep["pipeline"] if "gauss_params" in k]
+    assert len(keys) == 6
+    for key in keys:
+        assert torch.equal(shard["pipeline"][key], rep["pipeline"][key]), key  # bitwise
+    for name, opt in rep["optimizers"].items():
+        if opt["state"]:
+            for moment in ("exp_avg", "exp_avg_sq"):
+                a, b = opt["state"][0][moment], shard["optimizers"][name]["state"][0][moment]
+                assert torch.equal(a, b), (name, moment)
+
+    summary = json.loads((runs[ranks, "sharded"] / "odin_run.json").read_text())
+    counts = {p["num_gaussians"] for p in summary["ranks"][0]["phases"]}
+    assert len(counts) > 1, counts  # crossed a densification
+    n = rep["pipeline"]["_model.gauss_params.means"].shape[0]
+    owned = [r["owned_rows"] for r in summary["ranks"]]
+    assert sum(owned) == n
+    assert max(owned) <= 1.1 * n / ranks, owned
+    for report in summary["ranks"][0]["ownership"]:  # every phase start
+        assert report["owned_rows_max_over_fair"] <= 1.1, report
+    for r in summary["ranks"]:
+        assert r["resident_rows"] < n  # owned + cache, not the whole model
+
+
+@pytest.mark.slow
+def test_locality_ownership_sends_less_than_replicated(runs):
+    def bytes_per_step(run):
+        ranks = json.loads((run / "odin_run.json").read_text())["ranks"]
+        return max(sum(s["bytes_sent"] for s in r["steps"]) / len(r["steps"]) for r in ranks)
+
+    assert bytes_per_step(runs[2, "sharded"]) < 0.1 * bytes_per_step(runs[2, "replicated"])
+
+
+@pytest.mark.slow
+def test_sharded_checkpoint_evaluates_in_single_process(runs, tmp_path):
+    run = runs[2, "sharded"]
+    out = tmp_path / "eval.json"
+    proc = subprocess.run(
+        [str(BIN / "ns-eval"), "--load-config", str(run / "config.yml"), "--output-path", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert json.loads(out.read_text())["results"]["psnr"] > 10.0
+
+
+def _toy_plan(ranks: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    F = sp.random(12, 300, density=0.2, format="csr", random_state=seed, dtype=bool)
+    F.data[:] = True
+    return build_plan(F, ranks, 9, seed=int(rng.integers(100)), strategy="random")
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_step_tables_agree_pairwise(ranks):
+    """What owner o pushes to reader r is, in order and size, what r expects from o; every
+    gradient message r sends o at step t is a writer part o expects at t."""
+    plan = _toy_plan(ranks)
+    owner = random_ownership(plan.footprints.shape[1], ranks, seed=1)
+    reads = phase_read_sets(plan, ranks)
+    layouts = [ShardLayout(owner, q, reads[q][owner[reads[q]] != q]) for q in range(ranks)]
+    tables = [step_tables(plan, layouts[q], ranks) for q in range(ranks)]
+    for o in range(ranks):
+        for r in range(ranks):
+            if o == r:
+                continue
+            out, inn = tables[o][1][r], tables[r][2][o]
+            assert [(p.ready, p.step, p.rows.size) for p in out] == [
+                (p.ready, p.step, p.rows.size) for p in inn
+            ]
+            for p_out, p_in in zip(out, inn, strict=True):  # same global rows, same order
+                assert np.array_equal(layouts[o].gids[p_out.rows], layouts[r].gids[p_in.rows])
+                assert p_out.ready < p_out.step
+            for t in range(plan.num_steps):
+                sent = tables[r][0][t].grad_out.get(o)
+                expected = tables[o][0][t].positions.get(r)
+                assert (sent is None) == (expected is None)
+                if sent is not None:
+                    assert sent.size == expected.size
+    # every non-owned read with an earlier write in the phase is pushed exactly once
+    for r in range(ranks):
+        steps = tables[r][0]
+        last = np.full(owner.size, -1)
+        for t in range(plan.num_steps):
+            mine = plan.step_footprint(t, r)
+            need = mine[(owner[mine] != r) & (last[mine] >= 0)]
+            pushed = np.concatenate(
+                [layouts[r].gids[rows] for rows in steps[t].push_in.values()] or [need[:0]]
+            )
+            assert np.array_equal(np.sort(pushed), need)
+            last[np.unique(np.concatenate([plan.step_footprint(t, q) for q in range(ranks)]))] = t
+
+
+def _launch_line(args: list[str], tmp_path: Path) -> tuple[int, str]:
+    cmd = [str(BIN / "odin-ns-train"), *args, "--output-dir", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    return proc.returncode, lines[-1] if lines else ""
+
+
+@pytest.mark.parametrize(
+    ("ranks", "extra", "needle"),
+    [
+        (1, [], "needs at least 2 ranks"),
+        (2, ["--pipeline.model.camera-optimizer.mode", "SO3xR3"], "dense parameters"),
+        (2, ["--pipeline.model.use-bilateral-grid", "True"], "dense parameters"),
+        (2, ["--steps-per-eval-image", "10"], "evaluation during training"),
+        (2, ["--pipeline.sync.mode", "throughput-first"], "not supported in sharded mode"),
+    ],
+)
+def test_bad_input_is_one_line_before_training(street_scene, tmp_path, ranks, extra, needle):
+    args = ["--nproc-per-node", str(ranks), "odin-splatfacto", "--data", str(street_scene)]
+    args += ["--vis", "tensorboard", "--pipeline.parallel", "sharded"]
+    args += ["--steps-per-eval-image", "0", "--steps-per-eval-batch", "0"]
+    args += ["--steps-per-eval-all-images", "0", *extra]
+    code, last = _launch_line(args, tmp_path)
+    assert code != 0
+    assert last.startswith("odin-ns-train: error:") and needle in last, last
+    assert not (tmp_path / "out").exists()  # nothing started
