@@ -281,6 +281,17 @@ class OdinSplatfactoModel(SplatfactoModel):
             self.mcmc_noise.catch_up_all(step)
         self._noise_done_through = step
 
+    def state_dict(self, *args, **kwargs):
+        # A checkpoint reads every row: lazy single-process noise catches up first.
+        self._flush_lazy_noise()
+        return super().state_dict(*args, **kwargs)
+
+    def _flush_lazy_noise(self) -> None:
+        noise = self.mcmc_noise
+        if noise is not None and not self.external_densification:
+            if noise.version.numel() == self.num_points:
+                noise.catch_up_all(self._noise_done_through)
+
     def get_loss_dict(self, outputs, batch, metrics_dict=None) -> dict[str, Tensor]:
         loss_dict = super().get_loss_dict(outputs, batch, metrics_dict)
         if self.training and self.config.opacity_reg > 0.0:
@@ -307,9 +318,8 @@ class OdinSplatfactoModel(SplatfactoModel):
             camera_to_worlds = camera.camera_to_worlds
 
         rows = self.active_rows if self.training else None  # evaluation sees every primitive
-        noise = self.mcmc_noise
-        if noise is not None and not self.training and not self.external_densification:
-            noise.catch_up_all(self._noise_done_through)  # lazy: what the last step added
+        if not self.training:
+            self._flush_lazy_noise()  # lazy single process: what the last step added
         if self.crop_box is not None and not self.training:
             crop = self.crop_box.within(self.means).squeeze(-1)
             if crop.sum() == 0:

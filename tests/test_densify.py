@@ -1,9 +1,10 @@
-"""The replicated densifier against gsplat 1.4.0's own DefaultStrategy (public API only).
+"""The replicated densifiers against gsplat 1.4.0's own strategies (public API only).
 
 ``ReplicatedDensifier`` is the one adapter over gsplat's private strategy functions; these
 tests pin it: its per-step statistics over a footprint-restricted render equal what
 ``DefaultStrategy.step_post_backward`` accumulates from a full render, and its structural
-change equals ``step_post_backward``'s at a refine step, bit for bit.
+change equals ``step_post_backward``'s at a refine step, bit for bit. ``MCMCDensifier``'s
+relocation and sampling equal ``MCMCStrategy.step_post_backward``'s, bit for bit.
 """
 
 from __future__ import annotations
@@ -11,9 +12,16 @@ from __future__ import annotations
 import gsplat
 import pytest
 import torch
-from gsplat.strategy import DefaultStrategy
+from gsplat.strategy import DefaultStrategy, MCMCStrategy
+from gsplat.strategy import ops as gsplat_ops
 
-from odin_ns.distributed.densify import ReplicatedDensifier, seeded_global_rng
+from odin_ns.distributed.densify import (
+    MCMCDensifier,
+    ReplicatedDensifier,
+    compute_relocation_torch,
+    make_densifier,
+    seeded_global_rng,
+)
 
 N = 400
 SEED = 7
@@ -158,3 +166,70 @@ def test_seeded_rng_restores_the_global_stream():
     with seeded_global_rng(5):
         assert torch.equal(torch.rand(3), inside)
     assert torch.equal(torch.rand(3), expected)
+
+
+# ------------------------------------------------------------------ MCMC
+
+
+def _mcmc_strategy(cap_max: int) -> MCMCStrategy:
+    return MCMCStrategy(
+        cap_max=cap_max, refine_start_iter=2, refine_stop_iter=1000, refine_every=5,
+        min_opacity=0.05,
+    )  # fmt: skip
+
+
+def _mcmc_params(gen: torch.Generator) -> torch.nn.ParameterDict:
+    params = _params(gen)
+    params["opacities"] = torch.randn(N, 1, generator=gen) * 2.0 - 2.0  # some are dead
+    return params
+
+
+@pytest.mark.parametrize("cap_max", [N + 7, 2 * N])
+def test_mcmc_apply_equals_gsplat_refine_step(monkeypatch, cap_max):
+    """MCMCDensifier.apply (relocate, add) == MCMCStrategy.step_post_backward at a refine
+    step, bit for bit, with the noise left out of both (it is tested in test_mcmc.py). On
+    CPU both use the torch twin of gsplat's CUDA relocation kernel."""
+    import gsplat.strategy.mcmc as gsplat_mcmc
+
+    monkeypatch.setattr(gsplat_mcmc, "inject_noise_to_position", lambda **kwargs: None)
+    monkeypatch.setattr(gsplat_ops, "compute_relocation", compute_relocation_torch)
+    gen = torch.Generator().manual_seed(2)
+    base = _mcmc_params(gen)
+    strategy = _mcmc_strategy(cap_max)
+    step = 10
+    dead = int((torch.sigmoid(base["opacities"]) <= strategy.min_opacity).sum())
+    assert 0 < dead < N, "the case must relocate some Gaussians"
+
+    theirs_params = _clone(base)
+    theirs_opts = _optimizers(theirs_params)
+    with seeded_global_rng(SEED * 1_000_003 + step):
+        strategy.step_post_backward(
+            theirs_params, theirs_opts, strategy.initialize_state(), step, {}, lr=1e-3
+        )
+
+    ours_params = _clone(base)
+    ours_opts = _optimizers(ours_params)
+    densifier = MCMCDensifier(strategy, strategy.initialize_state(), SEED)
+    assert densifier.is_structural(step)
+    densifier.apply(step, ours_params, ours_opts)
+
+    assert densifier.last_change == (dead, min(cap_max, int(1.05 * N)) - N)
+    assert ours_params["means"].shape[0] == min(cap_max, int(1.05 * N))
+    for key in base:
+        assert torch.equal(ours_params[key], theirs_params[key]), key
+        mine = ours_opts[key].state[ours_params[key]]
+        ref = theirs_opts[key].state[theirs_params[key]]
+        assert torch.equal(mine["exp_avg"], ref["exp_avg"]), key
+        assert torch.equal(mine["exp_avg_sq"], ref["exp_avg_sq"]), key
+
+
+def test_mcmc_schedule_matches_gsplat_condition():
+    strategy = _mcmc_strategy(cap_max=N)
+    densifier = MCMCDensifier(strategy, strategy.initialize_state(), SEED)
+    for step in range(0, 1100):
+        expected = 2 < step < 1000 and step % 5 == 0
+        assert densifier.is_structural(step) == expected, step
+    assert densifier.next_structural_step(0, 100) == 5
+    assert densifier.next_structural_step(996, 2000) is None
+    assert isinstance(make_densifier(strategy, {}, SEED), MCMCDensifier)
+    assert isinstance(make_densifier(_strategy(False), {}, SEED), ReplicatedDensifier)

@@ -53,7 +53,7 @@ from odin_ns.runtime.gates import make_gate
 from odin_ns.runtime.liveness import Liveness, StoreLiveness
 from odin_ns.runtime.recorder import ReadRecord, ReadRecorder
 from odin_ns.runtime.transport import P2PTransport, Transport
-from odin_ns.runtime.update_log import UpdateLog
+from odin_ns.runtime.update_log import ApplyHook, UpdateLog
 
 
 def _check_plan(plan: Any, world_size: int) -> int:
@@ -220,7 +220,9 @@ class PrimitiveSyncEngine:
         elif versions.shape != (n,) or versions.dtype != torch.int64:
             raise ValueError(f"versions must be [{n}] int64, got {tuple(versions.shape)}")
         self.versions = versions.to("cpu")  # [N] int64: last global step applied (host)
-        self._log = UpdateLog(self._groups, plan, self._world, self._offset, self.versions)
+        self._log = UpdateLog(
+            self._groups, plan, self._world, self._offset, self.versions, hook=self._apply_hook
+        )
         dependency = np.asarray(plan.dependency)
         self._gate = make_gate(self.config, self._rank, self._world, dependency, n, self._offset)
         if self._gate.dense:
@@ -293,6 +295,28 @@ class PrimitiveSyncEngine:
         if versions is None and groups and groups[0].param.shape[0] == self.num_rows:
             versions = self.versions
         self._bind(groups, plan, step_offset, versions)
+
+    # ------------------------------------------------------- apply hook (MCMC)
+    _apply_hook: ApplyHook | None = None
+
+    @property
+    def apply_hook(self) -> ApplyHook | None:
+        """Optional ``update_log.ApplyHook`` called around every applied row set (the MCMC
+        strategy's lazy noise); kept across rebinds. None (default): nothing is called."""
+        return self._apply_hook
+
+    @apply_hook.setter
+    def apply_hook(self, hook: ApplyHook | None) -> None:
+        self._apply_hook = hook
+        self._log.hook = hook
+
+    def current_reads(self, step: int) -> Tensor:
+        """[K] int64 host ids: the rows of this rank's read set at ``step`` (after
+        ``apply_until_readable``) that are at the version quality-first requires (all of
+        them, except where throughput-first reads around a pending update)."""
+        t = self._local(step, "current_reads")
+        reads = self._log.record(t).footprints[self._rank]
+        return reads[self.versions[reads] >= self._log.required(t, self._rank)]
 
     # ---------------------------------------------------------------- waiting
     def _local(self, step: int, what: str) -> int:
