@@ -27,7 +27,7 @@ import torch.distributed as dist
 from nerfstudio.engine.optimizers import Optimizers
 from nerfstudio.utils.rich_utils import CONSOLE
 
-from odin_ns.distributed.densify import ReplicatedDensifier
+from odin_ns.distributed.densify import make_densifier
 from odin_ns.distributed.optimizer_binding import bind_param_groups, set_step_counts
 from odin_ns.distributed.phase import PhaseController
 from odin_ns.distributed.telemetry import SyncTelemetry, live_engine_counters
@@ -88,7 +88,10 @@ class DistributedSession:
             group=self.group,
             views_per_rank=config.views_per_rank,
         )
-        self.densifier = ReplicatedDensifier(self.model.strategy, self.model.strategy_state, seed)
+        self.noise = getattr(self.model, "mcmc_noise", None)  # MCMC's lazy position noise
+        self.densifier = make_densifier(
+            self.model.strategy, self.model.strategy_state, seed, self.noise
+        )
         self.densifier.ensure_state(self.model.num_points, self.model.means.device)
         self.checkpoint_every = int(checkpoint_every)
         self._resumed_phase = resumed_phase
@@ -115,6 +118,8 @@ class DistributedSession:
         wait_s = self.engine.apply_until_readable(step)
         self._rows = self.phases.step_rows(step, self.model.means.device)
         self.model.active_rows = self._rows
+        if self.noise is not None:  # MCMC: the read set carries every earlier step's noise
+            self.noise.catch_up(self.engine.current_reads(step), step - 1)
         return wait_s
 
     def after_backward(
@@ -171,6 +176,7 @@ class DistributedSession:
         tic = time.perf_counter()
         if self.engine is not None:
             self.engine.drain_and_apply_all()
+            self._catch_up_noise()
             # Every rank is here before the collectives below (rank 0 may come late from a
             # checkpoint write): a heartbeat-aware wait, not gloo's timeout.
             self.engine.rendezvous(f"phase start at step {step}")
@@ -203,6 +209,7 @@ class DistributedSession:
                 process_group=self.group,
                 step_offset=step,
             )
+            self.engine.apply_hook = self.noise  # None (default strategy): no hook
         else:
             versions = None
             if self.model.num_points != self.engine.num_rows:
@@ -233,6 +240,12 @@ class DistributedSession:
         if self.rank == 0 and self.model.num_points != before:
             CONSOLE.log(f"step {step}: densification {before} -> {self.model.num_points} Gaussians")
 
+    def _catch_up_noise(self) -> None:
+        """MCMC, after a drain: every row carries the noise of every finished step, so every
+        replica holds the same bits (local: no communication)."""
+        if self.noise is not None and self.engine is not None and self.engine.metrics:
+            self.noise.catch_up_all(self.engine.metrics[-1].step)
+
     def _engine_counters(self) -> dict:
         return live_engine_counters(self.engine.summary()) if self.engine is not None else {}
 
@@ -243,6 +256,7 @@ class DistributedSession:
         if self.engine is None:
             return
         self.engine.drain_and_apply_all()
+        self._catch_up_noise()
         self.engine.rendezvous("drain")  # before the collectives that follow every drain
         applied = int(self.engine.versions.max().item()) + 1
         set_step_counts(self.optimizers, GAUSSIAN_GROUPS, applied)
