@@ -127,3 +127,209 @@ def test_busy_peer_is_waited_for_gloo(tmp_path):
     assert [r["error"] for r in results] == [None, None]
     assert results[1]["summary"]["busy_wait_s_total"] >= 3.0
     assert elapsed < 45
+
+
+# ------------------------------------------------------------- odin-ns-train runs
+STEPS = 20
+TRAINING = [
+    "--vis",
+    "tensorboard",
+    "--steps-per-eval-all-images",
+    "0",
+    "--steps-per-eval-image",
+    "0",
+    "--steps-per-save",
+    "4",
+    "--pipeline.model.num-downscales",
+    "0",
+    "--pipeline.model.warmup-length",
+    "5",
+    "--pipeline.model.refine-every",
+    "8",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _train(
+    data: Path,
+    out: Path,
+    name: str,
+    nproc: int,
+    *extra: str,
+    fault: dict | None = None,
+    report: Path | None = None,
+    launcher: tuple[str, ...] = (),
+) -> tuple[int, list[str], Path]:
+    """odin-ns-train through the fault-injection worker: (exit code, output lines, run dir)."""
+    import json
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "odin_ns.bench.fault_worker",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-port",
+        str(_free_port()),
+        *launcher,
+        "odin-splatfacto",
+        "--data",
+        str(data),
+        "--output-dir",
+        str(out),
+        "--experiment-name",
+        "rel",
+        "--timestamp",
+        name,
+        "--max-num-iterations",
+        str(STEPS),
+        *TRAINING,
+        *extra,
+    ]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env["ODIN_NS_FAULT"] = json.dumps(fault or {})
+    if report is not None:
+        report.mkdir(parents=True, exist_ok=True)
+        env["ODIN_NS_FAULT_REPORT"] = str(report)
+    proc = subprocess.run(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300, env=env
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    return proc.returncode, lines, out / "rel" / "odin-splatfacto" / name
+
+
+def _checkpoints(run: Path) -> list[Path]:
+    return sorted((run / "nerfstudio_models").glob("step-*.ckpt"))
+
+
+def _step(path: Path) -> int:
+    return int(path.name[len("step-") : -len(".ckpt")])
+
+
+def _finite_checkpoint(path: Path) -> bool:
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    tensors = [v for k, v in state["pipeline"].items() if "gauss_params" in k]
+    return bool(tensors) and all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+@pytest.fixture(scope="module")
+def slow_checkpoint_run(street_scene, tmp_path_factory):
+    """2 ranks; rank 0 takes 15 s (5 x timeout_s, more than gloo's own 12 s timeout) to
+    write its first checkpoint."""
+    out = tmp_path_factory.mktemp("slow_ckpt")
+    started = time.time()
+    code, lines, run = _train(
+        street_scene,
+        out,
+        "slow",
+        2,
+        "--pipeline.sync.timeout-s",
+        "3",
+        "--pipeline.sync.heartbeat-s",
+        "0.5",
+        fault={"kind": "slow_checkpoint", "write": 1, "seconds": 15},
+        launcher=("--distributed-timeout-s", "12"),
+    )
+    return code, lines, run, time.time() - started
+
+
+@pytest.mark.slow
+def test_slow_checkpoint_write_is_not_a_timeout(slow_checkpoint_run):
+    import json
+
+    code, lines, run, seconds = slow_checkpoint_run
+    assert code == 0, "\n".join(lines[-30:])
+    assert seconds > 15
+    summary = json.loads((run / "odin_run.json").read_text())
+    peer = summary["ranks"][1]["engine"]
+    assert peer["busy_wait_s_total"] >= 12.0, peer  # rank 1 waited on busy rank 0
+    assert _finite_checkpoint(_checkpoints(run)[-1])
+
+
+@pytest.mark.slow
+def test_nan_gradient_on_rank_1_stops_every_rank(street_scene, tmp_path):
+    """NaN in rank 1's gradient at step 7: rank 1 refuses to publish and fails; torchrun ends
+    rank 0; the launcher prints rank 1's reason last; both replicas are still finite when
+    they end; the last checkpoint (before step 7) is finite and evaluates in ns-eval."""
+    import json
+
+    report = tmp_path / "report"
+    code, lines, run = _train(
+        street_scene,
+        tmp_path / "out",
+        "nan",
+        2,
+        "--pipeline.sync.timeout-s",
+        "30",
+        fault={"kind": "nan_grad", "rank": 1, "step": 7},
+        report=report,
+    )
+    output = "\n".join(lines[-30:])
+    assert code == 1, output
+    assert lines[-1] == (
+        PREFIX + "rank 1: non-finite gradient of 'means' at step 7; refusing to publish it"
+    ), output
+    for rank in (0, 1):
+        finite = json.loads((report / f"rank{rank}.finite").read_text())["finite"]
+        assert finite is True, (rank, finite)
+    ckpts = _checkpoints(run)
+    assert ckpts and _step(ckpts[-1]) < 7, ckpts
+    assert _finite_checkpoint(ckpts[-1])
+    out = tmp_path / "eval.json"
+    proc = subprocess.run(
+        [str(BIN / "ns-eval"), "--load-config", str(run / "config.yml"), "--output-path", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert math.isfinite(json.loads(out.read_text())["results"]["psnr"])
+
+
+NOTE = re.compile(r"note: checkpoint of a (\d)-rank run resumed on (\d) rank\(s\)")
+
+
+def _resumed(lines: list[str]) -> set[tuple[str, str]]:
+    return {m.groups() for line in lines for m in [NOTE.search(line)] if m}
+
+
+@pytest.mark.slow
+def test_resume_2_ranks_on_1(street_scene, slow_checkpoint_run, tmp_path):
+    _, _, run, _ = slow_checkpoint_run
+    code, lines, resumed = _train(
+        street_scene,
+        tmp_path,
+        "r21",
+        1,
+        "--load-dir",
+        str(run / "nerfstudio_models"),
+        "--max-num-iterations",
+        "8",
+    )
+    assert code == 0, "\n".join(lines[-30:])
+    assert _resumed(lines) == {("2", "1")}, "\n".join(lines[-30:])
+    assert _step(_checkpoints(resumed)[-1]) > _step(_checkpoints(run)[-1])
+
+
+@pytest.mark.slow
+def test_resume_1_rank_on_2(street_scene, tmp_path):
+    code, lines, single = _train(street_scene, tmp_path, "one", 1, "--max-num-iterations", "8")
+    assert code == 0, "\n".join(lines[-30:])
+    code, lines, resumed = _train(
+        street_scene,
+        tmp_path,
+        "r12",
+        2,
+        "--load-dir",
+        str(single / "nerfstudio_models"),
+        "--max-num-iterations",
+        "8",
+    )
+    assert code == 0, "\n".join(lines[-30:])
+    assert _resumed(lines) == {("1", "2")}, "\n".join(lines[-30:])
+    assert _step(_checkpoints(resumed)[-1]) > _step(_checkpoints(single)[-1])

@@ -9,9 +9,10 @@ the one method where it strikes, then trains as usual. Faults (``kind``; ``rank`
 - ``kill_drain``: SIGKILL inside the first engine drain after ``step`` (peers are draining);
 - ``kill_structural``: SIGKILL inside the first structural change after ``step`` (after its
   drain, before its collectives);
-- ``kill_checkpoint``: rank 0 writes half of the checkpoint of ``step``, then SIGKILL;
-- ``slow_checkpoint``: rank 0 sleeps ``seconds`` inside the write of the checkpoint of
-  ``step`` (a slow disk);
+- ``kill_checkpoint``: rank 0 writes half of its ``write``-th checkpoint (1-based; default
+  1), then SIGKILL;
+- ``slow_checkpoint``: rank 0 sleeps ``seconds`` inside its ``write``-th checkpoint write
+  (a slow disk);
 - ``stall``: a silent sleep of ``seconds`` before publishing ``step`` (a stuck rank);
 - ``nan_grad``: a NaN in the gradient of ``means`` at ``step``.
 
@@ -32,7 +33,15 @@ FAULT_ENV = "ODIN_NS_FAULT"
 REPORT_ENV = "ODIN_NS_FAULT_REPORT"
 
 
+def _mark() -> None:
+    """Note when the fault struck (``<ODIN_NS_FAULT_REPORT>/fault.time``), for the matrix."""
+    folder = os.environ.get(REPORT_ENV)
+    if folder:
+        Path(folder, "fault.time").write_text(f"{time.time():.6f}")
+
+
 def _kill() -> None:
+    _mark()
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -53,8 +62,10 @@ def _install(fault: dict, rank: int) -> None:
                 if kind == "kill_step":
                     _kill()
                 elif kind == "stall":
+                    _mark()
                     time.sleep(seconds)
                 else:
+                    _mark()
                     self.model.gauss_params["means"].grad[self._rows[:1]] = float("nan")
             return after_backward(self, step, *args, **kwargs)
 
@@ -83,10 +94,13 @@ def _install(fault: dict, rank: int) -> None:
 
     if kind in ("kill_checkpoint", "slow_checkpoint") and rank == 0:
         write = OdinTrainer._write_checkpoint
+        writes = [0]
 
         def hooked_write(self, state, path):
-            if int(state["step"]) == at:
+            writes[0] += 1
+            if writes[0] == int(fault.get("write", 1)):
                 if kind == "slow_checkpoint":
+                    _mark()
                     time.sleep(seconds)
                 else:
                     import torch
