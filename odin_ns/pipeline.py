@@ -46,7 +46,11 @@ class OdinPipelineConfig(VanillaPipelineConfig):
     footprint_margin_px: float = 16.0
     """Pixels added around each projected 3-sigma footprint when planning."""
     max_phase_steps: int = 100
-    """Re-plan (fresh footprints) at least this often, even without a structural change."""
+    """Re-plan at least this often, even without a structural change."""
+    footprint_reuse_shift_px: float = 4.0
+    """At such a re-plan, keep the phase's footprints if no Gaussian's footprint moved or grew
+    more than this many pixels in any view (0: always recompute). Footprints only restrict
+    what is drawn, so this never affects exactness, only how stale the restriction is."""
     run_summary_path: Path | None = None
     """Where the run's odin_run.json goes (set when the config is saved); ns-viewer reads it."""
     snapshot_every: int = 5

@@ -37,7 +37,71 @@ class PhaseRecord:
     mean_footprint_rows: float
     views_per_rank: int
     predicted_conflict: float
+    footprints_reused: bool = False
     phase_start_s: float = 0.0  # the whole phase start: drain, exchange, footprints, plan, bind
+
+
+@dataclass
+class FootprintReference:
+    """What a phase start's footprints were computed from, to tell when they still hold.
+
+    Per Gaussian (all [N]): ``means`` [N, 3], ``max_scale`` (largest activated scale),
+    ``front`` (smallest depth over the views it is in front of, inf if none) and ``behind``
+    (smallest distance behind the near plane over the other views, inf if none);
+    ``focal``: the largest focal length of any view, pixels.
+    """
+
+    footprints: sp.csr_matrix
+    means: Tensor
+    max_scale: Tensor
+    front: Tensor
+    behind: Tensor
+    focal: float
+    near: float
+
+
+@torch.no_grad()
+def footprint_reference(
+    footprints: sp.csr_matrix, model: OdinSplatfactoModel, cameras: Cameras, near: float = 0.01
+) -> FootprintReference:
+    device = model.means.device
+    means = model.means.detach()
+    front = torch.full((means.shape[0],), float("inf"), device=device)
+    behind = torch.full_like(front, float("inf"))
+    viewmats = get_viewmat(cameras.camera_to_worlds.to(device))  # [V, 4, 4]
+    for viewmat in viewmats:  # one view at a time: memory O(N), not O(V N)
+        z = means @ viewmat[2, :3] + viewmat[2, 3]  # [N] camera-space depth
+        front = torch.where(z > near, torch.minimum(front, z), front)
+        behind = torch.where(z <= near, torch.minimum(behind, near - z), behind)
+    Ks = cameras.get_intrinsics_matrices()
+    return FootprintReference(
+        footprints=footprints,
+        means=means.clone(),
+        max_scale=torch.exp(model.scales.detach()).amax(dim=1),
+        front=front,
+        behind=behind,
+        focal=float(torch.maximum(Ks[:, 0, 0], Ks[:, 1, 1]).max()),
+        near=near,
+    )
+
+
+@torch.no_grad()
+def max_screen_shift(ref: FootprintReference, model: OdinSplatfactoModel) -> float:
+    """Upper bound, in pixels, on how far any Gaussian's 3-sigma footprint has moved or
+    grown in any view since ``ref``, to first order: ``focal * (|dm| + 3 ds) / depth``.
+
+    Infinite when a Gaussian may have crossed a view's near plane (in either direction),
+    or when the primitive set changed.
+    """
+    if model.num_points != ref.means.shape[0]:
+        return float("inf")
+    shift = (model.means.detach() - ref.means).norm(dim=1)  # [N]
+    growth = (torch.exp(model.scales.detach()).amax(dim=1) - ref.max_scale).clamp(min=0.0)
+    move = shift + 3.0 * growth  # [N] world units
+    if bool((move >= ref.behind).any() or (ref.front - move < ref.near).any()):
+        return float("inf")
+    bound = ref.focal * move / ref.front  # [N]; 0 for Gaussians in front of no view
+    return float(bound.max()) if bound.numel() else 0.0
 
 
 @torch.no_grad()
@@ -110,6 +174,10 @@ class PhaseController:
         strategy: "odin" (low-conflict spatial streams) or "random" (baseline deal).
         max_phase_steps: re-plan at least this often.
         margin_px: pixels added around each projected footprint.
+        reuse_shift_px: at a re-plan with no structural change since the footprints were
+            computed, keep them if no Gaussian's footprint moved more than this in any view
+            (``max_screen_shift``); 0 recomputes every time. Footprints only restrict what
+            is drawn (read set = write set = plan), so reuse never affects exactness.
         group: process group of the footprint gather (gloo: CPU tensors).
         views_per_rank: B, views each rank trains per step (``Plan.views`` is [T, R, B];
             a step's footprint is the union of its B views'; the plan balances each step's
@@ -124,6 +192,7 @@ class PhaseController:
         strategy: str,
         max_phase_steps: int,
         margin_px: float,
+        reuse_shift_px: float = 0.0,
         group=None,
         views_per_rank: int = 1,
     ):
@@ -135,8 +204,11 @@ class PhaseController:
         self.strategy = strategy
         self.max_phase_steps = int(max_phase_steps)
         self.margin_px = float(margin_px)
+        self.reuse_shift_px = float(reuse_shift_px)
         self.group = group
         self.views_per_rank = int(views_per_rank)
+        self._reference: FootprintReference | None = None
+        self.reused = 0  # phase starts that kept the previous footprints
         self.plan: Plan | None = None
         self.start_step = 0
         self.end_step = 0  # first step of the next phase
@@ -149,6 +221,12 @@ class PhaseController:
     def end_after(self, step: int) -> None:
         """End the current phase after ``step`` (a structural step changed the model)."""
         self.end_step = step + 1
+        self.forget_footprints()  # the primitive set changed
+
+    def forget_footprints(self) -> None:
+        """The next phase start recomputes footprints (after a structural change, and at a
+        checkpoint boundary, where a resumed run has no footprints to reuse)."""
+        self._reference = None
 
     def local_step(self, step: int) -> int:
         return step - self.start_step
@@ -158,6 +236,21 @@ class PhaseController:
         assert self.plan is not None
         rows = self.plan.step_footprint(self.local_step(step), self.rank)
         return torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(device)
+
+    def _footprints(self, model: OdinSplatfactoModel, cameras: Cameras) -> sp.csr_matrix:
+        """The phase's footprints: the previous ones if they still hold, else recomputed
+        (every rank the same decision: the bound is computed from replicated state)."""
+        ref = self._reference
+        if ref is not None and self.reuse_shift_px > 0:
+            if max_screen_shift(ref, model) <= self.reuse_shift_px:
+                self.reused += 1
+                return ref.footprints
+        views = np.arange(self.rank, len(cameras), self.world_size)
+        local = local_footprints(model, cameras, views, self.margin_px)
+        footprints = gather_footprints(local, len(cameras), self.rank, self.world_size, self.group)
+        if self.reuse_shift_px > 0:
+            self._reference = footprint_reference(footprints, model, cameras)
+        return footprints
 
     def resume_state(self, next_step: int) -> dict:
         """What a phase starting at ``next_step`` continues from (epoch position, phase
@@ -187,9 +280,8 @@ class PhaseController:
             resumed: a checkpoint's ``resume_state`` (the run's first phase after a resume).
         """
         tic = time.perf_counter()
-        views = np.arange(self.rank, len(cameras), self.world_size)
-        local = local_footprints(model, cameras, views, self.margin_px)
-        footprints = gather_footprints(local, len(cameras), self.rank, self.world_size, self.group)
+        reused_before = self.reused
+        footprints = self._footprints(model, cameras)
         footprint_s = time.perf_counter() - tic
 
         tic = time.perf_counter()
@@ -226,6 +318,7 @@ class PhaseController:
             mean_footprint_rows=float(np.mean(plan.message_rows)),
             views_per_rank=plan.views_per_rank,
             predicted_conflict=float(np.mean(plan_conflict(plan))) if num_steps > 1 else 0.0,
+            footprints_reused=self.reused > reused_before,
         )
         self.plan = plan
         self.start_step, self.end_step = step, step + num_steps

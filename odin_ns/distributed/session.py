@@ -72,6 +72,8 @@ class DistributedSession:
         self.datamanager = pipeline.datamanager
         self.optimizers = optimizers
         self.sync_config = config.sync
+        # The phase-start exchange compares every rank's plan hash; the engine need not.
+        self.sync_config.verify_plan = False
         self.rank = pipeline.rank
         self.world_size = pipeline.world_size
         self.snapshot_every = config.snapshot_every
@@ -85,6 +87,7 @@ class DistributedSession:
             strategy=config.plan_strategy,
             max_phase_steps=config.max_phase_steps,
             margin_px=config.footprint_margin_px,
+            reuse_shift_px=config.footprint_reuse_shift_px,
             group=self.group,
             views_per_rank=config.views_per_rank,
         )
@@ -172,7 +175,8 @@ class DistributedSession:
 
     # ------------------------------------------------------------------ phases
     def _start_phase(self, step: int) -> None:
-        """Drain, exchange telemetry and panel requests, plan the phase, bind the runtime."""
+        """Drain, plan the phase, exchange telemetry, panel requests and the plan check,
+        bind the runtime."""
         tic = time.perf_counter()
         if self.engine is not None:
             self.engine.drain_and_apply_all()
@@ -180,15 +184,8 @@ class DistributedSession:
             # Every rank is here before the collectives below (rank 0 may come late from a
             # checkpoint write): a heartbeat-aware wait, not gloo's timeout.
             self.engine.rendezvous(f"phase start at step {step}")
-        panels = self.pipeline.panels
-        request = self.telemetry.exchange_at_phase_start(
-            panels.requested_settings() if panels is not None else {}, self._engine_counters()
-        )
-        if request:  # a panel request takes effect here, on every rank at once
-            self.sync_config.tau = float(request.get("tau", self.sync_config.tau))
-            self.sync_config.staleness_window = int(
-                request.get("K", self.sync_config.staleness_window)
-            )
+        if self.checkpoint_every > 0 and step > 1 and (step - 1) % self.checkpoint_every == 0:
+            self.phases.forget_footprints()  # as a run resumed from that checkpoint does
         plan, record = self.phases.start(
             step,
             self.model,
@@ -197,6 +194,22 @@ class DistributedSession:
             resumed=self._resumed_phase,
         )
         self._resumed_phase = None
+        panels = self.pipeline.panels
+        request, checks = self.telemetry.exchange_at_phase_start(
+            panels.requested_settings() if panels is not None else {},
+            self._engine_counters(),
+            plan_check=(str(plan.plan_hash), self.model.num_points),
+        )
+        if len(set(checks)) != 1:
+            raise RuntimeError(
+                f"rank {self.rank}: ranks hold different (plan hash, Gaussians) {checks} at "
+                f"step {step}; the replicas have diverged"
+            )
+        if request:  # a panel request takes effect here, on every rank at once
+            self.sync_config.tau = float(request.get("tau", self.sync_config.tau))
+            self.sync_config.staleness_window = int(
+                request.get("K", self.sync_config.staleness_window)
+            )
         self.datamanager.set_plan_views(plan.views[:, self.rank, :], start_step=step)
         groups = bind_param_groups(self.model.gauss_params, self.optimizers, GAUSSIAN_GROUPS)
         if self.engine is None:
