@@ -77,7 +77,11 @@ def gather_owned_footprints(
 
 
 class ShardedPhaseController(PhaseController):
-    """Phases whose footprints come from the owners' rows (each rank: all views x owned)."""
+    """Phases whose footprints come from the owners' rows (each rank: all views x owned).
+
+    Footprint reuse (``reuse_shift_px > 0``) decides as the replicated controller does: the
+    largest screen shift over every Gaussian, here the all-reduced max of each owner's.
+    """
 
     owned: np.ndarray | None = None  # [O] global ids of the model's first O rows
     num_rows: int = 0  # N
@@ -86,18 +90,37 @@ class ShardedPhaseController(PhaseController):
     def _footprints(self, model, cameras) -> sp.csr_matrix:
         if self.owned is None:  # the first phase: every rank still holds the whole model
             return super()._footprints(model, cameras)
+        from odin_ns.distributed import phase
+
         o = self.owned.size
         view = _Rows(model, o)
+        ref = getattr(self, "_reference", None)
+        if ref is not None and self.reuse_shift_px > 0:
+            if ref.means.shape[0] != o:  # the first phase's reference: keep my rows only
+                ids = torch.from_numpy(self.owned).to(ref.means.device)
+                ref = phase.FootprintReference(
+                    ref.footprints, ref.means[ids], ref.max_scale[ids], ref.front[ids],
+                    ref.behind[ids], ref.focal, ref.near,
+                )  # fmt: skip
+            shift = torch.tensor([phase.max_screen_shift(ref, view)], dtype=torch.float64)
+            dist.all_reduce(shift, op=dist.ReduceOp.MAX, group=self.group)
+            if float(shift) <= self.reuse_shift_px:
+                self.reused += 1
+                return ref.footprints
         local = local_footprints(view, cameras, np.arange(len(cameras)), self.margin_px)
-        return gather_owned_footprints(
+        footprints = gather_owned_footprints(
             local, self.owned, self.num_rows, self.world_size, self.group
         )
+        if self.reuse_shift_px > 0:
+            self._reference = phase.footprint_reference(footprints, view, cameras)
+        return footprints
 
 
 class _Rows:
     """The first ``o`` rows of a model's Gaussians, as ``local_footprints`` reads them."""
 
     def __init__(self, model, o: int):
+        self.num_points = o
         self.means = model.means[:o]
         self.scales = model.scales[:o]
         self.quats = model.quats[:o]
@@ -184,6 +207,9 @@ class ShardedSession:
         self.grads_tx = P2PTransport(self.rank, self.world_size, grads_group, idle)
         self.push_tx = P2PTransport(self.rank, self.world_size, push_group, idle)
         self.seed = int(self.datamanager.config.train_cameras_sampling_seed)
+        if not hasattr(PhaseController, "_footprints"):
+            raise RuntimeError("sharded mode needs PhaseController._footprints (phase.py)")
+        reuse = {"reuse_shift_px": float(getattr(config, "footprint_reuse_shift_px", 0.0))}
         self.phases = ShardedPhaseController(
             self.rank,
             self.world_size,
@@ -192,6 +218,7 @@ class ShardedSession:
             max_phase_steps=config.max_phase_steps,
             margin_px=config.footprint_margin_px,
             group=self.group,
+            **(reuse if reuse["reuse_shift_px"] > 0 else {}),
         )
         self.densifier = ReplicatedDensifier(self.model.strategy, self.model.strategy_state, 0)
         self.densifier.seed = self.seed
@@ -280,6 +307,9 @@ class ShardedSession:
         if self.engine is not None:
             self.engine.drain()
         first = self.owner is None
+        at_checkpoint = self.checkpoint_every > 0 and step > 1
+        if at_checkpoint and (step - 1) % self.checkpoint_every == 0:
+            getattr(self.phases, "forget_footprints", lambda: None)()  # as replicated does
         if not first:
             self.phases.owned = self.layout.owned
             self.phases.num_rows = self.num_rows

@@ -1,0 +1,276 @@
+"""Sharded vs replicated training on the street scene: ``python -m odin_ns.bench.shard``.
+
+Modes (all through ``odin-ns-train`` on CPU gloo ranks, same scene, seed and views budget):
+``replicated`` (barrier: every rank holds every Gaussian and receives every peer's rows),
+``sharded`` (quality-first, locality ownership from the plan) and ``sharded-random``
+(random ownership, the Grendel-GS-style deal). For each rank count the modes run
+interleaved, the order reversed every round (A B C, C B A, ...), so machine drift cancels.
+
+Per run, from its ``odin_run.json`` (steps after the first ``--skip`` are timed): views/s,
+wait per step, bytes per rank per step (sent + received, mean and max over ranks), resident
+rows per rank (owned + cache; N for replicated), owned rows; from its merged checkpoint:
+the largest parameter difference to the replicated run of the same rank count, and (once
+per mode and rank count) PSNR from single-process ``ns-eval``. Writes JSON and a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+BIN = Path(sys.executable).parent
+ROW = 3 + 3 + 4 + 3 + 45 + 1  # floats per Gaussian: means, scales, quats, dc, rest, opacity
+MODES = {
+    "replicated": ["--pipeline.sync.mode", "barrier"],
+    "sharded": ["--pipeline.sync.mode", "quality-first", "--pipeline.parallel", "sharded"],
+    "sharded-random": [
+        "--pipeline.sync.mode",
+        "quality-first",
+        "--pipeline.parallel",
+        "sharded",
+        "--pipeline.ownership",
+        "random",
+    ],
+}
+TRAINING = [
+    "--vis",
+    "tensorboard",
+    "--steps-per-eval-all-images",
+    "0",
+    "--steps-per-eval-image",
+    "0",
+    "--steps-per-eval-batch",
+    "0",
+    "--steps-per-save",
+    "100000",
+    "--pipeline.model.num-downscales",
+    "0",
+    "--pipeline.model.warmup-length",
+    "20",
+    "--pipeline.model.refine-every",
+    "15",
+    "--pipeline.model.densify-grad-thresh",
+    "0.0002",
+]
+
+
+def train(data: Path, out: Path, ranks: int, mode: str, name: str, views: int) -> Path:
+    """One run; returns its output folder."""
+    cmd = [
+        str(BIN / "odin-ns-train"),
+        "--nproc-per-node",
+        str(ranks),
+        "--master-port",
+        str(29500 + (os.getpid() * 13 + hash(name)) % 2000),
+        "odin-splatfacto",
+        "--data",
+        str(data),
+        "--output-dir",
+        str(out),
+        "--experiment-name",
+        "bench",
+        "--timestamp",
+        name,
+        "--max-num-iterations",
+        str(views),
+        *TRAINING,
+        *MODES[mode],
+    ]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return out / "bench" / "odin-splatfacto" / name
+
+
+def checkpoint(run: Path) -> dict:
+    import torch
+
+    path = sorted((run / "nerfstudio_models").glob("step-*.ckpt"))[-1]
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def param_diff(a: dict, b: dict) -> float:
+    """Largest |a - b| over the Gaussian parameters (inf when shapes differ)."""
+    worst = 0.0
+    for key, value in a["pipeline"].items():
+        if "gauss_params" in key:
+            other = b["pipeline"][key]
+            if other.shape != value.shape:
+                return float("inf")
+            worst = max(worst, float((value - other).abs().max()))
+    return worst
+
+
+def run_figures(run: Path, skip: int) -> dict:
+    """Per-run figures from ``odin_run.json`` (see the module docstring)."""
+    summary = json.loads((run / "odin_run.json").read_text())
+    ranks = summary["ranks"]
+    steps = [r["steps"][skip:] for r in ranks]
+    n_steps = len(steps[0])
+    start = min(s[0]["start"] for s in steps)
+    end = max(s[-1]["end"] for s in steps)
+    per_rank = [float(np.mean([x["bytes_sent"] + x["bytes_recv"] for x in s])) for s in steps]
+    sharded = "owned_rows" in ranks[0] and ranks[0]["owned_rows"] is not None
+    n = int(checkpoint(run)["pipeline"]["_model.gauss_params.means"].shape[0])
+    out = {
+        "steps_timed": n_steps,
+        "views_per_s": len(ranks) * n_steps / max(end - start, 1e-9),
+        "wait_s_per_step": float(np.mean([x["wait_s"] for s in steps for x in s])),
+        "bytes_per_rank_step_mean": float(np.mean(per_rank)),
+        "bytes_per_rank_step_max": float(np.max(per_rank)),
+        "num_gaussians": n,
+        "resident_rows_max": max(r["resident_rows"] for r in ranks) if sharded else n,
+        "owned_rows": [r["owned_rows"] for r in ranks] if sharded else [n] * len(ranks),
+    }
+    out["owned_rows_max_over_fair"] = max(out["owned_rows"]) / (n / len(ranks))
+    # float32: parameters (59 per row) for resident rows, Adam moments (2 x 59) for owned
+    resident = [r["resident_rows"] for r in ranks] if sharded else [n] * len(ranks)
+    out["param_moment_bytes_max"] = max(
+        4 * ROW * (res + 2 * own) for res, own in zip(resident, out["owned_rows"], strict=True)
+    )
+    if sharded:
+        reports = ranks[0]["ownership"]
+        out["remote_read_fraction"] = [round(r["remote_read_fraction"], 4) for r in reports]
+        out["random_remote_read_fraction"] = [
+            round(r["random_remote_read_fraction"], 4) for r in reports
+        ]
+    return out
+
+
+def evaluate(run: Path) -> float:
+    out = run / "eval.json"
+    cmd = [
+        str(BIN / "ns-eval"),
+        "--load-config",
+        str(run / "config.yml"),
+        "--output-path",
+        str(out),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ns-eval of {run} failed:\n{proc.stderr[-2000:]}")
+    return float(json.loads(out.read_text())["results"]["psnr"])
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ranks = sorted({int(k) for k in results["by_ranks"]})
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for mode in MODES:
+        rows = [results["by_ranks"][str(r)][mode] for r in ranks]
+        axes[0].plot(ranks, [x["bytes_per_rank_step_mean"] / 1e3 for x in rows], "o-", label=mode)
+        axes[1].plot(ranks, [x["views_per_s"] for x in rows], "o-", label=mode)
+        axes[2].plot(ranks, [x["resident_rows_max"] for x in rows], "o-", label=mode)
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("kB per rank per step (sent + received)")
+    axes[1].set_ylabel("views / s (all ranks)")
+    axes[2].set_ylabel("resident rows, largest rank")
+    for ax in axes:
+        ax.set_xlabel("CPU ranks (gloo)")
+        ax.set_xticks(ranks)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle("street scene: replicated vs sharded (locality / random ownership)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench/shard.json"))
+    parser.add_argument("--work", type=Path, default=Path("/tmp/odin_shard_bench"))
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 3, 4])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--views", type=int, default=60, help="training views per run")
+    parser.add_argument("--skip", type=int, default=3, help="first steps not timed")
+    parser.add_argument("--no-eval", action="store_true")
+    args = parser.parse_args(argv)
+
+    from odin_ns.data.synthetic import make_scene
+
+    scene = args.work / "street"
+    if not (scene / "transforms.json").exists():
+        make_scene(scene, layout="street", num_views=16, num_eval_views=3, seed=0)
+    tic = time.time()
+    by_ranks: dict[str, dict] = {}
+    for ranks in args.ranks:
+        runs: dict[str, list[dict]] = {m: [] for m in MODES}
+        ckpts: dict[str, list[dict]] = {m: [] for m in MODES}
+        psnr: dict[str, float] = {}
+        for k in range(args.rounds):
+            order = list(MODES) if k % 2 == 0 else list(MODES)[::-1]
+            for mode in order:
+                name = f"{mode}-r{ranks}-k{k}"
+                run = train(scene, args.work / "runs", ranks, mode, name, args.views)
+                runs[mode].append(run_figures(run, args.skip))
+                ckpts[mode].append(checkpoint(run))
+                if k == 0 and not args.no_eval:
+                    psnr[mode] = evaluate(run)
+                print(f"{name}: {runs[mode][-1]['views_per_s']:.2f} views/s", flush=True)
+        table = {}
+        for mode in MODES:
+            rows = runs[mode]
+            pairs = zip(ckpts[mode], ckpts["replicated"], strict=True)
+            diffs = [param_diff(c, r) for c, r in pairs]
+            table[mode] = {
+                "views_per_s": float(np.median([x["views_per_s"] for x in rows])),
+                "wait_s_per_step": float(np.median([x["wait_s_per_step"] for x in rows])),
+                "bytes_per_rank_step_mean": float(
+                    np.median([x["bytes_per_rank_step_mean"] for x in rows])
+                ),
+                "bytes_per_rank_step_max": float(
+                    np.median([x["bytes_per_rank_step_max"] for x in rows])
+                ),
+                "resident_rows_max": int(max(x["resident_rows_max"] for x in rows)),
+                "param_moment_bytes_max": int(max(x["param_moment_bytes_max"] for x in rows)),
+                "num_gaussians": rows[0]["num_gaussians"],
+                "owned_rows_max_over_fair": float(max(x["owned_rows_max_over_fair"] for x in rows)),
+                "max_param_diff_vs_replicated": float(max(diffs)),
+                "psnr": psnr.get(mode),
+                "rounds": rows,
+            }
+        by_ranks[str(ranks)] = table
+    lo, hi = str(min(args.ranks)), str(max(args.ranks))
+    sharded = [by_ranks[r][m] for r in by_ranks for m in ("sharded", "sharded-random")]
+    result = {
+        "scene": "street (16 train views, 160x96), synthetic",
+        "views_per_run": args.views,
+        "rounds": args.rounds,
+        "order": "modes interleaved per rank count, reversed every round",
+        "by_ranks": by_ranks,
+        "max_param_diff_sharded_vs_replicated": max(
+            x["max_param_diff_vs_replicated"] for x in sharded
+        ),
+        "owned_rows_max_over_fair": max(x["owned_rows_max_over_fair"] for x in sharded),
+        "bytes_per_rank_growth_2_to_4": by_ranks[hi]["sharded"]["bytes_per_rank_step_mean"]
+        / by_ranks[lo]["sharded"]["bytes_per_rank_step_mean"]
+        - 1.0,
+        "bytes_ratio_sharded_vs_replicated_4": by_ranks[hi]["sharded"]["bytes_per_rank_step_mean"]
+        / by_ranks[hi]["replicated"]["bytes_per_rank_step_mean"],
+        "bytes_ratio_random_vs_replicated_4": by_ranks[hi]["sharded-random"][
+            "bytes_per_rank_step_mean"
+        ]
+        / by_ranks[hi]["replicated"]["bytes_per_rank_step_mean"],
+        "wall_s": time.time() - tic,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    plot(result, args.out.with_suffix(".png"))
+    print(json.dumps({k: v for k, v in result.items() if k != "by_ranks"}, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
