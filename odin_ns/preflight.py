@@ -10,6 +10,8 @@ user sees.
 from __future__ import annotations
 
 import copy
+import os
+import zipfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -66,9 +68,12 @@ def count_training_views(dataparser_config: Any, data: Path | str) -> int:
     parser_config = copy.deepcopy(dataparser_config)
     parser_config.data = Path(data)
     with reading_scene(data):
-        outputs = parser_config.setup().get_dataparser_outputs(split="train")
+        parser = parser_config.setup()
+        outputs = parser.get_dataparser_outputs(split="train")
+        held_out = parser.get_dataparser_outputs(split="val").image_filenames
     check_has_training_images(data, len(outputs.image_filenames))
-    check_image_files(data, outputs.image_filenames)
+    # Evaluation images too: a missing one would otherwise fail the run at its first eval.
+    check_image_files(data, [*outputs.image_filenames, *held_out])
     return len(outputs.image_filenames)
 
 
@@ -136,6 +141,44 @@ def check_checkpoint_exists(path: Path | None) -> None:
         raise OdinInputError(f"cannot resume from checkpoint '{path}': it does not exist")
 
 
+def check_checkpoint_readable(path: Path | None) -> None:
+    """A whole ``torch.save`` archive whose records pass their CRC check (reads the file
+    once, unpickles nothing): a truncated or corrupt checkpoint fails here in seconds,
+    not after every rank has started."""
+    if path is None:
+        return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as err:
+        raise OdinInputError(
+            f"cannot resume from checkpoint '{path}': not a complete checkpoint ({first_line(err)})"
+        ) from err
+    if bad is not None:
+        raise OdinInputError(f"cannot resume from checkpoint '{path}': record '{bad}' is corrupt")
+
+
+def resume_checkpoint(config: TrainerConfig) -> Path | None:
+    """The checkpoint ``--load-checkpoint`` / ``--load-dir`` (latest or ``--load-step``) name."""
+    if config.load_dir is not None:
+        if config.load_step is not None:
+            return Path(config.load_dir) / f"step-{config.load_step:09d}.ckpt"
+        found = sorted(Path(config.load_dir).glob("step-*.ckpt"))
+        return found[-1] if found else None  # none: the trainer says so
+    return Path(config.load_checkpoint) if config.load_checkpoint is not None else None
+
+
+def check_output_writable(output_dir: Path | str) -> None:
+    """The output folder (or its nearest existing parent) can be written to."""
+    path = Path(output_dir).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise OdinInputError(
+            f"output folder '{output_dir}' is not writable ('{path}' is read-only)"
+        )
+
+
 # ------------------------------------------------------------------ the launcher's preflight
 
 
@@ -165,6 +208,8 @@ def preflight(config: TrainerConfig, world_size: int) -> None:
     datamanager = config.pipeline.datamanager
     data = check_data_path(datamanager.data or datamanager.dataparser.data)
     check_checkpoint_exists(config.load_checkpoint)
+    check_checkpoint_readable(resume_checkpoint(config))
+    check_output_writable(config.output_dir)
     model_config = config.pipeline.model
     if hasattr(model_config, "rasterizer"):
         check_rasterizer(model_config.rasterizer)

@@ -111,10 +111,14 @@ def test_unknown_training_option_is_a_usage_error(tmp_path):
 
 
 def test_a_rank_failing_after_spawn_prints_its_reason_last(tmp_path):
-    """A corrupt checkpoint is only read by the ranks: the reason follows torchrun's report."""
+    """A readable archive that is not a checkpoint passes the launcher's archive check and
+    fails in the ranks (truncated or corrupt files fail in preflight: test_reliability):
+    the reason follows torchrun's report."""
+    import torch
+
     scene = _tiny_scene(tmp_path / "tiny", views=2)
     ckpt = tmp_path / "step-000000010.ckpt"
-    ckpt.write_bytes(b"this is not a checkpoint")
+    torch.save({"this is": "not a checkpoint"}, ckpt)
     code, lines = _launch(tmp_path, 2, "--data", str(scene), "--load-checkpoint", str(ckpt))
     output = "\n".join(lines[-60:])
     assert code == 1, output

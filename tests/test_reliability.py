@@ -333,3 +333,58 @@ def test_resume_1_rank_on_2(street_scene, tmp_path):
     assert code == 0, "\n".join(lines[-30:])
     assert _resumed(lines) == {("1", "2")}, "\n".join(lines[-30:])
     assert _step(_checkpoints(resumed)[-1]) > _step(_checkpoints(single)[-1])
+
+
+def test_viewer_pause_is_a_busy_section():
+    """The viewer sets ``trainer.training_state``: "paused" opens the session's busy section
+    (rank 0 beats while paused), "training" closes it."""
+    from contextlib import contextmanager
+
+    from odin_ns.distributed.session import DistributedSession
+    from odin_ns.trainer import OdinTrainer
+
+    events: list[str] = []
+
+    class Engine:
+        @contextmanager
+        def busy(self, reason):
+            events.append(f"enter {reason}")
+            yield
+            events.append("exit")
+
+    session = DistributedSession.__new__(DistributedSession)
+    session.engine, session._paused = Engine(), None
+    trainer = OdinTrainer.__new__(OdinTrainer)
+    trainer.training_state = "training"  # before the session exists (Trainer.__init__)
+    trainer.session = session
+    trainer.training_state = "paused"
+    trainer.training_state = "paused"
+    assert trainer.training_state == "paused"
+    trainer.training_state = "training"
+    assert events == ["enter viewer paused", "exit"]
+
+
+def test_preflight_refuses_broken_checkpoints_and_read_only_outputs(tmp_path):
+    """The launcher reads a checkpoint's archive (CRC of every record) before any rank
+    starts, and refuses an output folder it cannot write."""
+    from odin_ns.errors import OdinInputError
+    from odin_ns.preflight import check_checkpoint_readable, check_output_writable
+
+    good = tmp_path / "good.ckpt"
+    torch.save({"step": 3, "pipeline": {"x": torch.arange(4096.0)}}, good)
+    check_checkpoint_readable(good)
+    data = good.read_bytes()
+    (tmp_path / "cut.ckpt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(OdinInputError, match="not a complete checkpoint"):
+        check_checkpoint_readable(tmp_path / "cut.ckpt")
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0xFF  # inside the tensor record
+    (tmp_path / "flipped.ckpt").write_bytes(bytes(flipped))
+    with pytest.raises(OdinInputError, match="is corrupt"):
+        check_checkpoint_readable(tmp_path / "flipped.ckpt")
+    check_output_writable(tmp_path / "not" / "yet")
+    if os.geteuid() != 0:  # root writes anywhere; the fault matrix mounts a read-only tmpfs
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o555)
+        with pytest.raises(OdinInputError, match="not writable"):
+            check_output_writable(locked / "out")
