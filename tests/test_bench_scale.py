@@ -11,6 +11,7 @@ from odin_ns.bench.simulate import (
     Network,
     Phase,
     Replicated,
+    Sharded,
     StepPlan,
     lagged_overlaps,
     replay,
@@ -137,3 +138,26 @@ def test_rotated_orders_and_same_round_ratios():
     np.testing.assert_allclose(pairs["qf_vs_barrier"]["throughput"], [1.1, 1.05, 1.0])
     agg = aggregate_rounds([r["barrier"] for r in rounds])
     assert agg["views_per_second"] == 10.0 and agg["views_per_second_max"] == 20.0
+
+
+def test_sharded_ownership_by_hand():
+    plan = two_rank_plan()
+    # locality: rank 0 owns {0, 1} (it reads {0, 1} then {0}), rank 1 owns {2, 3}
+    local = Sharded(np.array([0, 0, 1, 1]))
+    traffic = local.traffic(plan, row_bytes=1.0)
+    # only rank 1's step 1 reads a row it does not own (row 1): gradient out, row back
+    expected = np.zeros((2, 2, 2))
+    expected[1, 1, 0] = expected[1, 0, 1] = 1.0
+    np.testing.assert_array_equal(traffic, expected)
+    remote = Sharded(np.array([1, 1, 0, 0])).traffic(plan, row_bytes=1.0)
+    # swapped owners: 6 of the 7 row reads are remote (all but rank 1's row 1), both ways
+    assert remote.sum() == 2 * 6
+    ph = phase(plan, [[1.0, 3.0], [1.0, 1.0]])
+    qf = replay([ph], "quality-first", FAST, ownership=local, row_bytes=1.0)
+    # two hops: 1 s per message. rank 1's step 1 needs rank 0's step 0 (arrives 1 + 1 = 2)
+    # and starts at 3 (its own step 0 sent nothing to owners); ends 4; its message to rank
+    # 0 arrives at 5: the drain ends at 5
+    assert qf.total_time == pytest.approx(5.0)
+    # random ownership sends more and waits for its own round trips
+    slow = replay([ph], "quality-first", FAST, ownership=Sharded(np.array([1, 1, 0, 0])))
+    assert slow.total_time > qf.total_time

@@ -37,6 +37,7 @@ from odin_ns.bench.simulate import (
     PUBLICATION_ROW_BYTES,
     Network,
     Phase,
+    Sharded,
     StepPlan,
     replay,
 )
@@ -242,6 +243,23 @@ def gpu_phase(F, ranks: int, model: CostModel, jitter: Jitter, steps: int, seed:
     return Phase(plan, compute, np.zeros_like(compute), GPU_ASSUMPTION["num_gaussians"])
 
 
+def sharded_replays(ph: Phase, net, row_bytes: float, seed: int) -> dict:
+    """Quality-first with sharded ownership (odin_ns.schedule.ownership): locality (each rank
+    owns what its stream reads) vs random (Grendel-style), simulated."""
+    from odin_ns.schedule.ownership import assign_ownership
+
+    return {
+        kind: replay(
+            [ph],
+            "quality-first",
+            net,
+            ownership=Sharded(assign_ownership(ph.plan, kind, seed=seed)),
+            row_bytes=row_bytes,
+        )
+        for kind in ("locality", "random")
+    }
+
+
 def run_scaling(scenes: dict, model: CostModel, jitter: Jitter, args) -> list[dict]:
     rows_out = []
     for name, (F, _pixels, label) in scenes.items():
@@ -257,6 +275,7 @@ def run_scaling(scenes: dict, model: CostModel, jitter: Jitter, args) -> list[di
                 net = NETWORKS[net_name]
                 sims = {m: replay([ph], m, net, row_bytes=gpu_row_bytes) for m in SIM_SHORT}
                 bar, qf, ddp = sims["barrier"], sims["quality-first"], sims["ddp"]
+                sharded = sharded_replays(ph, net, gpu_row_bytes, args.seed)
                 rows_out.append(
                     {
                         "source": "simulated",
@@ -277,6 +296,14 @@ def run_scaling(scenes: dict, model: CostModel, jitter: Jitter, args) -> list[di
                         "bytes_per_rank_per_step": {
                             m: s.bytes_per_rank_per_step for m, s in sims.items()
                         },
+                        "sharded_qf_views_per_second": {
+                            k: v.views_per_second for k, v in sharded.items()
+                        },
+                        "sharded_bytes_per_rank_per_step": {
+                            k: v.bytes_per_rank_per_step for k, v in sharded.items()
+                        },
+                        "speedup_sharded_locality_vs_random": sharded["random"].total_time
+                        / sharded["locality"].total_time,
                         "seconds": time.perf_counter() - t0,
                     }
                 )
@@ -386,10 +413,13 @@ def main(argv: list[str] | None = None) -> dict:
         "sim_speedup_qf_vs_barrier_8": pick("city", 8, "speedup_qf_vs_barrier"),
         "sim_speedup_qf_vs_ddp_8": pick("city", 8, "speedup_qf_vs_ddp"),
         "sim_wait_hidden_qf_8": pick("city", 8, "wait_hidden_qf"),
-        "sim_speedup_sharded_locality_vs_random_64": None,
-        "sim_sharded_note": "null until the sharded-ownership mode exists (another issue); it "
-        "plugs in as an odin_ns.bench.simulate.Ownership whose traffic is the remote part of "
-        "each footprint",
+        "sim_speedup_sharded_locality_vs_random_64": pick(
+            "city", 64, "speedup_sharded_locality_vs_random"
+        ),
+        "sim_sharded_note": "quality-first over sharded ownership (odin_ns.bench.simulate."
+        "Sharded): gradient rows of non-owned rows go to their owners and updated rows come "
+        "back (two hops, and a rank waits for its own previous step's round trip); locality "
+        "ownership from odin_ns.schedule.ownership vs random ownership (Grendel-style)",
         "headline_scene": "city (street-like layout)",
         "headline_network": args.headline_network,
         "gpu_assumption": GPU_ASSUMPTION,

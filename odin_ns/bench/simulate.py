@@ -197,6 +197,36 @@ class Replicated:
         return out
 
 
+@dataclass(frozen=True)
+class Sharded:
+    """Each row has one owner (``owner[N]``, e.g. ``odin_ns.schedule.ownership``): a rank
+    sends the gradient rows of the non-owned rows it wrote to their owners, and owners push
+    the updated rows back to the readers; owned rows cost nothing. Every update of a
+    non-owned row therefore takes two hops (reader -> owner -> reader, ``hops = 2``, applied
+    to every message: pessimistic where the owner is the reader), and a rank that sent rows
+    to owners at step t - 1 waits for their round trip before step t."""
+
+    owner: np.ndarray  # [N] int64 owner rank per primitive
+    name: str = "sharded"
+    hops: int = 2
+
+    def traffic(self, plan: PlanLike, row_bytes: float) -> np.ndarray:
+        T, R = plan.message_rows.shape
+        F = plan.footprints
+        out = np.zeros((T, R, R))
+        for t in range(T):
+            for r in range(R):
+                views = plan.views[t, r]
+                rows = np.unique(
+                    np.concatenate([F.indices[F.indptr[v] : F.indptr[v + 1]] for v in views])
+                )
+                owners = self.owner[rows]
+                remote = np.bincount(owners[owners != r], minlength=R) * row_bytes
+                out[t, r, :] += remote  # gradient rows to their owners
+                out[t, :, r] += remote  # updated rows pushed back to the reader
+        return out
+
+
 @dataclass
 class Phase:
     """One phase of a run to replay.
@@ -332,6 +362,8 @@ def replay(
         egress = traffic.sum(axis=2) / network.bandwidth_Bps  # [T, R]
         ingress = traffic.sum(axis=1) / network.bandwidth_Bps  # [T, R]
         dur = network.latency_s + np.maximum(egress[:, :, None], ingress[:, None, :])  # [T, q, r]
+        hops = int(getattr(own, "hops", 1))  # sharded: every update goes through its owner
+        dur = dur * hops
         need = ph.plan.dependency
         if mode == "throughput-first":
             if ph.tf_need is None:
@@ -354,11 +386,15 @@ def replay(
                     d = need[t]  # [r, q]
                     got = arrive[np.maximum(d, 0), cols, np.arange(R)[:, None]]  # [r, q]
                     s = np.maximum(s, np.where(d >= 0, got, -np.inf).max(axis=1))
+                    if hops > 1:  # sharded: its own non-owned rows return from the owners
+                        sent_any = traffic[t - 1].sum(axis=1) > 0  # [r]
+                        s = np.maximum(s, np.where(sent_any, np.diagonal(arrive[t - 1]), -np.inf))
             idle += s - ready
             done = s + ph.compute[t]
             prev = arrive[t - 1] if t > 0 else np.zeros((R, R))
             arrive[t] = np.maximum(prev, done[:, None] + dur[t])
-            arrive[t, np.arange(R), np.arange(R)] = 0.0
+            if hops == 1:  # replicated: a rank's own update is local
+                arrive[t, np.arange(R), np.arange(R)] = 0.0
             ready = done + ph.overhead[t]
             busy += ph.compute[t] + ph.overhead[t]
         end = ready.max()
