@@ -108,13 +108,13 @@ def _cases(base_ckpt: Path, work: Path) -> list[Case]:
         ),
         Case(
             "corrupt checkpoint",
-            rf"rank \d: cannot resume from checkpoint '{re.escape(str(corrupt))}'",
+            rf"(rank \d: )?cannot resume from checkpoint '{re.escape(str(corrupt))}'",
             extra=["--load-checkpoint", str(corrupt)],
             good_checkpoint="base",
         ),
         Case(
             "truncated checkpoint",
-            rf"rank \d: cannot resume from checkpoint '{re.escape(str(truncated))}'",
+            rf"(rank \d: )?cannot resume from checkpoint '{re.escape(str(truncated))}'",
             extra=["--load-checkpoint", str(truncated)],
             good_checkpoint="base",
         ),
@@ -143,6 +143,16 @@ def _cases(base_ckpt: Path, work: Path) -> list[Case]:
             good_checkpoint=None,
         ),
     ]
+
+
+def _cases_names() -> list[Case]:
+    """The cases in order (names only matter)."""
+    tmp = Path(tempfile.mkdtemp(prefix="odin-faults-names-"))
+    try:
+        (tmp / "x.ckpt").write_bytes(b"0" * 8192)
+        return _cases(tmp / "x.ckpt", tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _free_port() -> int:
@@ -305,6 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/faults.json"))
     parser.add_argument("--only", default=None, help="run the cases whose name contains this")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    parser.add_argument("--merge", action="store_true", help="with --only: keep --out's other rows")
     args = parser.parse_args(argv)
 
     from odin_ns.data.synthetic import make_scene
@@ -333,6 +344,13 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+    if args.merge and args.out.is_file():
+        fresh = {r.name for r in rows}
+        old = [
+            Row(**c) for c in json.loads(args.out.read_text())["cases"] if c["name"] not in fresh
+        ]
+        order = [c.name for c in _cases_names()]
+        rows = sorted([*rows, *old], key=lambda r: order.index(r.name) if r.name in order else 99)
     result = {
         "timeout_s": TIMEOUT_S,
         "limit_s": TIMEOUT_S + 30,
