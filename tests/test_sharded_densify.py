@@ -14,9 +14,14 @@ from gsplat.strategy import DefaultStrategy
 
 from odin_ns.distributed import sharded_densify
 from odin_ns.distributed.densify import seeded_global_rng
-from odin_ns.distributed.sharded_densify import OwnedRows, grow_and_prune, reset_opacities
+from odin_ns.distributed.sharded_densify import (
+    OwnedRows,
+    balance_new_rows,
+    grow_and_prune,
+    reset_opacities,
+)
 from odin_ns.model import GAUSSIAN_GROUPS
-from odin_ns.schedule.ownership import random_ownership
+from odin_ns.schedule.ownership import capacity, random_ownership
 
 SHAPES = {
     "means": (3,),
@@ -135,3 +140,17 @@ def test_reset_opacities_like_gsplat():
     assert torch.equal(rows.params["opacities"], torch.clamp(params["opacities"], max=cap))
     assert not rows.exp_avg["opacities"].any() and not rows.exp_avg_sq["opacities"].any()
     assert torch.equal(rows.exp_avg["means"], m["means"])
+
+
+def test_balance_new_rows_caps_every_rank_and_moves_only_new_rows():
+    rng = np.random.default_rng(0)
+    n, ranks = 5000, 4
+    owner = np.where(rng.random(n) < 0.5, 0, rng.integers(1, ranks, n))  # rank 0 overloaded
+    is_new = rng.random(n) < 0.6  # rank 0 has more new rows than its excess
+    prefer = rng.integers(0, 5, (ranks, n))
+    out = balance_new_rows(owner, is_new, prefer)
+    assert np.bincount(out, minlength=ranks).max() <= capacity(n, ranks)
+    assert (out[~is_new] == owner[~is_new]).all()  # old rows (with moments) never move
+    assert np.array_equal(out, balance_new_rows(owner, is_new, prefer))  # deterministic
+    balanced = np.arange(n) % ranks  # every rank under the cap: nothing moves
+    assert np.array_equal(balance_new_rows(balanced, is_new, None), balanced)

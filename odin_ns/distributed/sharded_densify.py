@@ -17,7 +17,8 @@ the replicated ones. Then the structural change runs on owners:
    parent); one all-reduce of the [M] flags gives the final renumbering;
 5. opacity reset clamps the owned opacities and zeroes their moments (``reset_opa``).
 
-New rows belong to their parent's owner (no moment migration).
+New rows start at their parent's owner; ``balance_new_rows`` then moves new rows off ranks
+above the N/R cap (new rows have zero moments, so only parameters move).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from gsplat.utils import normalized_quat_to_rotmat
 from torch import Tensor
 
 from odin_ns.distributed.densify import _REDUCTIONS, seeded_global_rng
+from odin_ns.schedule.ownership import capacity
 
 
 @dataclass
@@ -70,7 +72,7 @@ def grow_and_prune(
     step: int,
     seed: int,
     group=None,
-) -> tuple[OwnedRows, np.ndarray]:
+) -> tuple[OwnedRows, np.ndarray, dict]:
     """gsplat's ``_grow_gs`` then ``_prune_gs`` on the owners' rows.
 
     Args:
@@ -80,7 +82,8 @@ def grow_and_prune(
         owner: [N] int64 owner of every row.
 
     Returns:
-        (new owned rows, new [N'] owner vector); the new owned rows are sorted by new id.
+        (new owned rows sorted by new id, new [N'] owner vector, {"parent": [N'] old id of
+        each row's parent, "is_new": [N'] bool}).
     """
     device = rows.params["means"].device
     n = owner.size
@@ -169,7 +172,45 @@ def grow_and_prune(
         exp_avg={k: v[keep_mine].contiguous() for k, v in new_m.items()},
         exp_avg_sq={k: v[keep_mine].contiguous() for k, v in new_v.items()},
     )
-    return out, new_owner
+    info = {"parent": parent[keep], "is_new": kind[keep] > 0}
+    return out, new_owner, info
+
+
+def balance_new_rows(
+    owner: np.ndarray, is_new: np.ndarray, prefer: np.ndarray | None, slack: float = 0.05
+) -> np.ndarray:
+    """[N] owners after moving new rows (zero moments: nothing but parameters moves) off
+    ranks above ``ownership.capacity``; deterministic.
+
+    Args:
+        owner: [N] int64 owners (new rows at their parent's owner).
+        is_new: [N] bool rows made by this structural step (duplicates, split children).
+        prefer: [R, N] read counts of each rank for each row (the parent's), or None.
+    """
+    num_ranks = int(owner.max()) + 1 if owner.size else 1
+    num_ranks = max(num_ranks, prefer.shape[0] if prefer is not None else 1)
+    cap = capacity(owner.size, num_ranks, slack)
+    out = owner.copy()
+    load = np.bincount(out, minlength=num_ranks)
+    for q in range(num_ranks):
+        excess = int(load[q] - cap)
+        if excess <= 0:
+            continue
+        cand = np.flatnonzero((out == q) & is_new)
+        if prefer is not None:
+            room = load < cap
+            score = np.where(room[:, None], prefer[:, cand], -1).max(axis=0)
+            cand = cand[np.lexsort((cand, -score))]
+        for row in cand[:excess]:
+            room = load < cap
+            if not room.any():
+                break
+            scores = np.where(room, prefer[:, row] if prefer is not None else 0, -1)
+            target = int(np.argmax(np.where(room, scores - 1e-9 * load, -np.inf)))
+            out[row] = target
+            load[q] -= 1
+            load[target] += 1
+    return out
 
 
 @torch.no_grad()
@@ -181,4 +222,10 @@ def reset_opacities(rows: OwnedRows, value: float) -> None:
     rows.exp_avg_sq["opacities"] = torch.zeros_like(rows.exp_avg_sq["opacities"])
 
 
-__all__ = ["OwnedRows", "all_reduce_statistics", "grow_and_prune", "reset_opacities"]
+__all__ = [
+    "OwnedRows",
+    "all_reduce_statistics",
+    "balance_new_rows",
+    "grow_and_prune",
+    "reset_opacities",
+]

@@ -36,6 +36,7 @@ from odin_ns.distributed.phase import PhaseController, local_footprints
 from odin_ns.distributed.sharded_densify import (
     OwnedRows,
     all_reduce_statistics,
+    balance_new_rows,
     grow_and_prune,
     reset_opacities,
 )
@@ -44,7 +45,7 @@ from odin_ns.model import GAUSSIAN_GROUPS
 from odin_ns.preflight import check_dense_parameters
 from odin_ns.runtime import P2PTransport, ParamGroupState
 from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, phase_read_sets
-from odin_ns.schedule.ownership import assign_ownership, ownership_report
+from odin_ns.schedule.ownership import assign_ownership, ownership_report, stream_read_counts
 
 
 def gather_owned_footprints(
@@ -433,7 +434,7 @@ class ShardedSession:
         rows = self._owned_rows()
         before = self.num_rows
         if self.densifier.is_refine_step(step):
-            rows, self.owner = grow_and_prune(
+            rows, owner, info = grow_and_prune(
                 self.model.strategy,
                 state,
                 rows,
@@ -444,6 +445,12 @@ class ShardedSession:
                 self.seed,
                 self.group,
             )
+            plan = self.phases.plan
+            counts = stream_read_counts(plan) if plan is not None else None
+            prefer = counts[:, info["parent"]] if counts is not None else None
+            target = balance_new_rows(owner, info["is_new"], prefer)
+            rows = self._move_new_rows(rows, owner, target)
+            self.owner = target
             for key in ("grad2d", "count", "radii"):
                 if key in state and state[key] is not None:
                     state[key] = torch.zeros(self.owner.size, device=self.model.means.device)
@@ -463,6 +470,57 @@ class ShardedSession:
         self.phases.end_after(step)
         if self.rank == 0 and self.num_rows != before:
             CONSOLE.log(f"step {step}: densification {before} -> {self.num_rows} Gaussians")
+
+    @torch.no_grad()
+    def _move_new_rows(self, rows: OwnedRows, before: np.ndarray, after: np.ndarray) -> OwnedRows:
+        """Send the rows whose owner changes from ``before`` to ``after`` (new rows only:
+        zero moments, so only parameters travel) and merge the arriving ones by id."""
+        names = list(GAUSSIAN_GROUPS)
+        mine = np.flatnonzero(before == self.rank)  # ids of ``rows``, sorted
+        final = np.flatnonzero(after == self.rank)
+        if np.array_equal(mine, final) and (before == after).all():
+            return rows
+        device = rows.params["means"].device
+        works, arrivals = [], []
+        for q in range(self.world_size):
+            if q == self.rank:
+                continue
+            out = np.flatnonzero((before == self.rank) & (after == q))
+            if out.size:
+                pos = torch.from_numpy(np.searchsorted(mine, out)).to(device)
+                buf = torch.cat(
+                    [rows.params[n][pos].reshape(out.size, -1).cpu() for n in names], dim=1
+                ).contiguous()
+                works.append(dist.isend(buf, dst=q, group=self.group, tag=11))
+            inc = np.flatnonzero((before == q) & (after == self.rank))
+            if inc.size:
+                width = sum(int(np.prod(rows.params[n].shape[1:])) for n in names)
+                buf = torch.empty(inc.size, width)
+                works.append(dist.irecv(buf, src=q, group=self.group, tag=11))
+                arrivals.append((inc, buf))
+        for w in works:
+            w.wait()
+        keep = np.flatnonzero(after[mine] == self.rank)  # positions in ``rows`` that stay
+        ids = [mine[keep]] + [inc for inc, _ in arrivals]
+        order = torch.from_numpy(np.argsort(np.concatenate(ids), kind="stable")).to(device)
+        keep_t = torch.from_numpy(keep).to(device)
+
+        def merged(table: dict, zero: bool) -> dict:
+            out = {}
+            for n in names:
+                shape = rows.params[n].shape[1:]
+                parts = [table[n][keep_t]]
+                off = sum(int(np.prod(rows.params[m].shape[1:])) for m in names[: names.index(n)])
+                d = int(np.prod(shape))
+                for inc, buf in arrivals:
+                    part = buf[:, off : off + d].reshape(inc.size, *shape).to(device)
+                    parts.append(torch.zeros_like(part) if zero else part)
+                out[n] = torch.cat(parts)[order].contiguous()
+            return out
+
+        return OwnedRows(
+            merged(rows.params, False), merged(rows.exp_avg, True), merged(rows.exp_avg_sq, True)
+        )
 
     # ------------------------------------------------------------------ drains
     def drain(self) -> None:
