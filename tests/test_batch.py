@@ -293,3 +293,42 @@ def test_two_ranks_train_v_views_in_v_over_2_steps(street_scene, tmp_path):
     assert _structural_views(config, num_train_views=16, batch=2)[0] == refine
     log = (tmp_path / "views.log").read_text()
     assert "max_num_iterations" in log and "40 -> 20" in log
+
+
+@pytest.mark.slow
+def test_one_process_two_views_per_step(street_scene, tmp_path):
+    """One process, B = 2: 40 views in 20 optimizer steps (schedule in views), refining at
+    views 24 and 32 as the B = 1 run does (steps 12 and 16), selective Adam on the OR of
+    the two views' visible rows."""
+    cmd = [
+        str(BIN / "ns-train"),
+        "odin-splatfacto",
+        "--data",
+        str(street_scene),
+        "--output-dir",
+        str(tmp_path),
+        "--experiment-name",
+        "batch",
+        "--timestamp",
+        "one",
+        *SMALL,
+        "--max-num-iterations",
+        "40",
+        "--pipeline.views-per-rank",
+        "2",
+        "--pipeline.model.warmup-length",
+        "8",
+        "--pipeline.model.refine-every",
+        "8",
+    ]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "40 -> 20" in proc.stdout
+    ckpts = sorted(
+        (tmp_path / "batch" / "odin-splatfacto" / "one" / "nerfstudio_models").glob("*.ckpt")
+    )
+    state = torch.load(ckpts[-1], map_location="cpu", weights_only=False)
+    assert state["step"] == 19
+    means = next(v for k, v in state["pipeline"].items() if k.endswith("gauss_params.means"))
+    assert means.shape[0] != 16 * 600  # densified (the street cloud has 600 points per view)
