@@ -132,19 +132,24 @@ class OdinTrainer(Trainer):
                 self._densifier = ReplicatedDensifier(model.strategy, model.strategy_state, seed)
                 self._densifier.ensure_state(model.num_points, model.means.device)
         if isinstance(self.pipeline, OdinPipeline) and self.pipeline.distributed:
-            sharded = self.pipeline.config.parallel == "sharded"  # odin_ns.distributed.sharded_session
-            self.session = (sharded_session.open_session(self) if sharded else DistributedSession(
-                self.pipeline,
-                self.optimizers,
-                checkpoint_every=self.config.steps_per_save,
-                resumed_phase=resumed["phase"] if resumed is not None else None,
-            ))  # fmt: skip
+            self.session = self._open_session(resumed)
         if resumed is not None:
             # Last, so that nothing in the set-up draws from the restored generators.
             mine = resumed["ranks"][self._rank]
             resume.restore_rng_state(mine["rng"])
             if mine.get("datamanager") is not None:
                 resume.restore_datamanager_state(self.pipeline.datamanager, mine["datamanager"])
+
+    def _open_session(self, resumed: dict | None):
+        """The distributed step's session: sharded ownership or replicated replicas."""
+        if self.pipeline.config.parallel == "sharded":
+            return sharded_session.open_session(self)
+        return DistributedSession(
+            self.pipeline,
+            self.optimizers,
+            checkpoint_every=self.config.steps_per_save,
+            resumed_phase=resumed["phase"] if resumed is not None else None,
+        )
 
     @property
     def _rank(self) -> int:
