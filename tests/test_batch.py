@@ -191,6 +191,15 @@ def test_learning_rate_at_the_same_view_counts(batch):
 
 
 # ------------------------------------------------------------------------- real runs
+def _free_port() -> int:
+    """A port no one listens on now (other jobs on the machine pick ports too)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def _run(data: Path, out: Path, name: str, extra: list[str], port: int) -> subprocess.Popen:
     cmd = [
         str(BIN / "odin-ns-train"),
@@ -242,10 +251,9 @@ def test_two_views_per_rank_quality_first_equals_barrier(street_scene, tmp_path)
         "--pipeline.model.refine-every",
         "40",
     ]
-    base = 29500 + os.getpid() % 1500
     procs = {
-        mode: _run(street_scene, tmp_path, mode, [*extra, "--pipeline.sync.mode", mode], base + i)
-        for i, mode in enumerate(("barrier", "quality-first"))
+        mode: _run(street_scene, tmp_path, mode, [*extra, "--pipeline.sync.mode", mode], port)
+        for mode, port in (("barrier", _free_port()), ("quality-first", _free_port()))
     }
     runs = {mode: _wait(p, tmp_path, mode) for mode, p in procs.items()}
     barrier, quality = _final_params(runs["barrier"]), _final_params(runs["quality-first"])
@@ -276,7 +284,7 @@ def test_two_ranks_train_v_views_in_v_over_2_steps(street_scene, tmp_path):
         "--pipeline.model.refine-every",
         "8",
     ]
-    proc = _run(street_scene, tmp_path, "views", extra, 29500 + (os.getpid() + 1700) % 1500)
+    proc = _run(street_scene, tmp_path, "views", extra, _free_port())
     run = _wait(proc, tmp_path, "views")
     ranks = json.loads((run / "odin_run.json").read_text())["ranks"]
     assert [len(r["steps"]) for r in ranks] == [20, 20]
