@@ -30,7 +30,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 from odin_ns.distributed.densify import make_densifier
 from odin_ns.distributed.optimizer_binding import bind_param_groups, set_step_counts
 from odin_ns.distributed.phase import PhaseController
-from odin_ns.distributed.telemetry import SyncTelemetry, live_engine_counters
+from odin_ns.distributed.telemetry import SyncTelemetry
 from odin_ns.model import GAUSSIAN_GROUPS
 from odin_ns.runtime import PrimitiveSyncEngine
 
@@ -260,7 +260,7 @@ class DistributedSession:
             self.noise.catch_up_all(self.engine.metrics[-1].step)
 
     def _engine_counters(self) -> dict:
-        return live_engine_counters(self.engine.summary()) if self.engine is not None else {}
+        return self.engine.live_counters() if self.engine is not None else {}
 
     # ------------------------------------------------------------------ drains
     def drain(self) -> None:
@@ -310,10 +310,11 @@ class DistributedSession:
         """End of training: drain, gather every rank's logs, write ``odin_run.json``."""
         self.drain()
         engine = self.engine.summary() if self.engine is not None else {}
+        counters = self._engine_counters()
         # Peers' last steps reach rank 0, so the panels' final snapshot covers the whole end.
-        self.telemetry.exchange_at_phase_start({}, live_engine_counters(engine))
+        self.telemetry.exchange_at_phase_start({}, counters)
         if self.rank == 0 and self.telemetry.steps:
-            self.telemetry.refresh_snapshot(self.telemetry.steps[-1]["step"], engine)
+            self.telemetry.refresh_snapshot(self.telemetry.steps[-1]["step"], counters)
         summary = self.telemetry.run_summary(engine, self.replica_hash())
         self.telemetry.write_run_summary(summary, run_summary_path)
         if self.rank == 0:

@@ -13,26 +13,12 @@ from __future__ import annotations
 import json
 from collections import deque
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from nerfstudio.utils import writer
 
 from odin_ns.viewer_ext.snapshot import snapshot_from_run, wait_hidden
-
-# Engine summary keys the panels need; all O(1) to produce.
-LIVE_ENGINE_KEYS = (
-    "mode",
-    "tau",
-    "staleness_window",
-    "admitted",
-    "fallbacks",
-    "staleness_hist",
-    "max_version_lag",
-    "bytes_sent",
-    "steps",
-)
 
 
 def _plain(record: dict) -> dict:
@@ -136,8 +122,3 @@ class SyncTelemetry:
         hidden = wait_hidden(snapshot_from_run(summary))
         if hidden is not None:
             writer.put_scalar("odin/wait_hidden", hidden, step=0)
-
-
-def live_engine_counters(summary: dict[str, Any]) -> dict:
-    """The subset of an engine summary the panels show."""
-    return {k: summary[k] for k in LIVE_ENGINE_KEYS if k in summary}

@@ -633,6 +633,20 @@ class PrimitiveSyncEngine:
         self.close()
 
     # ---------------------------------------------------------------- metrics
+    def live_counters(self) -> dict:
+        """What the live panels show, in time independent of the run's length (``summary``
+        walks every step's metrics)."""
+        admitted = len(self._admissions)
+        return {
+            "mode": self.config.mode,
+            "tau": float(self.config.tau),
+            "staleness_window": int(self.config.staleness_window),
+            "steps": len(self.metrics),
+            "admitted": admitted,
+            "fallbacks": dict(self._fallbacks),
+            "staleness_hist": {str(k): v for k, v in sorted(self._staleness_hist.items())},
+        }
+
     def summary(self) -> dict:
         """Run totals (JSON-ready). The admission keys (``admitted`` ... ``staleness_hist``)
         are zero / empty outside throughput-first; ``decisions`` = admitted + fallbacks."""
