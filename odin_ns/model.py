@@ -242,9 +242,10 @@ class OdinSplatfactoModel(SplatfactoModel):
         s = self.strategy
         return s.refine_start_iter < step < s.refine_stop_iter and step % s.refine_every == 0
 
-    @property
-    def mcmc_densifier(self) -> MCMCDensifier:
-        """Single process: the MCMC adapter of ``odin_ns.distributed.densify``."""
+    def _single_process_mcmc_densifier(self) -> MCMCDensifier:
+        """Single process: the MCMC adapter of ``odin_ns.distributed.densify`` (built on
+        first use; a method, not a property, since nerfstudio's viewer reads every property
+        of the model, and only MCMC models have one)."""
         if self._mcmc_densifier is None:
             self._mcmc_densifier = MCMCDensifier(
                 self.strategy, self.strategy_state, self.config.noise_seed, self.mcmc_noise
@@ -274,7 +275,7 @@ class OdinSplatfactoModel(SplatfactoModel):
         if self.mcmc_noise is None:
             return super().step_post_backward(step)
         # gsplat's order after the optimizer step: relocate + add at refine steps, then noise
-        densifier = self.mcmc_densifier
+        densifier = self._single_process_mcmc_densifier()
         if densifier.is_structural(step):
             densifier.apply(step, self.gauss_params, self.optimizers)
         elif self.config.noise_schedule == "eager":
