@@ -41,6 +41,10 @@ class OdinPipelineConfig(VanillaPipelineConfig):
     (odin_ns.distributed.sharded_session; needs >= 2 ranks)."""
     ownership: Literal["locality", "random"] = "locality"
     """sharded: owners from the plan's view streams (locality) or a random deal (baseline)."""
+    rebalance: Literal["auto", "always", "never"] = "auto"
+    """sharded, at every phase start after the first: auto rebalances ownership (rows move
+    with their Adam moments) when owned rows leave N/R +- 10% or the remote-read bytes it
+    saves over the phase exceed the migration bytes; always / never: every phase / never."""
     plan_strategy: Literal["odin", "random"] = "odin"
     """AOT plan: low-conflict spatial streams (odin) or a random deal (baseline)."""
     footprint_margin_px: float = 16.0

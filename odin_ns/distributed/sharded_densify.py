@@ -18,7 +18,8 @@ the replicated ones. Then the structural change runs on owners:
 5. opacity reset clamps the owned opacities and zeroes their moments (``reset_opa``).
 
 New rows start at their parent's owner; ``balance_new_rows`` then moves new rows off ranks
-above the N/R cap (new rows have zero moments, so only parameters move).
+above the N/R cap (the session migrates them like any row, with their zero moments). Phase
+starts may rebalance every row (``ownership.rebalance_ownership``).
 """
 
 from __future__ import annotations
@@ -179,8 +180,8 @@ def grow_and_prune(
 def balance_new_rows(
     owner: np.ndarray, is_new: np.ndarray, prefer: np.ndarray | None, slack: float = 0.05
 ) -> np.ndarray:
-    """[N] owners after moving new rows (zero moments: nothing but parameters moves) off
-    ranks above ``ownership.capacity``; deterministic.
+    """[N] owners after moving new rows (zero moments, no history) off ranks above
+    ``ownership.capacity``; deterministic.
 
     Args:
         owner: [N] int64 owners (new rows at their parent's owner).

@@ -6,8 +6,10 @@ Storage per rank: ``model.gauss_params`` is the local table (owned rows, then th
 cache); Adam moments exist for owned rows only (held here, not in the optimizers' state).
 Phase start (collectives): drain; footprints of every view over each rank's owned rows,
 gathered; the plan; ownership (first phase: ``schedule.ownership`` on the plan; later:
-carried, new rows belong to their parent's owner); cache fill (owners send each reader
-the rows its phase reads); bind the engine. Step path: point-to-point only.
+carried, new rows belong to their parent's owner, or rebalanced by
+``ownership.rebalance_ownership``, the moved rows migrating with their moments and
+versions, ``_migrate_rows``); cache fill (owners send each reader the rows its phase
+reads); bind the engine. Step path: point-to-point only.
 
 Densification (``sharded_densify``): an all-reduce of the [N] statistics at structural
 steps (as replicated training does), flags and the post-grow renumbering all-reduced, rows
@@ -45,7 +47,12 @@ from odin_ns.model import GAUSSIAN_GROUPS
 from odin_ns.preflight import check_dense_parameters
 from odin_ns.runtime import P2PTransport, ParamGroupState
 from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, phase_read_sets
-from odin_ns.schedule.ownership import assign_ownership, ownership_report, stream_read_counts
+from odin_ns.schedule.ownership import (
+    assign_ownership,
+    ownership_report,
+    rebalance_ownership,
+    stream_read_counts,
+)
 
 
 def gather_owned_footprints(
@@ -75,6 +82,26 @@ def gather_owned_footprints(
     out.sum_duplicates()
     out.sort_indices()
     return out
+
+
+def _row_columns(rows: OwnedRows) -> list[torch.Tensor]:
+    """Per-row tensors of ``rows`` in a fixed order: parameters, exp_avg, exp_avg_sq, each
+    in ``GAUSSIAN_GROUPS`` order ([O, ...] each)."""
+    return [t[n] for t in (rows.params, rows.exp_avg, rows.exp_avg_sq) for n in GAUSSIAN_GROUPS]
+
+
+def _row_dims(columns: list[torch.Tensor]) -> list[int]:
+    """Floats per row of each tensor of ``_row_columns``."""
+    return [int(np.prod(c.shape[1:])) for c in columns]
+
+
+def _rows_of_columns(columns: list[torch.Tensor]) -> OwnedRows:
+    """Inverse of ``_row_columns``."""
+    k = len(GAUSSIAN_GROUPS)
+    tables = [
+        dict(zip(GAUSSIAN_GROUPS, columns[i * k : (i + 1) * k], strict=True)) for i in range(3)
+    ]
+    return OwnedRows(*tables)
 
 
 class ShardedPhaseController(PhaseController):
@@ -335,13 +362,33 @@ class ShardedSession:
             self.versions = torch.full((o_ids.size,), step - 1, dtype=torch.int64, device=device)
             assert n == self.owner.size
         else:
-            rows = self._owned_rows()
+            rows, rebalance = self._rebalance(plan, self._owned_rows())
         report = ownership_report(plan, self.owner, self.seed)
         report["start_step"] = step
+        if not first:
+            report["rebalance"] = rebalance
         self.reports.append(report)
         self._bind_table(plan, rows, step)
         record.phase_start_s = time.perf_counter() - tic
         self.phase_records.append(vars(record))
+
+    def _rebalance(self, plan, rows: OwnedRows) -> tuple[OwnedRows, dict]:
+        """A later phase's owners: the carried ones, or a fresh locality assignment with
+        the moved rows migrated (``ownership.rebalance_ownership``, ``--pipeline.rebalance``;
+        the same decision on every rank). Returns this rank's rows and the decision's report.
+        """
+        mode = getattr(self.pipeline.config, "rebalance", "auto")
+        width = sum(_row_dims([rows.params[n] for n in GAUSSIAN_GROUPS]))  # floats per row
+        decision = rebalance_ownership(
+            plan, self.owner, mode, read_row_bytes=4 * width, migrate_row_bytes=12 * width + 8
+        )
+        if decision.moved_rows:
+            rows, self.versions = self._migrate_rows(
+                rows, self.versions, self.owner, decision.owner
+            )
+            self.owner = decision.owner
+            self.phases.forget_footprints()  # its reference holds the old owned rows
+        return rows, decision.report()
 
     @torch.no_grad()
     def _bind_table(self, plan, rows: OwnedRows, step: int) -> None:
@@ -449,7 +496,9 @@ class ShardedSession:
             counts = stream_read_counts(plan) if plan is not None else None
             prefer = counts[:, info["parent"]] if counts is not None else None
             target = balance_new_rows(owner, info["is_new"], prefer)
-            rows = self._move_new_rows(rows, owner, target)
+            # new rows (zero moments) move; every version becomes ``step`` below anyway
+            stamped = torch.full((rows.params["means"].shape[0],), step, dtype=torch.int64)
+            rows, _ = self._migrate_rows(rows, stamped.to(self.model.means.device), owner, target)
             self.owner = target
             for key in ("grad2d", "count", "radii"):
                 if key in state and state[key] is not None:
@@ -472,15 +521,28 @@ class ShardedSession:
             CONSOLE.log(f"step {step}: densification {before} -> {self.num_rows} Gaussians")
 
     @torch.no_grad()
-    def _move_new_rows(self, rows: OwnedRows, before: np.ndarray, after: np.ndarray) -> OwnedRows:
-        """Send the rows whose owner changes from ``before`` to ``after`` (new rows only:
-        zero moments, so only parameters travel) and merge the arriving ones by id."""
-        names = list(GAUSSIAN_GROUPS)
+    def _migrate_rows(
+        self, rows: OwnedRows, versions: torch.Tensor, before: np.ndarray, after: np.ndarray
+    ) -> tuple[OwnedRows, torch.Tensor]:
+        """Send every owned row whose owner changes from ``before`` to ``after`` ([N] int64,
+        same global ids, identical on every rank) to its new owner with its parameters, both
+        Adam moments and its version; merge the arriving rows by global id.
+
+        Point to point on the phase group (every rank calls it): per peer one float32
+        message [K, 3W] (parameters, exp_avg, exp_avg_sq) and one int64 message [K].
+
+        Args:
+            rows: [O, ...] per group, the rows of ``flatnonzero(before == rank)`` in id order.
+            versions: [O] int64 last applied step of each of those rows.
+
+        Returns:
+            the rows of ``flatnonzero(after == rank)`` in id order, and their [O'] versions.
+        """
         mine = np.flatnonzero(before == self.rank)  # ids of ``rows``, sorted
-        final = np.flatnonzero(after == self.rank)
-        if np.array_equal(mine, final) and (before == after).all():
-            return rows
-        device = rows.params["means"].device
+        if np.array_equal(before, after):
+            return rows, versions
+        columns = _row_columns(rows)
+        device = versions.device
         works, arrivals = [], []
         for q in range(self.world_size):
             if q == self.rank:
@@ -488,39 +550,32 @@ class ShardedSession:
             out = np.flatnonzero((before == self.rank) & (after == q))
             if out.size:
                 pos = torch.from_numpy(np.searchsorted(mine, out)).to(device)
-                buf = torch.cat(
-                    [rows.params[n][pos].reshape(out.size, -1).cpu() for n in names], dim=1
-                ).contiguous()
-                works.append(dist.isend(buf, dst=q, group=self.group, tag=11))
+                buf = torch.cat([c[pos].reshape(out.size, -1).cpu() for c in columns], dim=1)
+                works.append(dist.isend(buf.contiguous(), dst=q, group=self.group, tag=11))
+                works.append(dist.isend(versions[pos].cpu(), dst=q, group=self.group, tag=12))
             inc = np.flatnonzero((before == q) & (after == self.rank))
             if inc.size:
-                width = sum(int(np.prod(rows.params[n].shape[1:])) for n in names)
-                buf = torch.empty(inc.size, width)
+                buf = torch.empty(inc.size, sum(_row_dims(columns)))
+                ver = torch.empty(inc.size, dtype=torch.int64)
                 works.append(dist.irecv(buf, src=q, group=self.group, tag=11))
-                arrivals.append((inc, buf))
+                works.append(dist.irecv(ver, src=q, group=self.group, tag=12))
+                arrivals.append((inc, buf, ver))
         for w in works:
             w.wait()
         keep = np.flatnonzero(after[mine] == self.rank)  # positions in ``rows`` that stay
-        ids = [mine[keep]] + [inc for inc, _ in arrivals]
-        order = torch.from_numpy(np.argsort(np.concatenate(ids), kind="stable")).to(device)
+        ids = np.concatenate([mine[keep]] + [inc for inc, _, _ in arrivals])
+        order = torch.from_numpy(np.argsort(ids, kind="stable")).to(device)
         keep_t = torch.from_numpy(keep).to(device)
-
-        def merged(table: dict, zero: bool) -> dict:
-            out = {}
-            for n in names:
-                shape = rows.params[n].shape[1:]
-                parts = [table[n][keep_t]]
-                off = sum(int(np.prod(rows.params[m].shape[1:])) for m in names[: names.index(n)])
-                d = int(np.prod(shape))
-                for inc, buf in arrivals:
-                    part = buf[:, off : off + d].reshape(inc.size, *shape).to(device)
-                    parts.append(torch.zeros_like(part) if zero else part)
-                out[n] = torch.cat(parts)[order].contiguous()
-            return out
-
-        return OwnedRows(
-            merged(rows.params, False), merged(rows.exp_avg, True), merged(rows.exp_avg_sq, True)
-        )
+        merged, off = [], 0
+        for c, d in zip(columns, _row_dims(columns), strict=True):
+            parts = [c[keep_t]] + [
+                buf[:, off : off + d].reshape(inc.size, *c.shape[1:]).to(device)
+                for inc, buf, _ in arrivals
+            ]
+            merged.append(torch.cat(parts)[order].contiguous())
+            off += d
+        parts = [versions[keep_t]] + [ver.to(device) for _, _, ver in arrivals]
+        return _rows_of_columns(merged), torch.cat(parts)[order].contiguous()
 
     # ------------------------------------------------------------------ drains
     def drain(self) -> None:

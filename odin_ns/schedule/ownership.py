@@ -11,12 +11,17 @@ plan's CSR footprints, deterministic and identical on every rank:
   the rank that reads it most, ranks capped at ``floor(N/R (1 + eps))`` rows with ``eps``
   small enough that every rank also gets at least ``0.9 N/R``);
 - ``random_ownership``: the Grendel-GS baseline (a seeded random balanced deal);
+- ``rebalance_ownership``: at a later phase start, keep the carried owners or move to a
+  fresh (sticky) locality assignment: when the carried ones leave N/R +- 10%, or when
+  their remote-read bytes over the phase exceed the fresh ones' by more than the bytes of
+  migrating the moved rows (parameters and both Adam moments);
 - ``ownership_report``: owned rows, largest over N/R, remote-read fraction and cache rows
   of the plan under an ownership, with the random baseline's remote-read fraction.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -62,21 +67,31 @@ def capacity(num_rows: int, num_ranks: int, slack: float = 0.05) -> int:
     return max(-(-num_rows // num_ranks), int(np.floor(num_rows / num_ranks * (1.0 + eps))))
 
 
-def locality_ownership(counts: np.ndarray, slack: float = 0.05) -> np.ndarray:
+def locality_ownership(
+    counts: np.ndarray,
+    slack: float = 0.05,
+    current: np.ndarray | None = None,
+    bonus: float = 0.5,
+) -> np.ndarray:
     """[N] int64 owner of each primitive from read counts [R, N] (deterministic).
 
     Rounds of a capacitated greedy: each unassigned primitive picks, among ranks with room,
     the one that reads it most (lowest rank on ties); a rank takes its pickers in order of
     decreasing count (lowest id on ties) up to its remaining capacity; the others pick
     again next round. Primitives nobody reads fill the remaining room, least-loaded first.
+
+    Sticky (``current``: [N] int64 owners now, for a rebalance): the current owner's score
+    gets ``bonus`` (0.5: it wins ties, and rows nobody reads stay where they are while
+    their owner has room); the capacity, hence the N/R +- 10% balance, is unchanged.
     """
     counts = np.asarray(counts)
     num_ranks, n = counts.shape
     owner = np.full(n, -1, dtype=np.int64)
     room = np.full(num_ranks, capacity(n, num_ranks, slack), dtype=np.int64)
-    read = counts.max(axis=0) > 0
-    todo = np.flatnonzero(read)
     score = counts.astype(np.float64)
+    if current is not None:
+        score[np.asarray(current, dtype=np.int64), np.arange(n)] += float(bonus)
+    todo = np.flatnonzero(score.max(axis=0) > 0)
     for _ in range(num_ranks):
         if todo.size == 0:
             break
@@ -131,6 +146,105 @@ def remote_read_fraction(counts: np.ndarray, owner: np.ndarray) -> float:
     return 1.0 - local / total
 
 
+ROW_FLOATS = 3 + 3 + 4 + 1 + 3 + 45  # float32 per Gaussian: means .. features_rest (SH 3)
+REBALANCE_MODES = ("auto", "always", "never")
+
+
+def is_balanced(owner: np.ndarray, num_ranks: int, tolerance: float = 0.1) -> bool:
+    """Whether every rank owns N/R +- ``tolerance`` rows under ``owner`` [N]."""
+    if owner.size == 0:
+        return True
+    owned = np.bincount(owner, minlength=num_ranks)
+    fair = owner.size / num_ranks
+    return bool(owned.max() <= (1 + tolerance) * fair and owned.min() >= (1 - tolerance) * fair)
+
+
+def remote_reads(counts: np.ndarray, owner: np.ndarray) -> int:
+    """Row reads (counts [R, N]) that fall on rows the reader does not own."""
+    return int(counts.sum() - counts[owner, np.arange(owner.size)].sum())
+
+
+@dataclass(frozen=True)
+class Rebalance:
+    """A phase start's ownership decision (``rebalance_ownership``).
+
+    Bytes are estimates over the coming phase from the plan: a remote read costs a
+    gradient row to the owner and a parameter row back (``2 x read_row_bytes``); a moved
+    row costs its parameters, both Adam moments and its version once (``migrate_row_bytes``).
+    """
+
+    owner: np.ndarray  # [N] int64 owners for the phase (the carried ones when kept)
+    mode: str  # auto / always / never
+    rebalanced: bool
+    reason: str  # balance / bytes / always / kept / never
+    moved_rows: int  # rows whose owner changes (0 when kept)
+    migrated_bytes: int  # moved_rows x migrate_row_bytes
+    carried_bytes: int  # remote-read bytes of the carried owners over the phase
+    fresh_bytes: int  # remote-read bytes of the fresh (sticky locality) owners
+    fresh_moved_rows: int  # rows the fresh owners would move
+    fresh_migration_bytes: int  # fresh_moved_rows x migrate_row_bytes
+    remote_read_fraction_before: float  # carried owners, this phase's planned reads
+    remote_read_fraction_after: float  # the owners chosen
+
+    def report(self) -> dict:
+        """JSON-ready figures (everything but the owner vector)."""
+        out = {k: v for k, v in vars(self).items() if k != "owner"}
+        out["saved_bytes"] = self.carried_bytes - self.fresh_bytes if self.rebalanced else 0
+        return out
+
+
+def rebalance_ownership(
+    plan: Any,
+    owner: np.ndarray,
+    mode: str = "auto",
+    read_row_bytes: int = 4 * ROW_FLOATS,
+    migrate_row_bytes: int = 3 * 4 * ROW_FLOATS + 8,
+    slack: float = 0.05,
+    tolerance: float = 0.1,
+) -> Rebalance:
+    """Keep the carried owners [N] for ``plan``'s phase, or move to a fresh assignment.
+
+    The fresh assignment is ``locality_ownership`` on the plan's stream counts, sticky to
+    the carried owners (bonus 0.5: the current owner wins ties, unread rows stay), so it is
+    balanced to N/R +- 10%. ``auto`` takes it when the carried owners leave N/R +-
+    ``tolerance`` (reason ``balance``), or when the carried owners' remote-read bytes over
+    the phase exceed the fresh ones' by more than the migration bytes (``bytes``);
+    ``always`` takes it every time, ``never`` never. Deterministic: the same on every rank.
+    """
+    if mode not in REBALANCE_MODES:
+        raise ValueError(f"rebalance mode must be one of {REBALANCE_MODES}, got {mode!r}")
+    owner = np.asarray(owner, dtype=np.int64)
+    steps = step_read_counts(plan)  # [R, N] this phase's planned reads
+    fresh = locality_ownership(stream_read_counts(plan), slack, current=owner)
+    moved = int((fresh != owner).sum())
+    carried_bytes = 2 * read_row_bytes * remote_reads(steps, owner)
+    fresh_bytes = 2 * read_row_bytes * remote_reads(steps, fresh)
+    migration_bytes = migrate_row_bytes * moved
+    if mode != "auto":
+        take, reason = mode == "always", mode
+    elif not is_balanced(owner, plan.num_ranks, tolerance):
+        take, reason = True, "balance"
+    elif carried_bytes - fresh_bytes > migration_bytes:
+        take, reason = True, "bytes"
+    else:
+        take, reason = False, "kept"
+    chosen = fresh if take else owner
+    return Rebalance(
+        owner=chosen,
+        mode=mode,
+        rebalanced=take,
+        reason=reason,
+        moved_rows=moved if take else 0,
+        migrated_bytes=migration_bytes if take else 0,
+        carried_bytes=carried_bytes,
+        fresh_bytes=fresh_bytes,
+        fresh_moved_rows=moved,
+        fresh_migration_bytes=migration_bytes,
+        remote_read_fraction_before=remote_read_fraction(steps, owner),
+        remote_read_fraction_after=remote_read_fraction(steps, chosen),
+    )
+
+
 def ownership_report(plan: Any, owner: np.ndarray, seed: int = 0) -> dict:
     """JSON-ready figures of ``owner`` [N] for ``plan`` (and the random baseline's)."""
     num_ranks, n = plan.num_ranks, plan.footprints.shape[1]
@@ -155,12 +269,18 @@ def ownership_report(plan: Any, owner: np.ndarray, seed: int = 0) -> dict:
 
 
 __all__ = [
+    "REBALANCE_MODES",
+    "ROW_FLOATS",
+    "Rebalance",
     "assign_ownership",
     "capacity",
+    "is_balanced",
     "locality_ownership",
     "ownership_report",
     "random_ownership",
+    "rebalance_ownership",
     "remote_read_fraction",
+    "remote_reads",
     "step_read_counts",
     "stream_read_counts",
 ]
