@@ -4,8 +4,9 @@ The MCMC strategy perturbs every Gaussian's mean every step. Odin draws the nois
 pure function of (seed, step, Gaussian id) and applies it lazily, per row, in version order
 with the row's Adam updates (``odin_ns.distributed.mcmc_noise``). These tests show the draw
 is gsplat's formula and independent of how rows are batched, that lazy catch-up gives the
-eager bits, that relocation respects ``cap_max``, and that 2-rank quality-first training
-equals barrier training bit for bit across several relocation steps.
+eager bits, that relocation respects ``cap_max``, that 2- and 3-rank quality-first training
+equals barrier training bit for bit across two relocation steps, and that the dependency
+table is the one the footprints imply (the noise adds no dependency rows).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -192,21 +194,35 @@ def test_relocation_keeps_the_count_at_or_under_cap_max():
 
 # ------------------------------------------------------------------ training runs
 
-TRAINING = [
-    "--vis", "tensorboard",
-    "--steps-per-eval-all-images", "0",
-    "--steps-per-eval-image", "0",
-    "--steps-per-save", "1000",
-    "--pipeline.model.num-downscales", "0",
-    "--pipeline.model.warmup-length", "2",
-    "--pipeline.model.refine-every", "4",
-    "--pipeline.model.cap-max", "1250",
-    "--pipeline.model.random-init", "True",
-    "--pipeline.model.num-random", "1100",
-    "--pipeline.model.init-opacity", "0.03",
-    "--pipeline.model.mcmc-min-opacity", "0.02",
-]  # fmt: skip
+TRAINING = {
+    "--vis": "tensorboard",
+    "--steps-per-eval-all-images": "0",
+    "--steps-per-eval-image": "0",
+    "--steps-per-save": "1000",
+    "--pipeline.model.num-downscales": "0",
+    "--pipeline.model.warmup-length": "2",
+    "--pipeline.model.refine-every": "4",
+    "--pipeline.model.cap-max": "1250",
+    "--pipeline.model.random-init": "True",
+    "--pipeline.model.num-random": "1100",
+    "--pipeline.model.init-opacity": "0.03",
+    "--pipeline.model.mcmc-min-opacity": "0.02",
+}
 CAP_MAX = 1250
+# Distributed runs count steps, not views, so 2 and 3 ranks share one schedule: 6 steps,
+# relocation + sampling at steps 2 and 4, checkpoints after steps 2 and 4 (a checkpoint
+# step ends a phase: the phase of steps 3-4 is planned from the step-2 checkpoint's model).
+# A Gaussian whose opacity drops one Adam step (lr 0.05 in logit space) from 0.03 is dead.
+DISTRIBUTED = {
+    "--pipeline.schedule-in-views": "False",
+    "--pipeline.model.warmup-length": "1",
+    "--pipeline.model.refine-every": "2",
+    "--pipeline.model.mcmc-min-opacity": "0.029",
+    "--steps-per-save": "2",
+    "--save-only-latest-checkpoint": "False",
+}
+DISTRIBUTED_STEPS = 6
+REFINE_STEPS = [2, 4]
 
 
 def _final(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -215,24 +231,29 @@ def _final(run_dir: Path) -> dict[str, torch.Tensor]:
     return {k: v for k, v in state.items() if "gauss_params" in k}
 
 
-def _command(data: Path, out: Path, name: str, iterations: int, extra: list[str], ranks: int):
+def _command(
+    data: Path, out: Path, name: str, iterations: int, options: dict[str, str], ranks: int
+) -> list[str]:
     launcher = [str(BIN / "ns-train")]
     if ranks > 1:
-        port = 29500 + (os.getpid() * 7 + 101 * len(name)) % 2000
+        port = 29500 + (os.getpid() * 7 + 101 * len(name) + 13 * ranks) % 2000
         launcher = [
             str(BIN / "odin-ns-train"), "--nproc-per-node", str(ranks),
             "--master-port", str(port),
         ]  # fmt: skip
+    flags = [x for item in {**TRAINING, **options}.items() for x in item]
     return [
         *launcher, "odin-splatfacto-mcmc", "--data", str(data), "--output-dir", str(out),
         "--experiment-name", "mcmc", "--timestamp", name,
-        "--max-num-iterations", str(iterations), *TRAINING, *extra,
+        "--max-num-iterations", str(iterations), *flags,
     ]  # fmt: skip
 
 
-def _train(data: Path, out: Path, iterations: int, ranks: int, runs: dict[str, list[str]]):
-    """One run per entry of ``runs`` (name -> options), one after the other; returns their
-    run folders."""
+def _train(
+    data: Path, out: Path, iterations: int, ranks: int, runs: dict[str, dict[str, str]]
+) -> dict[str, Path]:
+    """One run per entry of ``runs`` (name -> options over ``TRAINING``), one after the
+    other, one thread per rank; returns their run folders."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     for name, opts in runs.items():
         cmd = _command(data, out, name, iterations, opts, ranks)
@@ -245,7 +266,7 @@ def _train(data: Path, out: Path, iterations: int, ranks: int, runs: dict[str, l
 def test_single_process_eager_noise_equals_lazy(street_scene, tmp_path):
     runs = _train(
         street_scene, tmp_path, 10, ranks=1,
-        runs={s: ["--pipeline.model.noise-schedule", s] for s in ("eager", "lazy")},
+        runs={s: {"--pipeline.model.noise-schedule": s} for s in ("eager", "lazy")},
     )  # fmt: skip
     eager, lazy = _final(runs["eager"]), _final(runs["lazy"])
     assert eager.keys() == lazy.keys()
@@ -255,21 +276,104 @@ def test_single_process_eager_noise_equals_lazy(street_scene, tmp_path):
     assert 1100 < n <= CAP_MAX  # sampled new Gaussians at refine steps, within the cap
 
 
-@pytest.mark.slow
-def test_quality_first_equals_barrier_across_relocations(street_scene, tmp_path):
-    runs = _train(
-        street_scene, tmp_path, 16, ranks=2,
-        runs={m: ["--pipeline.sync.mode", m] for m in ("barrier", "quality-first")},
+@pytest.fixture(scope="module", params=[2, 3], ids=["2ranks", "3ranks"])
+def sync_mode_runs(request, street_scene, tmp_path_factory) -> dict[str, Path]:
+    """Barrier and quality-first runs of odin-splatfacto-mcmc on 2 and 3 ranks."""
+    ranks = request.param
+    out = tmp_path_factory.mktemp(f"mcmc_{ranks}ranks")
+    modes = ("barrier", "quality-first")
+    return _train(
+        street_scene, out, DISTRIBUTED_STEPS, ranks,
+        runs={m: {**DISTRIBUTED, "--pipeline.sync.mode": m} for m in modes},
     )  # fmt: skip
-    barrier, quality = _final(runs["barrier"]), _final(runs["quality-first"])
+
+
+def _summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "odin_run.json").read_text())
+
+
+@pytest.mark.slow
+def test_quality_first_equals_barrier_across_relocations(sync_mode_runs):
+    barrier, quality = _final(sync_mode_runs["barrier"]), _final(sync_mode_runs["quality-first"])
     assert barrier.keys() == quality.keys()
     for key in barrier:
         assert torch.equal(quality[key], barrier[key]), key  # bitwise
 
-    ranks = json.loads((runs["quality-first"] / "odin_run.json").read_text())["ranks"]
-    assert ranks[0]["replica_hash"] == ranks[1]["replica_hash"]
+    ranks = _summary(sync_mode_runs["quality-first"])["ranks"]
+    assert len({r["replica_hash"] for r in ranks}) == 1
     assert all(r["engine"]["visibility_violations"] == 0 for r in ranks)
+    changes = ranks[0]["structural_changes"]
+    assert all(r["structural_changes"] == changes for r in ranks)  # replicated decisions
+    assert [c["step"] for c in changes] == REFINE_STEPS
+    relocations = [c for c in changes if c["relocated"] > 0]
+    assert len(relocations) >= 2, changes  # dead Gaussians moved at two refine steps
+    assert all(c["added"] > 0 for c in changes)  # and new ones sampled
     counts = [p["num_gaussians"] for p in ranks[0]["phases"]]
-    # a phase starts after every refine step: at least two relocations were crossed
-    assert len(set(counts)) >= 3, counts
+    assert len(set(counts)) == len(changes) + 1, counts  # a phase after each refine step
     assert max(counts) <= CAP_MAX and barrier["_model.gauss_params.means"].shape[0] <= CAP_MAX
+
+
+def _plan_from_checkpoint(run_dir: Path, step: int, num_steps: int):
+    """The plan that the footprints of the model checkpointed after ``step`` imply for a
+    phase of ``num_steps`` steps starting at ``step + 1`` (rebuilt in this process)."""
+    from nerfstudio.utils.eval_utils import eval_setup
+
+    from odin_ns.distributed.phase import local_footprints
+    from odin_ns.schedule import build_plan
+
+    def at_step(config):
+        config.load_step = step
+        return config
+
+    config, pipeline, ckpt_path, _ = eval_setup(
+        run_dir / "config.yml", test_mode="test", update_config_callback=at_step
+    )
+    resume = torch.load(ckpt_path, map_location="cpu", weights_only=False)["odin"]["phase"]
+    cameras = pipeline.datamanager.train_dataset.cameras
+    footprints = local_footprints(
+        pipeline.model, cameras, np.arange(len(cameras)), config.pipeline.footprint_margin_px
+    )
+    pending = resume["pending"]
+    return build_plan(
+        footprints,
+        num_ranks=_summary(run_dir)["world_size"],
+        num_steps=num_steps,
+        views_per_rank=config.pipeline.views_per_rank,
+        seed=int(config.pipeline.datamanager.train_cameras_sampling_seed),
+        strategy=config.pipeline.plan_strategy,
+        epoch=resume["epoch"],
+        pending=None if pending is None else np.asarray(pending, dtype=np.int64),
+    )
+
+
+@pytest.mark.slow
+def test_dependency_table_is_what_the_footprints_imply(sync_mode_runs):
+    """The noise writes every row every step, yet adds no dependency: the per-step
+    dependency rows the run recorded equal those of the plan rebuilt from the footprints of
+    the checkpointed model (the phase of steps 3-4, planned after the step-2 checkpoint)."""
+    run_dir = sync_mode_runs["quality-first"]
+    summary = _summary(run_dir)
+    phase = next(p for p in summary["ranks"][0]["phases"] if p["start_step"] == REFINE_STEPS[0] + 1)
+    plan = _plan_from_checkpoint(run_dir, REFINE_STEPS[0], phase["num_steps"])
+    executed = min(phase["num_steps"], DISTRIBUTED_STEPS - phase["start_step"])
+    checked = 0
+    for rank in summary["ranks"]:
+        r = rank["rank"]
+        for record in rank["steps"]:
+            t = record["step"] - phase["start_step"]
+            if not 0 <= t < executed:
+                continue
+            assert record["view"] == int(plan.views[t, r, 0])
+            assert record["footprint_rows"] == plan.step_footprint(t, r).size
+            assert record["dependency_rows"] == int(plan.dependency_rows[t, r].sum())
+            checked += 1
+    assert executed == 2 and checked == summary["world_size"] * executed
+    assert plan.dependency_rows[1:executed].sum() > 0  # the phase's second step does wait for rows
+    # the run's headline figure is the per-step mean of the rows summed over ranks
+    per_step: dict[int, int] = {}
+    for rank in summary["ranks"]:
+        for record in rank["steps"]:
+            per_step[record["step"]] = per_step.get(record["step"], 0) + record["dependency_rows"]
+    assert len(per_step) == DISTRIBUTED_STEPS
+    expected = sum(per_step.values()) / DISTRIBUTED_STEPS
+    assert summary["mean_dependency_rows_per_step"] == pytest.approx(expected)

@@ -150,6 +150,7 @@ class DistributedSession:
         for info in infos:
             self.densifier.accumulate(step, info, rows, self.model.num_points)
         self.engine.apply_arrived()
+        dependency_rows = self._dependency_rows(step)  # this step's plan, before a re-plan
         if self.densifier.is_structural(step):
             self._apply_structural_change(step)
         metrics = self.engine.metrics[-1]
@@ -163,6 +164,7 @@ class DistributedSession:
                 "start": started,
                 "end": time.time(),
                 "footprint_rows": int(rows.numel()),
+                "dependency_rows": dependency_rows,
                 "visible_rows": self.model.visible_rows.sum(),
                 "pixels": int(height * width) * len(infos),
                 "bytes_sent": metrics.bytes_sent,
@@ -244,12 +246,27 @@ class DistributedSession:
         found = [c for c in candidates if c is not None]
         return min(found) if found else None
 
+    def _dependency_rows(self, step: int) -> int:
+        """Rows of this rank's read set at ``step`` that the plan says it waits for: the
+        plan's ``dependency_rows[t, rank]`` summed over peers."""
+        plan = self.phases.plan
+        assert plan is not None
+        return int(plan.dependency_rows[self.phases.local_step(step), self.rank].sum())
+
     def _apply_structural_change(self, step: int) -> None:
         assert self.engine is not None
         self.engine.drain_and_apply_all()
         before = self.model.num_points
         self.densifier.apply(step, self.model.gauss_params, self.optimizers.optimizers)
         self.phases.end_after(step)
+        change = {
+            "step": step,
+            "gaussians_before": before,
+            "gaussians_after": self.model.num_points,
+        }
+        if hasattr(self.densifier, "last_change"):  # MCMC: (relocated, added)
+            change["relocated"], change["added"] = self.densifier.last_change
+        self.telemetry.record_structural(change)
         if self.rank == 0 and self.model.num_points != before:
             CONSOLE.log(f"step {step}: densification {before} -> {self.model.num_points} Gaussians")
 

@@ -14,6 +14,7 @@ import json
 from collections import deque
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from nerfstudio.utils import writer
@@ -24,6 +25,19 @@ from odin_ns.viewer_ext.snapshot import snapshot_from_run, wait_hidden
 def _plain(record: dict) -> dict:
     """A step record with tensor counts turned into ints (read lazily: no per-step sync)."""
     return {k: int(v) if isinstance(v, torch.Tensor) else v for k, v in record.items()}
+
+
+def mean_rows_per_step(ranks: list[dict], key: str) -> float | None:
+    """Mean over global steps of the step records' ``key`` summed over ranks (e.g.
+    ``dependency_rows``: the rows of the plan's ``dependency_rows[t]`` [R, R] a step waits
+    for, all ranks together); None when the records lack ``key`` (older run logs)."""
+    per_step: dict[int, int] = {}
+    for rank in ranks:
+        for record in rank["steps"]:
+            if key not in record:
+                return None
+            per_step[record["step"]] = per_step.get(record["step"], 0) + int(record[key])
+    return float(np.mean(list(per_step.values()))) if per_step else None
 
 
 class SyncTelemetry:
@@ -43,6 +57,7 @@ class SyncTelemetry:
         self.window = int(window)
         self.steps: list[dict] = []  # this rank's step records, whole run
         self.phases: list[dict] = []  # this rank's phase records
+        self.structural: list[dict] = []  # this rank's structural changes (refine steps)
         self._sent_upto = 0  # steps already shipped to rank 0
         self._peer_steps = {q: deque(maxlen=self.window) for q in range(world_size)}
         self._peer_engines: dict[int, dict] = {}
@@ -55,6 +70,10 @@ class SyncTelemetry:
 
     def record_phase(self, record: dict) -> None:
         self.phases.append(record)
+
+    def record_structural(self, record: dict) -> None:
+        """Log one structural step (Gaussians before / after; MCMC: relocated, added)."""
+        self.structural.append(record)
 
     # ------------------------------------------------------------ exchange
     def exchange_at_phase_start(
@@ -104,10 +123,17 @@ class SyncTelemetry:
             "engine": engine_summary,
             "steps": [_plain(r) for r in self.steps],
             "phases": self.phases,
+            "structural_changes": self.structural,
         }
         ranks: list = [None] * self.world_size
         dist.all_gather_object(ranks, mine)
-        return {"world_size": self.world_size, "sync": self.mode, "ranks": ranks}
+        return {
+            "world_size": self.world_size,
+            "sync": self.mode,
+            "mean_dependency_rows_per_step": mean_rows_per_step(ranks, "dependency_rows"),
+            "mean_footprint_rows_per_step": mean_rows_per_step(ranks, "footprint_rows"),
+            "ranks": ranks,
+        }
 
     def write_run_summary(self, summary: dict, path: Path) -> None:
         """Rank 0: write ``odin_run.json`` (with the live snapshot the panels last showed)
