@@ -236,8 +236,8 @@ def _test_members(
         )
     hit = torch.zeros_like(sure_in)
     if q.numel():
-        kept = _cull_pairs(u[q, j], v[q, j], radius, z[q, j], opacity[mem[q, j]], tab[q, 16:18],
-                           margin, near, device)  # fmt: skip
+        kept = _cull_pairs(u[q, j], v[q, j], radius, z[q, j], opacity[mem[q, j]], tab[:, 16:18],
+                           q, margin, near, device)  # fmt: skip
         hit[q[kept], j[kept]] = True
     return hit
 
@@ -248,7 +248,8 @@ def _cull_pairs(
     radius: Tensor,  # [P] radius to test (> 0)
     depth: Tensor,  # [P] camera depth
     opacity: Tensor,  # [P] activated opacity of the pair's primitive
-    size: Tensor,  # [P, 2] float32 image (width, height) of the pair's view
+    size: Tensor,  # [Q, 2] float32 image (width, height) of each candidate's view
+    candidate: Tensor,  # [P] int64 the pair's candidate (row of ``size``)
     margin: float,
     near: float,
     device: torch.device,
@@ -259,10 +260,12 @@ def _cull_pairs(
     kernel when the caller's tensors live on a GPU; the torch reference without the
     extension).
     """
-    sizes, group = torch.unique(size, dim=0, return_inverse=True)
+    # distinct sizes over the Q candidates, not the P >> Q pairs (torch.unique(dim=0) is slow)
+    sizes, candidate_group = torch.unique(size, dim=0, return_inverse=True)
+    group = candidate_group[candidate]
     parts = []
     for g, (w, h) in enumerate(sizes.tolist()):
-        sel = (group == g).nonzero().squeeze(-1)
+        sel = torch.arange(group.numel()) if len(sizes) == 1 else (group == g).nonzero().squeeze(-1)
         indptr, idx = ext_ops.footprint_cull(
             torch.stack([u[sel], v[sel]], -1)[None].to(device),  # [1, P_g, 2]
             radius[sel][None].to(device),  # [1, P_g]
