@@ -39,6 +39,10 @@ class OdinPipelineConfig(VanillaPipelineConfig):
     """replicated: every rank holds every Gaussian. sharded: each Gaussian's parameters and
     Adam moments live on one owner rank; ranks cache the rows their planned steps read
     (odin_ns.distributed.sharded_session; needs >= 2 ranks)."""
+    max_rows_per_rank: int = 0
+    """The most Gaussian rows one rank may hold (0: no cap). replicated: the whole model
+    (checked before training and after every densification); sharded: owned + cached rows
+    (checked at every phase start; the first phase still starts from the whole model)."""
     ownership: Literal["locality", "random"] = "locality"
     """sharded: owners from the plan's view streams (locality) or a random deal (baseline)."""
     rebalance: Literal["auto", "always", "never"] = "auto"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import os
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -168,6 +168,97 @@ def resume_checkpoint(config: TrainerConfig) -> Path | None:
     return Path(config.load_checkpoint) if config.load_checkpoint is not None else None
 
 
+def gaussian_row_shapes(model_config: Any) -> dict[str, tuple[int, ...]] | None:
+    """Per-row shape of each Gaussian group splatfacto builds from ``model_config`` (None
+    for a model without Gaussians): ``features_rest`` has ``(sh_degree + 1)^2 - 1`` bases."""
+    sh_degree = getattr(model_config, "sh_degree", None)
+    if sh_degree is None:
+        return None
+    return {
+        "means": (3,),
+        "scales": (3,),
+        "quats": (4,),
+        "features_dc": (3,),
+        "features_rest": ((int(sh_degree) + 1) ** 2 - 1, 3),
+        "opacities": (1,),
+    }
+
+
+def check_checkpoint_gaussians(
+    path: Path | str,
+    pipeline_state: Mapping[str, Any],
+    optimizers_state: Mapping[str, Any] | None,
+    row_shapes: Mapping[str, tuple[int, ...]],
+) -> None:
+    """The checkpoint's Gaussians fit the model the config builds: every group present, the
+    same row count N in every group, each group's row shape as ``row_shapes`` says (a
+    different ``--pipeline.model.sh-degree`` changes ``features_rest``), and the Adam moments
+    (where saved) shaped like their parameters."""
+    prefix = f"cannot resume from checkpoint '{path}':"
+    params = {}
+    for name in row_shapes:
+        tensor = pipeline_state.get(f"_model.gauss_params.{name}")
+        if tensor is None:
+            raise OdinInputError(f"{prefix} it has no Gaussian group '{name}'")
+        params[name] = tensor
+    rows = {name: int(t.shape[0]) if t.dim() else -1 for name, t in params.items()}
+    if len(set(rows.values())) != 1:
+        counts = ", ".join(f"{name} {n}" for name, n in rows.items())
+        raise OdinInputError(f"{prefix} its Gaussian groups have different row counts ({counts})")
+    for name, expected in row_shapes.items():
+        got = tuple(int(d) for d in params[name].shape[1:])
+        if got != tuple(expected):
+            raise OdinInputError(
+                f"{prefix} its '{name}' rows are {list(got)} but this config builds "
+                f"{list(expected)} (trained with another --pipeline.model.sh-degree?)"
+            )
+    for name, param in params.items():
+        state = ((optimizers_state or {}).get(name) or {}).get("state") or {}
+        for key in ("exp_avg", "exp_avg_sq"):
+            moment = state.get(0, {}).get(key)
+            if moment is not None and tuple(moment.shape) != tuple(param.shape):
+                raise OdinInputError(
+                    f"{prefix} the Adam moment {key} of '{name}' is {list(moment.shape)}, "
+                    f"its parameters {list(param.shape)}"
+                )
+
+
+def check_checkpoint_fits_config(path: Path | None, model_config: Any) -> None:
+    """The launcher's :func:`check_checkpoint_gaussians`: reads the checkpoint's tensor
+    shapes through a memory map (no tensor data is read). A checkpoint that only a full
+    unpickle can read is left to the ranks, which run the same check."""
+    row_shapes = gaussian_row_shapes(model_config)
+    if path is None or row_shapes is None:
+        return
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - not weights-only loadable: the ranks check it
+        return
+    if isinstance(state, Mapping) and isinstance(state.get("pipeline"), Mapping):
+        check_checkpoint_gaussians(path, state["pipeline"], state.get("optimizers"), row_shapes)
+
+
+def check_row_cap_option(max_rows_per_rank: int) -> None:
+    if int(max_rows_per_rank) < 0:
+        raise OdinInputError(
+            f"--pipeline.max-rows-per-rank must be >= 0 (0: no cap), got {max_rows_per_rank}"
+        )
+
+
+def check_row_cap(num_rows: int, max_rows_per_rank: int, when: str) -> None:
+    """Replicated training holds every Gaussian on every rank: at most
+    ``--pipeline.max-rows-per-rank`` (0: no cap)."""
+    check_row_cap_option(max_rows_per_rank)
+    if max_rows_per_rank > 0 and num_rows > max_rows_per_rank:
+        raise OdinInputError(
+            f"--pipeline.max-rows-per-rank {max_rows_per_rank}: the model has {num_rows} "
+            f"Gaussians {when}, and replicated training holds all of them on every rank; "
+            "train with --pipeline.parallel sharded or raise the cap"
+        )
+
+
 def check_output_writable(output_dir: Path | str) -> None:
     """The output folder (or its nearest existing parent) can be written to."""
     path = Path(output_dir).absolute()
@@ -209,8 +300,10 @@ def preflight(config: TrainerConfig, world_size: int) -> None:
     data = check_data_path(datamanager.data or datamanager.dataparser.data)
     check_checkpoint_exists(config.load_checkpoint)
     check_checkpoint_readable(resume_checkpoint(config))
+    check_checkpoint_fits_config(resume_checkpoint(config), config.pipeline.model)
     check_output_writable(config.output_dir)
     model_config = config.pipeline.model
+    check_row_cap_option(getattr(config.pipeline, "max_rows_per_rank", 0))
     if hasattr(model_config, "rasterizer"):
         check_rasterizer(model_config.rasterizer)
     distributed = world_size > 1 and _is_odin_pipeline(config)

@@ -13,6 +13,13 @@ next step also depends on:
   phase where the uninterrupted one does, from the same parameters: same footprints, same
   plan.
 
+Replicated and sharded checkpoints carry the same ``"odin"`` entry (:func:`resume_entry`),
+marked with the mode that wrote it (``"parallel"``). A sharded checkpoint is merged (the
+whole model, every owner's rows and moments) and a sharded rank's statistics are [N] over
+global ids of the views it trained, as a replicated rank's, so either mode resumes either
+checkpoint; on the same world size the resumed run continues exactly where the math of the
+two modes agrees (sharded quality-first is bitwise replicated barrier).
+
 Everything here is stored as tensors, lists and numbers, so checkpoints still load with
 ``torch.load(weights_only=True)`` (ns-eval, ns-viewer).
 """
@@ -26,6 +33,23 @@ import numpy as np
 import torch
 
 FORMAT = 1
+
+
+def capture_rank_state(strategy_state: dict[str, Any], datamanager=None) -> dict[str, Any]:
+    """One rank's part of the resume state: its generators, its strategy statistics and
+    (single process only: pass the data manager) the data manager's epoch."""
+    return {
+        "rng": capture_rng_state(),
+        "strategy": capture_strategy_state(strategy_state),
+        "datamanager": None if datamanager is None else capture_datamanager_state(datamanager),
+    }
+
+
+def resume_entry(ranks: list[dict[str, Any]], phase: dict | None, parallel: str) -> dict[str, Any]:
+    """A checkpoint's ``"odin"`` entry: every rank's ``capture_rank_state`` (rank order), the
+    phase controller's ``resume_state`` (None for one process) and the mode that wrote it
+    (``"replicated"`` or ``"sharded"``; informative: either mode resumes either)."""
+    return {"format": FORMAT, "parallel": parallel, "ranks": ranks, "phase": phase}
 
 
 def capture_rng_state() -> dict[str, Any]:

@@ -44,9 +44,10 @@ from odin_ns.distributed.optimizer_binding import (
     store_plain_float_learning_rates,
 )
 from odin_ns.distributed.session import DistributedSession
-from odin_ns.errors import OdinInputError
+from odin_ns.errors import OdinInputError, first_line
 from odin_ns.model import GAUSSIAN_GROUPS
 from odin_ns.pipeline import OdinPipeline
+from odin_ns.preflight import check_checkpoint_gaussians, check_row_cap
 
 
 @dataclass
@@ -131,6 +132,7 @@ class OdinTrainer(Trainer):
                 seed = int(self.pipeline.datamanager.config.train_cameras_sampling_seed)
                 self._densifier = ReplicatedDensifier(model.strategy, model.strategy_state, seed)
                 self._densifier.ensure_state(model.num_points, model.means.device)
+        self._check_row_cap("before training")
         if isinstance(self.pipeline, OdinPipeline) and self.pipeline.distributed:
             self.session = self._open_session(resumed)
         if resumed is not None:
@@ -142,14 +144,26 @@ class OdinTrainer(Trainer):
 
     def _open_session(self, resumed: dict | None):
         """The distributed step's session: sharded ownership or replicated replicas."""
-        if self.pipeline.config.parallel == "sharded":
-            return sharded_session.open_session(self)
+        phase = resumed["phase"] if resumed is not None else None
+        if self.sharded:
+            return sharded_session.open_session(self, resumed_phase=phase)
         return DistributedSession(
             self.pipeline,
             self.optimizers,
             checkpoint_every=self.config.steps_per_save,
-            resumed_phase=resumed["phase"] if resumed is not None else None,
+            resumed_phase=phase,
         )
+
+    @property
+    def sharded(self) -> bool:
+        return getattr(self.config.pipeline, "parallel", "replicated") == "sharded"
+
+    def _check_row_cap(self, when: str) -> None:
+        """``--pipeline.max-rows-per-rank`` in replicated training (every rank holds the
+        whole model); the sharded session checks its resident rows at each phase start."""
+        cap = int(getattr(self.config.pipeline, "max_rows_per_rank", 0))
+        if not self.sharded:
+            check_row_cap(self.pipeline.model.num_points, cap, when)
 
     @property
     def _rank(self) -> int:
@@ -179,8 +193,11 @@ class OdinTrainer(Trainer):
     def train_iteration(self, step: int):
         if self.session is None:
             if self.views_per_rank == 1:
-                return super().train_iteration(step)
-            return self._train_iteration_one_process(step)
+                out = super().train_iteration(step)
+            else:
+                out = self._train_iteration_one_process(step)
+            self._check_row_cap(f"after step {step}")
+            return out
         started = time.time()
         wait_s = self.session.before_step(step)
         tic = time.perf_counter()
@@ -191,6 +208,7 @@ class OdinTrainer(Trainer):
             step, compute_s=compute_s, wait_s=wait_s, started=started, infos=infos
         )
         self.optimizers.scheduler_step_all(step)
+        self._check_row_cap(f"after step {step}")  # densification grows the replicas
         metrics_dict["odin_wait_s"] = wait_s
         metrics_dict["odin_compute_s"] = compute_s
         return loss, loss_dict, metrics_dict
@@ -315,6 +333,12 @@ class OdinTrainer(Trainer):
             if not path.exists():
                 raise FileNotFoundError("the file does not exist")
             loaded = torch.load(path, map_location="cpu")
+        except Exception as err:  # any failure to read it: unpickling raises many types
+            raise OdinInputError(
+                f"cannot resume from checkpoint '{path}': {first_line(err)}"
+            ) from err
+        self._check_checkpoint_gaussians(path, loaded)
+        try:
             self.pipeline.load_pipeline(loaded["pipeline"], loaded["step"])
             rebind_optimizer_params(
                 self.optimizers, self.pipeline.model.gauss_params, GAUSSIAN_GROUPS
@@ -323,12 +347,27 @@ class OdinTrainer(Trainer):
             if "schedulers" in loaded and self.config.load_scheduler:
                 self.optimizers.load_schedulers(loaded["schedulers"])
             self.grad_scaler.load_state_dict(loaded["scalers"])
-        except Exception as err:  # any failure to read it: unpickling raises many types
-            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise OdinInputError(f"cannot resume from checkpoint '{path}': {reason}") from err
+        except Exception as err:  # a checkpoint nerfstudio's loading rejects
+            raise OdinInputError(
+                f"cannot resume from checkpoint '{path}': {first_line(err)}"
+            ) from err
         self._start_step = loaded["step"] + 1
         self._restore_odin_state(loaded.get("odin"), path)
         CONSOLE.print(f"Done loading Nerfstudio checkpoint from {path}")
+
+    def _check_checkpoint_gaussians(self, path: Path, loaded: Mapping) -> None:
+        """The checkpoint's Gaussians fit this run's model (group row counts agree, per-row
+        shapes and moments match), before anything is loaded: one line, not a state-dict
+        size mismatch from deep inside torch."""
+        gauss = getattr(self.pipeline.model, "gauss_params", None)
+        if not isinstance(loaded, Mapping) or not isinstance(loaded.get("pipeline"), Mapping):
+            raise OdinInputError(
+                f"cannot resume from checkpoint '{path}': not a nerfstudio checkpoint"
+            )
+        if gauss is None:
+            return
+        shapes = {name: tuple(gauss[name].shape[1:]) for name in GAUSSIAN_GROUPS if name in gauss}
+        check_checkpoint_gaussians(path, loaded["pipeline"], loaded.get("optimizers"), shapes)
 
     def _restore_odin_state(self, odin: dict | None, path: Path) -> None:
         model = self.pipeline.model
@@ -359,24 +398,12 @@ class OdinTrainer(Trainer):
 
         Runs on every rank (the drain and the gather are collective); rank 0 writes.
         """
-        if hasattr(self.session, "save_checkpoint"):  # sharded: one merged checkpoint
-            return self.session.save_checkpoint(self, step)
         if self.session is not None:
             self.session.drain()
+        odin = self._resume_entry(step)
+        if hasattr(self.session, "save_checkpoint"):  # sharded: one merged checkpoint
+            return self.session.save_checkpoint(self, step, odin)
         store_plain_float_learning_rates(self.optimizers)
-        mine = {
-            "rng": resume.capture_rng_state(),
-            "strategy": resume.capture_strategy_state(self.pipeline.model.strategy_state),
-            "datamanager": None
-            if self.session is not None
-            else resume.capture_datamanager_state(self.pipeline.datamanager),
-        }
-        ranks = self.session.gather(mine) if self.session is not None else [mine]
-        odin = {
-            "format": resume.FORMAT,
-            "ranks": ranks,
-            "phase": self.session.resume_state(step) if self.session is not None else None,
-        }
         if not comms.is_main_process():
             return
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
@@ -398,6 +425,19 @@ class OdinTrainer(Trainer):
             for old in self.checkpoint_dir.glob("*.ckpt"):
                 if old != path:
                     old.unlink()
+
+    def _resume_entry(self, step: int) -> dict:
+        """The checkpoint's ``"odin"`` entry (``resume.resume_entry``): every rank's
+        generators and statistics, gathered in rank order (collective), and the phase state
+        of a checkpoint taken after ``step`` (call after the drain)."""
+        one_process = self.session is None
+        mine = resume.capture_rank_state(
+            self.pipeline.model.strategy_state,
+            self.pipeline.datamanager if one_process else None,
+        )
+        ranks = [mine] if one_process else self.session.gather(mine)
+        phase = None if one_process else self.session.resume_state(step)
+        return resume.resume_entry(ranks, phase, "sharded" if self.sharded else "replicated")
 
     def _write_checkpoint(self, state: dict, path: Path) -> None:
         partial = path.with_suffix(".ckpt.partial")

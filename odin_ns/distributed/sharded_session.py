@@ -14,7 +14,9 @@ reads); bind the engine. Step path: point-to-point only.
 Densification (``sharded_densify``): an all-reduce of the [N] statistics at structural
 steps (as replicated training does), flags and the post-grow renumbering all-reduced, rows
 made on owners. Checkpoints: drained, every rank sends its owned rows and moments to rank
-0, which writes one nerfstudio checkpoint of the whole model (gathered in rank 0's memory).
+0, which writes one nerfstudio checkpoint of the whole model (gathered in rank 0's memory)
+with the replicated resume entry (``odin_ns.resume``). Resume: every rank loads the whole
+checkpoint (the trainer), the first phase keeps the owned rows with their loaded moments.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from odin_ns.distributed.sharded_densify import (
 )
 from odin_ns.errors import OdinInputError
 from odin_ns.model import GAUSSIAN_GROUPS
-from odin_ns.preflight import check_dense_parameters
+from odin_ns.preflight import check_dense_parameters, check_row_cap_option
 from odin_ns.runtime import P2PTransport, ParamGroupState
 from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, phase_read_sets
 from odin_ns.schedule.ownership import (
@@ -172,11 +174,7 @@ def check_sharded_config(trainer_config, world_size: int) -> None:
             f"--pipeline.parallel sharded runs quality-first (exact); sync mode "
             f"'{config.sync.mode}' is not supported in sharded mode yet"
         )
-    if trainer_config.load_dir is not None or trainer_config.load_checkpoint is not None:
-        raise OdinInputError(
-            "--pipeline.parallel sharded cannot resume from a checkpoint yet; resume the "
-            "merged checkpoint with --pipeline.parallel replicated"
-        )
+    check_row_cap_option(getattr(config, "max_rows_per_rank", 0))
     evals = (
         trainer_config.steps_per_eval_batch,
         trainer_config.steps_per_eval_image,
@@ -200,7 +198,10 @@ class ShardedSession:
 
     Args:
         pipeline, optimizers, checkpoint_every: as ``DistributedSession``.
-        resumed_phase: must be None (resume is refused before this).
+        resumed_phase: a checkpoint's ``PhaseController.resume_state`` (same world size:
+            the first phase continues the plan's epoch where the checkpointed run was), or
+            None. A resumed session's model and optimizers hold the whole loaded model and
+            its moments; the first phase keeps the owned rows with their moments.
         stop_step: the trainer's ``max_num_iterations`` (no push for steps never run).
         ownership: "locality" (from the plan) or "random" (Grendel-style baseline).
     """
@@ -214,9 +215,9 @@ class ShardedSession:
         stop_step: int | None = None,
         ownership: str = "locality",
     ):
-        if resumed_phase is not None:
-            raise OdinInputError("--pipeline.parallel sharded cannot resume yet")
         config = pipeline.config
+        self._resumed_phase = resumed_phase
+        self.max_rows_per_rank = int(getattr(config, "max_rows_per_rank", 0))
         self.pipeline = pipeline
         self.model = pipeline.model
         self.datamanager = pipeline.datamanager
@@ -330,6 +331,26 @@ class ShardedSession:
         params = {n: self.model.gauss_params[n].data[:o].clone() for n in GAUSSIAN_GROUPS}
         return OwnedRows(params, dict(self.moments[0]), dict(self.moments[1]))
 
+    @torch.no_grad()
+    def _keep_owned_rows(self, o_ids: np.ndarray) -> OwnedRows:
+        """The first phase: rows ``o_ids`` ([O] sorted global ids, this rank's) of the whole
+        model every rank still holds, with their Adam moments: after a resume the loaded
+        ones (nerfstudio's checkpoint load put [N, ...] moments in the optimizers' state),
+        zeros in a fresh run (no optimizer has stepped). ``_bind_table`` then frees the
+        whole-model parameters and moments."""
+        ids = torch.from_numpy(o_ids).to(self.model.means.device)
+        params, exp_avg, exp_avg_sq = {}, {}, {}
+        for name in GAUSSIAN_GROUPS:
+            param = self.model.gauss_params[name]
+            state = self.optimizers.optimizers[name].state.get(param, {})
+            params[name] = param.data[ids].clone()
+            for out, key in ((exp_avg, "exp_avg"), (exp_avg_sq, "exp_avg_sq")):
+                moment = state.get(key)
+                out[name] = (
+                    moment[ids].clone() if moment is not None else torch.zeros_like(params[name])
+                )
+        return OwnedRows(params, exp_avg, exp_avg_sq)
+
     def _start_phase(self, step: int) -> None:
         tic = time.perf_counter()
         if self.engine is not None:
@@ -346,19 +367,16 @@ class ShardedSession:
             self.model,
             self.datamanager.train_dataset.cameras,
             self._next_boundary(step),
+            resumed=self._resumed_phase,
         )
+        self._resumed_phase = None
         self.datamanager.set_plan_views(plan.views[:, self.rank, 0], start_step=step)
         device = self.model.means.device
         if first:
             n = self.model.num_points
             self.owner = assign_ownership(plan, self.ownership, self.seed)
             o_ids = np.flatnonzero(self.owner == self.rank)
-            params = {
-                k: self.model.gauss_params[k].data[torch.from_numpy(o_ids)].clone()
-                for k in GAUSSIAN_GROUPS
-            }
-            zeros = {k: torch.zeros_like(v) for k, v in params.items()}
-            rows = OwnedRows(params, zeros, {k: torch.zeros_like(v) for k, v in params.items()})
+            rows = self._keep_owned_rows(o_ids)
             self.versions = torch.full((o_ids.size,), step - 1, dtype=torch.int64, device=device)
             assert n == self.owner.size
         else:
@@ -390,11 +408,29 @@ class ShardedSession:
             self.phases.forget_footprints()  # its reference holds the old owned rows
         return rows, decision.report()
 
+    def _check_resident_rows(self, caches: list[np.ndarray], step: int) -> None:
+        """``--pipeline.max-rows-per-rank``: every rank's owned + cached rows of the phase
+        starting at ``step``, before any is allocated. ``caches``: [C_q] ids per rank. The
+        owners and the plan are global, so every rank makes the same decision."""
+        cap = self.max_rows_per_rank
+        if cap <= 0:
+            return
+        owned = np.bincount(self.owner, minlength=self.world_size)
+        resident = [int(owned[q]) + int(c.size) for q, c in enumerate(caches)]
+        worst = int(np.argmax(resident))
+        if resident[worst] > cap:
+            raise OdinInputError(
+                f"--pipeline.max-rows-per-rank {cap}: at step {step} rank {worst} would hold "
+                f"{resident[worst]} rows ({int(owned[worst])} owned + {caches[worst].size} "
+                f"cached of {self.num_rows} Gaussians); raise the cap or train on more ranks"
+            )
+
     @torch.no_grad()
     def _bind_table(self, plan, rows: OwnedRows, step: int) -> None:
         """New local table (owned rows + this phase's cache, filled by the owners)."""
         reads = phase_read_sets(plan, self.world_size)
         caches = [r[self.owner[r] != q] for q, r in enumerate(reads)]
+        self._check_resident_rows(caches, step)
         layout = ShardLayout(self.owner, self.rank, caches[self.rank])
         fill = self._fill_cache(rows, layout.owned, caches)
         table = {}
@@ -582,8 +618,9 @@ class ShardedSession:
         if self.engine is not None:
             self.engine.drain()
 
-    def resume_state(self, step: int) -> dict | None:
-        return None  # resume from a sharded checkpoint: not supported yet (refused)
+    def resume_state(self, step: int) -> dict:
+        """The phase state a checkpoint taken after ``step`` needs (call after ``drain``)."""
+        return self.phases.resume_state(step + 1)
 
     def gather(self, obj) -> list:
         parts: list = [None] * self.world_size
@@ -635,8 +672,13 @@ class ShardedSession:
             out[name] = tuple(parts)
         return out
 
-    def save_checkpoint(self, trainer, step: int) -> None:
-        """One nerfstudio checkpoint of the whole model, written by rank 0 (collective)."""
+    def save_checkpoint(self, trainer, step: int, odin: dict) -> None:
+        """One nerfstudio checkpoint of the whole model, written by rank 0 (collective).
+
+        ``odin``: the trainer's resume entry (``resume.resume_entry``: every rank's
+        generators and [N] statistics, the phase state), the layout replicated checkpoints
+        have, so either mode resumes it.
+        """
         self.drain()
         merged = self.merged_model()
         if self.rank != 0:
@@ -660,7 +702,7 @@ class ShardedSession:
             "optimizers": optimizers,
             "schedulers": {k: v.state_dict() for k, v in self.optimizers.schedulers.items()},
             "scalers": trainer.grad_scaler.state_dict(),
-            "odin": {"format": "odin-ns-sharded-merged-v1", "world_size": self.world_size},
+            "odin": odin,
         }
         trainer.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         path = trainer.checkpoint_dir / f"step-{step:09d}.ckpt"
@@ -710,8 +752,11 @@ class ShardedSession:
         self.push_tx.close()
 
 
-def open_session(trainer) -> ShardedSession:
-    """The trainer's sharded session, after the checks of what sharded mode refuses."""
+def open_session(trainer, resumed_phase: dict | None = None) -> ShardedSession:
+    """The trainer's sharded session, after the checks of what sharded mode refuses.
+
+    ``resumed_phase``: the checkpoint's phase state when it resumes on the same world size.
+    """
     check_sharded_config(trainer.config, trainer.pipeline.world_size)
     if getattr(trainer.pipeline.model, "mcmc_noise", None) is not None:
         raise OdinInputError("--pipeline.parallel sharded supports the default strategy only")
@@ -719,6 +764,8 @@ def open_session(trainer) -> ShardedSession:
         trainer.pipeline,
         trainer.optimizers,
         checkpoint_every=trainer.config.steps_per_save,
-        stop_step=trainer.config.max_num_iterations,
+        # nerfstudio trains steps [start, start + max_num_iterations); start > 0 on resume
+        stop_step=trainer._start_step + trainer.config.max_num_iterations,
         ownership=trainer.pipeline.config.ownership,
+        resumed_phase=resumed_phase,
     )
