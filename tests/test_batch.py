@@ -12,29 +12,16 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-BIN = Path(sys.executable).parent
-SMALL = [
-    "--vis",
-    "tensorboard",
-    "--steps-per-eval-all-images",
-    "0",
-    "--steps-per-eval-image",
-    "0",
-    "--steps-per-save",
-    "4000",
-    "--pipeline.model.num-downscales",
-    "0",
-    "--pipeline.model.densify-grad-thresh",
-    "0.0002",
-]
+from odin_ns.bench.commands import BIN, free_port, quiet_flags, run_env, train_command
+
+SMALL = [*quiet_flags(save_every=4000), "--pipeline.model.num-downscales", "0"]
+SMALL += ["--pipeline.model.densify-grad-thresh", "0.0002"]
 
 
 def _method_config():
@@ -191,35 +178,10 @@ def test_learning_rate_at_the_same_view_counts(batch):
 
 
 # ------------------------------------------------------------------------- real runs
-def _free_port() -> int:
-    """A port no one listens on now (other jobs on the machine pick ports too)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _run(data: Path, out: Path, name: str, extra: list[str], port: int) -> subprocess.Popen:
-    cmd = [
-        str(BIN / "odin-ns-train"),
-        "--nproc-per-node",
-        "2",
-        "--master-port",
-        str(port),
-        "odin-splatfacto",
-        "--data",
-        str(data),
-        "--output-dir",
-        str(out),
-        "--experiment-name",
-        "batch",
-        "--timestamp",
-        name,
-        *SMALL,
-        *extra,
-    ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    flags = [*SMALL, *extra]
+    cmd = train_command(data, out, ranks=2, experiment="batch", name=name, flags=flags, port=port)
+    env = run_env()
     log = open(out / f"{name}.log", "w")  # noqa: SIM115 (closed by the caller's wait)
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
 
@@ -253,7 +215,7 @@ def test_two_views_per_rank_quality_first_equals_barrier(street_scene, tmp_path)
     ]
     procs = {
         mode: _run(street_scene, tmp_path, mode, [*extra, "--pipeline.sync.mode", mode], port)
-        for mode, port in (("barrier", _free_port()), ("quality-first", _free_port()))
+        for mode, port in (("barrier", free_port()), ("quality-first", free_port()))
     }
     runs = {mode: _wait(p, tmp_path, mode) for mode, p in procs.items()}
     barrier, quality = _final_params(runs["barrier"]), _final_params(runs["quality-first"])
@@ -284,7 +246,7 @@ def test_two_ranks_train_v_views_in_v_over_2_steps(street_scene, tmp_path):
         "--pipeline.model.refine-every",
         "8",
     ]
-    proc = _run(street_scene, tmp_path, "views", extra, _free_port())
+    proc = _run(street_scene, tmp_path, "views", extra, free_port())
     run = _wait(proc, tmp_path, "views")
     ranks = json.loads((run / "odin_run.json").read_text())["ranks"]
     assert [len(r["steps"]) for r in ranks] == [20, 20]
@@ -329,8 +291,7 @@ def test_one_process_two_views_per_step(street_scene, tmp_path):
         "--pipeline.model.refine-every",
         "8",
     ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=run_env(None))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "40 -> 20" in proc.stdout
     ckpts = sorted(

@@ -11,33 +11,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-BIN = Path(sys.executable).parent
+from odin_ns.bench.commands import BIN, quiet_flags, run_dir, run_env, schedule_flags, train_command
+
 STEPS = 60
 TRAINING = [
-    "--vis",
-    "tensorboard",
-    "--steps-per-eval-all-images",
-    "0",
-    "--steps-per-eval-image",
-    "0",
-    "--steps-per-save",
-    "30",
-    "--save-only-latest-checkpoint",
-    "False",
-    "--pipeline.model.num-downscales",
-    "0",
-    "--pipeline.model.warmup-length",
-    "20",
-    "--pipeline.model.refine-every",
-    "15",
-    "--pipeline.model.densify-grad-thresh",
-    "0.0002",
+    *quiet_flags(save_every=30, keep_checkpoints=True),
+    *schedule_flags(warmup=20, refine_every=15, densify_grad_thresh=0.0002),
     # Steps, not views: these tests compare runs step by step (checkpoint at step 30 of 60,
     # refines at 30 and 45); tests/test_batch.py covers the conversion from views.
     "--pipeline.schedule-in-views",
@@ -46,32 +30,12 @@ TRAINING = [
 
 
 def _train_2_ranks(data: Path, out: Path, mode: str, name: str | None = None, extra=()) -> Path:
-    cmd = [
-        str(BIN / "odin-ns-train"),
-        "--nproc-per-node",
-        "2",
-        "--master-port",
-        str(29500 + (os.getpid() + len(mode)) % 2000),
-        "odin-splatfacto",
-        "--data",
-        str(data),
-        "--output-dir",
-        str(out),
-        "--experiment-name",
-        "dist",
-        "--timestamp",
-        name or mode,
-        "--max-num-iterations",
-        str(STEPS),
-        *TRAINING,
-        "--pipeline.sync.mode",
-        mode,
-        *extra,
-    ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    name = name or mode
+    flags = [*TRAINING, "--pipeline.sync.mode", mode, *extra]
+    cmd = train_command(data, out, ranks=2, experiment="dist", name=name, steps=STEPS, flags=flags)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=run_env())
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return out / "dist" / "odin-splatfacto" / (name or mode)
+    return run_dir(out, "dist", name)
 
 
 def _final_params(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -161,22 +125,15 @@ def test_more_ranks_than_views_is_a_clear_error(tmp_path):
     from odin_ns.data.synthetic import make_scene
 
     scene = make_scene(tmp_path / "tiny", layout="object", num_views=2, num_eval_views=1, seed=1)
-    cmd = [
-        str(BIN / "odin-ns-train"),
-        "--nproc-per-node",
-        "3",
-        "--master-port",
-        str(29500 + (os.getpid() + 7) % 2000),
-        "odin-splatfacto",
-        "--data",
-        str(scene),
-        "--output-dir",
-        str(tmp_path / "out"),
-        "--vis",
-        "tensorboard",
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    cmd = train_command(
+        scene,
+        tmp_path / "out",
+        ranks=3,
+        experiment="tiny",
+        name="run",
+        flags=["--vis", "tensorboard"],
+    )
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=run_env())
     assert proc.returncode != 0
     assert "3 ranks but only 2 training views" in proc.stdout + proc.stderr
 
@@ -239,26 +196,12 @@ def test_a_dead_rank_ends_the_whole_run(street_scene, tmp_path):
 
     import psutil
 
-    cmd = [
-        str(BIN / "odin-ns-train"),
-        "--nproc-per-node",
-        "2",
-        "--master-port",
-        str(29500 + (os.getpid() + 11) % 2000),
-        "odin-splatfacto",
-        "--data",
-        str(street_scene),
-        "--output-dir",
-        str(tmp_path),
-        "--max-num-iterations",
-        "100000",
-        *TRAINING,
-        "--pipeline.sync.timeout-s",
-        "60",
-    ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    flags = [*TRAINING, "--pipeline.sync.timeout-s", "60"]
+    cmd = train_command(
+        street_scene, tmp_path, ranks=2, experiment="dead", name="run", steps=100000, flags=flags
+    )
     launcher = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=run_env()
     )
     try:
         victim, deadline = None, time.time() + 300

@@ -8,41 +8,24 @@ torchrun's own report.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from odin_ns import launch
+from odin_ns.bench.commands import BIN, free_port, run_env
 
-BIN = Path(sys.executable).parent
 PREFIX = "odin-ns-train: error: "
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _launch(cwd: Path, nproc: int, *train_args: str) -> tuple[int, list[str]]:
     """Run odin-ns-train in ``cwd``; its exit code and output lines (stderr+stdout, in order)."""
-    cmd = [
-        str(BIN / "odin-ns-train"),
-        "--nproc-per-node",
-        str(nproc),
-        "--master-port",
-        str(_free_port()),
-        "odin-splatfacto",
-        *train_args,
-        "--vis",
-        "tensorboard",
-    ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    cmd = [str(BIN / "odin-ns-train"), "--nproc-per-node", str(nproc)]
+    cmd += ["--master-port", str(free_port()), "odin-splatfacto", *train_args]
+    cmd += ["--vis", "tensorboard"]
+    env = run_env()
     proc = subprocess.run(
         cmd,
         cwd=cwd,

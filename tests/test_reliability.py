@@ -11,9 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -31,9 +29,17 @@ from harness import (
     toy_outcome_worker,
 )
 
+from odin_ns.bench.commands import (
+    BIN,
+    module_launcher,
+    quiet_flags,
+    run_dir,
+    run_env,
+    schedule_flags,
+    train_command,
+)
 from odin_ns.runtime import SyncConfig, SyncTimeout
 
-BIN = Path(sys.executable).parent
 TESTS = Path(__file__).resolve().parent
 PREFIX = "odin-ns-train: error: "
 
@@ -131,28 +137,7 @@ def test_busy_peer_is_waited_for_gloo(tmp_path):
 
 # ------------------------------------------------------------- odin-ns-train runs
 STEPS = 20
-TRAINING = [
-    "--vis",
-    "tensorboard",
-    "--steps-per-eval-all-images",
-    "0",
-    "--steps-per-eval-image",
-    "0",
-    "--steps-per-save",
-    "4",
-    "--pipeline.model.num-downscales",
-    "0",
-    "--pipeline.model.warmup-length",
-    "5",
-    "--pipeline.model.refine-every",
-    "8",
-]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+TRAINING = [*quiet_flags(save_every=4), *schedule_flags(warmup=5, refine_every=8)]
 
 
 def _train(
@@ -168,30 +153,18 @@ def _train(
     """odin-ns-train through the fault-injection worker: (exit code, output lines, run dir)."""
     import json
 
-    cmd = [
-        sys.executable,
-        "-m",
-        "odin_ns.bench.fault_worker",
-        "--nproc-per-node",
-        str(nproc),
-        "--master-port",
-        str(_free_port()),
-        *launcher,
-        "odin-splatfacto",
-        "--data",
-        str(data),
-        "--output-dir",
-        str(out),
-        "--experiment-name",
-        "rel",
-        "--timestamp",
-        name,
-        "--max-num-iterations",
-        str(STEPS),
-        *TRAINING,
-        *extra,
-    ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    cmd = train_command(
+        data,
+        out,
+        ranks=nproc,
+        experiment="rel",
+        name=name,
+        steps=STEPS,
+        flags=[*TRAINING, *extra],
+        launcher=module_launcher("odin_ns.bench.fault_worker"),
+        launcher_flags=launcher,
+    )
+    env = run_env()
     env["ODIN_NS_FAULT"] = json.dumps(fault or {})
     if report is not None:
         report.mkdir(parents=True, exist_ok=True)
@@ -200,7 +173,7 @@ def _train(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300, env=env
     )
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
-    return proc.returncode, lines, out / "rel" / "odin-splatfacto" / name
+    return proc.returncode, lines, run_dir(out, "rel", name)
 
 
 def _checkpoints(run: Path) -> list[Path]:

@@ -11,9 +11,7 @@ same size), and bad input fails with one line before any rank starts.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,63 +19,30 @@ import pytest
 import scipy.sparse as sp
 import torch
 
+from odin_ns.bench.commands import BIN, quiet_flags, run_dir, run_env, schedule_flags, train_command
 from odin_ns.runtime.sharded import ShardLayout, phase_read_sets, step_tables
 from odin_ns.schedule import build_plan
 from odin_ns.schedule.ownership import random_ownership
 
-BIN = Path(sys.executable).parent
 VIEWS = 60  # training views (steps x ranks: 30 steps on 2 ranks, 20 on 3)
 TRAINING = [
-    "--vis",
-    "tensorboard",
-    "--steps-per-eval-all-images",
-    "0",
-    "--steps-per-eval-image",
-    "0",
-    "--steps-per-eval-batch",
-    "0",
-    "--steps-per-save",
-    "1000",
-    "--pipeline.model.num-downscales",
-    "0",
-    "--pipeline.model.warmup-length",
-    "20",
-    "--pipeline.model.refine-every",
-    "15",
-    "--pipeline.model.densify-grad-thresh",
-    "0.0002",
+    *quiet_flags(save_every=1000),
+    *schedule_flags(warmup=20, refine_every=15, densify_grad_thresh=0.0002),
 ]
 
 
 def _train(data: Path, out: Path, ranks: int, name: str, extra: list[str]) -> Path:
-    cmd = [
-        str(BIN / "odin-ns-train"),
-        "--nproc-per-node",
-        str(ranks),
-        "--master-port",
-        str(29500 + (os.getpid() * 7 + len(name) * 31 + ranks) % 2000),
-        "odin-splatfacto",
-        "--data",
-        str(data),
-        "--output-dir",
-        str(out),
-        "--experiment-name",
-        "shard",
-        "--timestamp",
-        name,
-        "--max-num-iterations",
-        str(VIEWS),
-        *TRAINING,
-        *extra,
-    ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    flags = [*TRAINING, *extra]
+    cmd = train_command(
+        data, out, ranks=ranks, experiment="shard", name=name, steps=VIEWS, flags=flags
+    )
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=run_env())
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return out / "shard" / "odin-splatfacto" / name
+    return run_dir(out, "shard", name)
 
 
-def _checkpoint(run_dir: Path) -> dict:
-    path = sorted((run_dir / "nerfstudio_models").glob("step-*.ckpt"))[-1]
+def _checkpoint(run: Path) -> dict:
+    path = sorted((run / "nerfstudio_models").glob("step-*.ckpt"))[-1]
     return torch.load(path, map_location="cpu", weights_only=False)
 
 

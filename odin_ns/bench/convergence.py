@@ -39,19 +39,19 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from odin_ns.bench.commands import (
+    module_launcher,
+    run_dir,
+    run_env,
+    schedule_flags,
+    train_command,
+)
+
 ENV_TIMES = "ODIN_BENCH_TIMES"
-BIN = Path(sys.executable).parent
 DEFAULT_SETTINGS = "1x1,2x1:sqrt,2x2:sqrt,2x1:none,2x1:linear"
 # splatfacto's schedule compressed so that a small budget densifies (refines at views 300,
 # 400, 500 of 600), in views (converted per run); full resolution from the start.
-DEFAULT_TRAINING = [
-    "--pipeline.model.num-downscales",
-    "0",
-    "--pipeline.model.warmup-length",
-    "200",
-    "--pipeline.model.refine-every",
-    "100",
-]
+DEFAULT_TRAINING = schedule_flags(warmup=200, refine_every=100)
 
 
 @dataclass(frozen=True)
@@ -130,56 +130,40 @@ def train(setting: Setting, args, work: Path, port: int) -> Path:
     name = setting.name.replace(":", "-")
     times = work / f"{name}.times.jsonl"
     times.unlink(missing_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "odin_ns.bench.convergence",
-        "--nproc-per-node",
-        str(setting.ranks),
-        "--master-port",
-        str(port),
-        "odin-splatfacto",
-        "--data",
-        str(args.data),
-        "--output-dir",
-        str(work),
-        "--experiment-name",
-        "convergence",
-        "--timestamp",
-        name,
-        "--vis",
-        "tensorboard",
-        "--max-num-iterations",
-        str(args.views),
-        "--steps-per-save",
-        str(args.eval_every),
-        "--save-only-latest-checkpoint",
-        "False",
-        "--steps-per-eval-batch",
-        "0",
-        "--steps-per-eval-image",
-        "0",
-        "--steps-per-eval-all-images",
-        "0",
-        "--machine.seed",
-        str(args.seed),
-        "--pipeline.views-per-rank",
-        str(setting.views_per_rank),
-        "--pipeline.batch-scaling",
-        setting.scaling,
+    flags = [
+        *("--vis", "tensorboard", "--machine.seed", str(args.seed)),
+        *("--steps-per-save", str(args.eval_every), "--save-only-latest-checkpoint", "False"),
+        *("--steps-per-eval-batch", "0", "--steps-per-eval-image", "0"),
+        *("--steps-per-eval-all-images", "0"),
+        *("--pipeline.views-per-rank", str(setting.views_per_rank)),
+        *("--pipeline.batch-scaling", setting.scaling),
         *DEFAULT_TRAINING,
         *args.training,
     ]
-    if args.downscale_factor is not None:
-        cmd += ["nerfstudio-data", "--downscale-factor", str(args.downscale_factor)]  # last
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_WAIT_POLICY="PASSIVE", ODIN_BENCH_TRAIN="1")
+    downscale = args.downscale_factor
+    cmd = train_command(
+        args.data,
+        work,
+        ranks=setting.ranks,
+        experiment="convergence",
+        name=name,
+        steps=args.views,
+        flags=flags,
+        launcher=module_launcher("odin_ns.bench.convergence"),
+        port=port,
+        # data-parser options come last on nerfstudio's command line
+        dataparser=()
+        if downscale is None
+        else ("nerfstudio-data", "--downscale-factor", str(downscale)),
+    )
+    env = run_env(threads=None, ODIN_BENCH_TRAIN="1")
     env[ENV_TIMES] = str(times)
     log = work / f"{name}.log"
     with open(log, "w") as f:
         proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"{setting.name} failed; see {log}:\n{log.read_text()[-3000:]}")
-    return work / "convergence" / "odin-splatfacto" / name
+    return run_dir(work, "convergence", name)
 
 
 # ------------------------------------------------------------------------ evaluation

@@ -18,36 +18,27 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from odin_ns.bench.commands import (
+    module_launcher,
+    quiet_flags,
+    run_env,
+    schedule_flags,
+    train_command,
+)
+
 TIMEOUT_S = 8.0  # --pipeline.sync.timeout-s of every case
 STEPS = 30
 TRAINING = [
-    "--vis",
-    "tensorboard",
-    "--steps-per-eval-all-images",
-    "0",
-    "--steps-per-eval-image",
-    "0",
-    "--steps-per-save",
-    "4",
-    "--save-only-latest-checkpoint",
-    "False",
-    "--pipeline.model.num-downscales",
-    "0",
-    "--pipeline.model.warmup-length",
-    "5",
-    "--pipeline.model.refine-every",
-    "8",
-    "--pipeline.sync.timeout-s",
-    str(TIMEOUT_S),
+    *quiet_flags(save_every=4, keep_checkpoints=True),
+    *schedule_flags(warmup=5, refine_every=8),
+    *("--pipeline.sync.timeout-s", str(TIMEOUT_S)),
 ]
 PREFIX = "odin-ns-train: error: "
 RUN_MARK = "ODIN_NS_FAULT_RUN"
@@ -155,39 +146,20 @@ def _cases_names() -> list[Case]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _launch(
     data: Path, out: Path, nproc: int, extra: list[str], fault: dict, report: Path, mark: str
 ) -> tuple[int | None, list[str], float]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "odin_ns.bench.fault_worker",
-        "--nproc-per-node",
-        str(nproc),
-        "--master-port",
-        str(_free_port()),
-        "odin-splatfacto",
-        "--data",
-        str(data),
-        "--output-dir",
-        str(out),
-        "--experiment-name",
-        "faults",
-        "--timestamp",
-        "run",
-        "--max-num-iterations",
-        str(STEPS),
-        *TRAINING,
-        *extra,
-    ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    cmd = train_command(
+        data,
+        out,
+        ranks=nproc,
+        experiment="faults",
+        name="run",
+        steps=STEPS,
+        flags=[*TRAINING, *extra],
+        launcher=module_launcher("odin_ns.bench.fault_worker"),
+    )
+    env = run_env()
     env.update({"ODIN_NS_FAULT": json.dumps(fault), "ODIN_NS_FAULT_REPORT": str(report)})
     env[RUN_MARK] = mark
     start = time.time()

@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-BIN = Path(sys.executable).parent
+from odin_ns.bench.commands import BIN, quiet_flags, run_dir, run_env, schedule_flags, train_command
+
 ROW = 3 + 3 + 4 + 3 + 45 + 1  # floats per Gaussian: means, scales, quats, dc, rest, opacity
 MODES = {
     "replicated": ["--pipeline.sync.mode", "barrier"],
@@ -40,54 +39,22 @@ MODES = {
     ],
 }
 TRAINING = [
-    "--vis",
-    "tensorboard",
-    "--steps-per-eval-all-images",
-    "0",
-    "--steps-per-eval-image",
-    "0",
-    "--steps-per-eval-batch",
-    "0",
-    "--steps-per-save",
-    "100000",
-    "--pipeline.model.num-downscales",
-    "0",
-    "--pipeline.model.warmup-length",
-    "20",
-    "--pipeline.model.refine-every",
-    "15",
-    "--pipeline.model.densify-grad-thresh",
-    "0.0002",
+    *quiet_flags(save_every=100000),
+    *schedule_flags(warmup=20, refine_every=15, densify_grad_thresh=0.0002),
 ]
 
 
 def train(data: Path, out: Path, ranks: int, mode: str, name: str, views: int) -> Path:
     """One run; returns its output folder."""
-    cmd = [
-        str(BIN / "odin-ns-train"),
-        "--nproc-per-node",
-        str(ranks),
-        "--master-port",
-        str(29500 + (os.getpid() * 13 + hash(name)) % 2000),
-        "odin-splatfacto",
-        "--data",
-        str(data),
-        "--output-dir",
-        str(out),
-        "--experiment-name",
-        "bench",
-        "--timestamp",
-        name,
-        "--max-num-iterations",
-        str(views),
-        *TRAINING,
-        *MODES[mode],
-    ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
+    flags = [*TRAINING, *MODES[mode]]
+    cmd = train_command(
+        data, out, ranks=ranks, experiment="bench", name=name, steps=views, flags=flags
+    )
+    env = run_env()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    return out / "bench" / "odin-splatfacto" / name
+    return run_dir(out, "bench", name)
 
 
 def checkpoint(run: Path) -> dict:

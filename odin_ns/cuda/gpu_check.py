@@ -52,6 +52,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from odin_ns.bench.commands import quiet_flags, schedule_flags
 from odin_ns.cuda.cases import (  # SPLATFACTO_ROWS: re-exported for odin_ns.bench.ops
     DUPLICATES_DEFINED,
     SPLATFACTO_ROWS,
@@ -389,22 +390,7 @@ def check_raster(run: Run, gsplat: GsplatBuild) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------- training runs
-TRAINING = [
-    "--vis",
-    "tensorboard",
-    "--steps-per-eval-all-images",
-    "0",
-    "--steps-per-eval-image",
-    "0",
-    "--steps-per-save",
-    "100000",
-    "--pipeline.model.num-downscales",
-    "0",
-    "--pipeline.model.warmup-length",
-    "50",
-    "--pipeline.model.refine-every",
-    "25",
-]
+TRAINING = [*quiet_flags(save_every=100000), *schedule_flags(warmup=50, refine_every=25)]
 
 
 def street_scene(run: Run) -> Path:
