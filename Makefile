@@ -59,6 +59,13 @@ bench: venv
 	$(PY) -m odin_ns.bench.sync --data ../shared/data/fox --downscale-factor 8 --ranks 2 --steps 300 \
 		--repeats 3 --modes ddp,barrier,quality-first,throughput-first --out bench/sync_fox.json \
 		-- --pipeline.datamanager.camera-res-scale-factor 0.5
+	$(PY) -m odin_ns.bench.methods --data ../shared/data/fox --downscale-factor 8 --steps 300 \
+		--methods odin-splatfacto,odin-splatfacto-mcmc --out bench/methods_fox.json \
+		-- --pipeline.datamanager.camera-res-scale-factor 0.5
+	$(PY) -m odin_ns.bench.methods --data ../shared/data/lego_subset --dataparser blender-data \
+		--steps 300 --methods odin-splatfacto,odin-splatfacto-mcmc --out bench/methods_lego.json \
+		-- --pipeline.datamanager.camera-res-scale-factor 0.25 --pipeline.model.background-color white \
+		--pipeline.model.num-random 10000 --pipeline.model.random-scale 3
 	$(PY) -m odin_ns.bench.trace --run-json outputs/bench_sync/street/bench/odin-splatfacto/barrier-r0/odin_run.json \
 		--out bench/trace_street.json
 	$(PY) -m odin_ns.bench.scale --sync-json bench/sync_street.json --sync-json bench/sync_fox.json \

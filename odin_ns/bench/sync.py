@@ -13,7 +13,10 @@ median over rounds, with ``<key>_min`` / ``<key>_max``; a ratio between two mode
 median of the same-round ratios (``_min`` / ``_max`` their spread). ``ns-eval`` measures
 PSNR on the held-out views of round 0's runs. Figures come from each run's ``odin_run.json``
 (per-rank, per-step timestamps, compute and wait seconds; the engine's bytes; per-phase
-start seconds). Writes JSON, a PNG of round 0's timelines and ``<out>_ratios.png``.
+start seconds). Per mode, ``mean_dependency_rows_per_step`` is the run's plan density: the
+rows of the dependency table ``dependency_rows[t]`` [R, R] a step waits for, summed over
+ranks, averaged over steps (``odin_run.json``); ``--method odin-splatfacto-mcmc`` shows the
+noise adds none. Writes JSON, a PNG of round 0's timelines and ``<out>_ratios.png``.
 """
 
 from __future__ import annotations
@@ -148,8 +151,21 @@ def phase_start_seconds(phase: dict) -> float:
     return float(phase.get("phase_start_s", phase.get("plan_seconds", 0.0)))
 
 
+def plan_density(summary: dict) -> dict:
+    """Mean dependency and footprint rows per step (summed over ranks, every step) of one
+    run, as its ``odin_run.json`` reports them (None in logs older than these keys)."""
+    dep = summary.get("mean_dependency_rows_per_step")
+    foot = summary.get("mean_footprint_rows_per_step")
+    return {
+        "mean_dependency_rows_per_step": dep,
+        "mean_footprint_rows_per_step": foot,
+        "dependency_share": dep / foot if dep is not None and foot else None,
+    }
+
+
 def mode_figures(summary: dict, skip_steps: int) -> dict:
-    """Throughput, wait, bytes and the no-wait ideal of one run (first steps skipped)."""
+    """Throughput, wait, bytes and the no-wait ideal of one run (first steps skipped), and
+    its plan density (every step)."""
     ranks = summary["ranks"]
     steps = [[s for s in r["steps"] if s["step"] >= skip_steps] for r in ranks]
     n_steps = len(steps[0])
@@ -182,6 +198,7 @@ def mode_figures(summary: dict, skip_steps: int) -> dict:
         "mean_gaussians": float(num_gaussians),
         "phase_start_share": float(max(phase_s) / (all_end - all_start + first)),
         "phase_start_seconds": float(max(phase_s)),
+        **plan_density(summary),
     }
 
 
@@ -378,6 +395,9 @@ def main(argv: list[str] | None = None) -> dict:
             figures["psnr"] = _psnr(Path(run_dirs[mode][0]))  # round 0's run
         figures["ideal_share"] = figures["views_per_second"] / figures["ideal_views_per_second"]
         results["modes"][mode] = figures
+        results.setdefault("mean_dependency_rows_per_step", {})[mode] = figures[
+            "mean_dependency_rows_per_step"
+        ]
         key = SHORT[mode]
         results[f"ideal_share_{key}"] = figures["ideal_share"]
         results[f"bytes_ratio_{key}_vs_dense_allreduce"] = (
@@ -442,15 +462,18 @@ def main(argv: list[str] | None = None) -> dict:
         title=f"sync benchmark: {args.data} ({args.ranks} ranks, {args.steps} steps, "
         f"{args.repeats} rounds; medians)"
     )
-    for col in ("mode", "views/s", "min-max", "wait s/step", "phase starts", "PSNR"):
+    columns = ("mode", "views/s", "min-max", "wait s/step", "phase starts", "dep rows/step")
+    for col in (*columns, "PSNR"):
         table.add_column(col, justify="right")
     for mode, f in results["modes"].items():
+        dep = f["mean_dependency_rows_per_step"]
         table.add_row(
             mode,
             f"{f['views_per_second']:.2f}",
             f"{f['views_per_second_min']:.2f}-{f['views_per_second_max']:.2f}",
             f"{f['wait_seconds_per_step']:.4f}",
             f"{f['phase_start_share']:.1%}",
+            "-" if dep is None else f"{dep:.1f}",
             f"{f['psnr']:.2f}" if "psnr" in f else "-",
         )
     CONSOLE.print(table)
