@@ -198,6 +198,8 @@ def check_checkpoint_gaussians(
     params = {}
     for name in row_shapes:
         tensor = pipeline_state.get(f"_model.gauss_params.{name}")
+        if tensor is None:  # splatfacto's older naming, which its load_state_dict remaps
+            tensor = pipeline_state.get(f"_model.{name}")
         if tensor is None:
             raise OdinInputError(f"{prefix} it has no Gaussian group '{name}'")
         params[name] = tensor

@@ -1,0 +1,334 @@
+"""Sharded mode resumes, caps its rows, and refuses checkpoints that do not fit.
+
+Real runs (gloo, street scene, 1 torch thread per rank, steps not views): 40 steps with
+checkpoints at step 28, between the refines at steps 24 and 32 (9600 -> ~22k -> ~52k
+Gaussians), so a resumed run needs the loaded moments, the densification statistics of
+steps 25-28, every rank's generators and the plan's epoch position to continue exactly.
+
+- a sharded checkpoint resumed on the same 2 ranks ends bitwise where the uninterrupted
+  sharded run ends (parameters and Adam moments of the final merged checkpoint);
+- sharded quality-first is bitwise replicated barrier, and the two modes' checkpoints
+  carry the same resume state, so a sharded checkpoint resumed in replicated barrier mode
+  ends bitwise where the uninterrupted replicated run ends, and the other way round;
+- a 3-rank sharded checkpoint resumes on 2 ranks (a note says the trajectory differs),
+  keeps its Gaussians at the resume point, trains through a refine and evaluates sanely;
+- ``--pipeline.max-rows-per-rank``: a cap below the model but above every rank's resident
+  rows trains sharded and stops replicated training with one line; a cap below a rank's
+  share stops sharded training at its first phase start;
+- a checkpoint whose Gaussians do not fit the config fails in the launcher, one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from odin_ns.errors import OdinInputError
+from odin_ns.preflight import check_checkpoint_gaussians, gaussian_row_shapes
+
+BIN = Path(sys.executable).parent
+PREFIX = "odin-ns-train: error: "
+STEPS = 40
+SAVED = 28  # the checkpoint resumed from: steps 29..39 remain
+CAP = 32000  # below the model's ~52k Gaussians, above each of 2 sharded ranks' ~27k rows
+TRAINING = [
+    "--vis",
+    "tensorboard",
+    "--steps-per-eval-all-images",
+    "0",
+    "--steps-per-eval-image",
+    "0",
+    "--steps-per-eval-batch",
+    "0",
+    "--steps-per-save",
+    str(SAVED),
+    "--save-only-latest-checkpoint",
+    "False",
+    "--pipeline.model.num-downscales",
+    "0",
+    "--pipeline.model.warmup-length",
+    "10",
+    "--pipeline.model.refine-every",
+    "8",
+    "--pipeline.model.densify-grad-thresh",
+    "0.0002",
+    "--pipeline.schedule-in-views",
+    "False",  # steps, not views: runs are compared step by step
+]
+SHARDED = ["--pipeline.parallel", "sharded", "--pipeline.sync.mode", "quality-first"]
+BARRIER = ["--pipeline.sync.mode", "barrier"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _train(
+    data: Path, out: Path, name: str, ranks: int, *extra: str, steps: int = STEPS
+) -> tuple[int, list[str], Path]:
+    """odin-ns-train: (exit code, non-empty output lines, run dir)."""
+    cmd = [
+        str(BIN / "odin-ns-train"),
+        "--nproc-per-node",
+        str(ranks),
+        "--master-port",
+        str(_free_port()),
+        "odin-splatfacto",
+        "--data",
+        str(data),
+        "--output-dir",
+        str(out),
+        "--experiment-name",
+        "resume",
+        "--timestamp",
+        name,
+        "--max-num-iterations",
+        str(steps),
+        *TRAINING,
+        *extra,
+    ]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900, env=env
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    return proc.returncode, lines, out / "resume" / "odin-splatfacto" / name
+
+
+def _trained(data: Path, out: Path, name: str, ranks: int, *extra: str, steps=STEPS) -> Path:
+    code, lines, run = _train(data, out, name, ranks, *extra, steps=steps)
+    assert code == 0, "\n".join(lines[-40:])
+    return run
+
+
+def _resumed(data: Path, out: Path, name: str, ranks: int, source: Path, *extra: str) -> Path:
+    """A run resumed from ``source``'s step-SAVED checkpoint, to the same last step."""
+    ckpt = _ckpt_path(source, SAVED)
+    # nerfstudio resumes at SAVED + 1 and counts --max-num-iterations from there
+    return _trained(
+        data, out, name, ranks, *extra, "--load-checkpoint", str(ckpt), steps=STEPS - SAVED - 1
+    )
+
+
+def _ckpt_path(run: Path, step: int) -> Path:
+    return run / "nerfstudio_models" / f"step-{step:09d}.ckpt"
+
+
+def _load(run: Path, step: int = STEPS - 1) -> dict:
+    return torch.load(_ckpt_path(run, step), map_location="cpu", weights_only=True)
+
+
+def _gaussians_and_moments(ckpt: dict) -> dict[str, torch.Tensor]:
+    """Every Gaussian parameter and both Adam moments of every group, by name."""
+    out = {k: v for k, v in ckpt["pipeline"].items() if "gauss_params" in k}
+    for name, opt in ckpt["optimizers"].items():
+        if opt["state"]:
+            for moment in ("exp_avg", "exp_avg_sq"):
+                out[f"{name}.{moment}"] = opt["state"][0][moment]
+    assert len(out) == 18, sorted(out)  # 6 groups x (parameters, exp_avg, exp_avg_sq)
+    return out
+
+
+def _assert_bitwise(ours: dict, theirs: dict) -> None:
+    a, b = _gaussians_and_moments(ours), _gaussians_and_moments(theirs)
+    assert ours["step"] == theirs["step"] == STEPS - 1
+    assert a.keys() == b.keys()
+    for key in a:
+        assert a[key].shape == b[key].shape, (key, a[key].shape, b[key].shape)
+        assert torch.equal(a[key], b[key]), key  # bitwise
+
+
+@pytest.fixture(scope="module")
+def runs(street_scene, tmp_path_factory):
+    """Uninterrupted 2-rank runs: sharded (with the row cap) and replicated barrier."""
+    out = tmp_path_factory.mktemp("resume")
+    cap = ["--pipeline.max-rows-per-rank", str(CAP)]
+    return {
+        "out": out,
+        "sharded": _trained(street_scene, out, "sharded", 2, *SHARDED, *cap),
+        "replicated": _trained(street_scene, out, "replicated", 2, *BARRIER),
+    }
+
+
+@pytest.mark.slow
+def test_sharded_checkpoint_carries_the_replicated_resume_state(runs):
+    sharded, replicated = _load(runs["sharded"], SAVED), _load(runs["replicated"], SAVED)
+    for ckpt, parallel in ((sharded, "sharded"), (replicated, "replicated")):
+        odin = ckpt["odin"]
+        assert odin["parallel"] == parallel
+        assert len(odin["ranks"]) == 2
+        assert set(odin["ranks"][0]) == {"rng", "strategy", "datamanager"}
+    # the same phase position, and per rank the same statistics of steps 25-28 (same plan)
+    assert sharded["odin"]["phase"] == replicated["odin"]["phase"]
+    for ours, theirs in zip(sharded["odin"]["ranks"], replicated["odin"]["ranks"], strict=True):
+        assert ours["strategy"]["count"].sum() > 0
+        for key in ("grad2d", "count", "radii"):
+            assert torch.equal(ours["strategy"][key], theirs["strategy"][key]), key
+    _assert_bitwise(_load(runs["sharded"]), _load(runs["replicated"]))  # the premise
+
+
+@pytest.mark.slow
+def test_sharded_resume_on_the_same_world_size_is_exact(runs, street_scene):
+    resumed = _resumed(street_scene, runs["out"], "sharded-on-2", 2, runs["sharded"], *SHARDED)
+    _assert_bitwise(_load(resumed), _load(runs["sharded"]))
+
+
+@pytest.mark.slow
+def test_sharded_checkpoint_resumes_exactly_in_replicated_barrier(runs, street_scene):
+    resumed = _resumed(street_scene, runs["out"], "sharded-as-rep", 2, runs["sharded"], *BARRIER)
+    _assert_bitwise(_load(resumed), _load(runs["replicated"]))
+
+
+@pytest.mark.slow
+def test_replicated_checkpoint_resumes_exactly_in_sharded(runs, street_scene):
+    resumed = _resumed(street_scene, runs["out"], "rep-as-sharded", 2, runs["replicated"], *SHARDED)
+    _assert_bitwise(_load(resumed), _load(runs["sharded"]))
+
+
+NOTE = re.compile(r"note: checkpoint of a (\d)-rank run resumed on (\d) rank\(s\)")
+
+
+@pytest.mark.slow
+def test_3_rank_sharded_checkpoint_resumes_on_2_ranks(street_scene, tmp_path):
+    three = _trained(street_scene, tmp_path, "three", 3, *SHARDED, steps=SAVED + 1)
+    saved = _load(three, SAVED)
+    n = saved["pipeline"]["_model.gauss_params.means"].shape[0]
+    assert n > 9600  # densified at step 24
+    ckpt = _ckpt_path(three, SAVED)
+    code, lines, two = _train(
+        street_scene, tmp_path, "two", 2, *SHARDED, "--load-checkpoint", str(ckpt), steps=11
+    )
+    output = "\n".join(lines[-40:])
+    assert code == 0, output
+    notes = {m.groups() for line in lines for m in [NOTE.search(line)] if m}
+    assert notes == {("3", "2")}, output
+
+    summary = json.loads((two / "odin_run.json").read_text())
+    first = summary["ranks"][0]["phases"][0]
+    assert (first["start_step"], first["num_gaussians"]) == (SAVED + 1, n)  # the whole model
+    owners = summary["ranks"][0]["ownership"][0]  # the first phase's owners: every row once
+    assert (owners["start_step"], owners["num_rows"], sum(owners["owned_rows"])) == (
+        SAVED + 1,
+        n,
+        n,
+    )
+    final = _load(two)
+    assert final["pipeline"]["_model.gauss_params.means"].shape[0] > n  # refined at step 32
+    for key, tensor in _gaussians_and_moments(final).items():
+        assert torch.isfinite(tensor).all(), key
+
+    out = tmp_path / "eval.json"
+    proc = subprocess.run(
+        [str(BIN / "ns-eval"), "--load-config", str(two / "config.yml"), "--output-path", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert json.loads(out.read_text())["results"]["psnr"] > 10.0
+
+
+@pytest.mark.slow
+def test_row_cap_trains_sharded_and_stops_replicated(runs, street_scene, tmp_path):
+    summary = json.loads((runs["sharded"] / "odin_run.json").read_text())
+    n = _load(runs["sharded"])["pipeline"]["_model.gauss_params.means"].shape[0]
+    resident = [max(s["resident_rows"] for s in r["steps"]) for r in summary["ranks"]]
+    assert max(resident) <= CAP < n, (resident, CAP, n)  # trained with the cap
+
+    code, lines, _ = _train(
+        street_scene, tmp_path, "capped", 2, *BARRIER, "--pipeline.max-rows-per-rank", str(CAP)
+    )
+    assert code != 0
+    reason = re.fullmatch(rf"{PREFIX}rank [01]: (.*)", lines[-1])  # every rank fails so
+    assert reason is not None, "\n".join(lines[-30:])
+    assert reason.group(1) == (
+        f"--pipeline.max-rows-per-rank {CAP}: the model has {n} Gaussians after step 32, and "
+        "replicated training holds all of them on every rank; train with "
+        "--pipeline.parallel sharded or raise the cap"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (BARRIER, "the model has 9600 Gaussians before training"),
+        (SHARDED, "at step 0 rank "),
+    ],
+)
+def test_row_cap_below_a_ranks_share_is_one_line(street_scene, tmp_path, extra, needle):
+    code, lines, _ = _train(
+        street_scene, tmp_path, "tiny", 2, *extra, "--pipeline.max-rows-per-rank", "4000"
+    )
+    assert code != 0
+    assert lines[-1].startswith(f"{PREFIX}rank ") and needle in lines[-1], "\n".join(lines[-30:])
+    assert "--pipeline.max-rows-per-rank 4000" in lines[-1]
+
+
+def _launch_line(args: list[str], out: Path) -> tuple[int, str]:
+    cmd = [str(BIN / "odin-ns-train"), *args, "--output-dir", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    return proc.returncode, lines[-1] if lines else ""
+
+
+@pytest.mark.slow
+def test_checkpoint_that_does_not_fit_is_one_line_before_training(runs, street_scene, tmp_path):
+    state = torch.load(_ckpt_path(runs["sharded"], SAVED), map_location="cpu", weights_only=True)
+    rows = state["pipeline"]["_model.gauss_params.features_dc"].shape[0]
+    state["pipeline"]["_model.gauss_params.features_dc"] = state["pipeline"][
+        "_model.gauss_params.features_dc"
+    ][:-5]
+    cut = tmp_path / "cut.ckpt"
+    torch.save(state, cut)
+    base = ["--nproc-per-node", "2", "odin-splatfacto", "--data", str(street_scene)]
+    base += ["--vis", "tensorboard", "--steps-per-eval-image", "0", "--steps-per-eval-batch", "0"]
+    base += ["--steps-per-eval-all-images", "0", *SHARDED]
+    cases = [
+        (
+            ["--load-checkpoint", str(cut)],
+            f"its Gaussian groups have different row counts (means {rows}, scales {rows}, "
+            f"quats {rows}, features_dc {rows - 5}, features_rest {rows}, opacities {rows})",
+        ),
+        (
+            [
+                "--load-checkpoint",
+                str(_ckpt_path(runs["sharded"], SAVED)),
+                "--pipeline.model.sh-degree",
+                "1",
+            ],
+            "its 'features_rest' rows are [15, 3] but this config builds [3, 3]",
+        ),
+    ]
+    for extra, needle in cases:
+        out = tmp_path / "out"
+        code, last = _launch_line([*base, *extra], out)
+        assert code != 0
+        assert last.startswith(f"{PREFIX}cannot resume from checkpoint '") and needle in last, last
+        assert not out.exists()  # nothing started
+
+
+def test_checkpoint_gaussians_check_names_what_does_not_fit():
+    """The ranks' check (the same function the launcher runs): groups, rows, moments."""
+    shapes = gaussian_row_shapes(type("Config", (), {"sh_degree": 3})())
+    n = 7
+    params = {f"_model.gauss_params.{k}": torch.zeros(n, *s) for k, s in shapes.items()}
+    moments = {k: {"state": {0: {"exp_avg": torch.zeros(n, *s)}}} for k, s in shapes.items()}
+    check_checkpoint_gaussians("ok.ckpt", params, moments, shapes)  # fits: no error
+    bad = dict(moments, quats={"state": {0: {"exp_avg_sq": torch.zeros(n + 1, 4)}}})
+    with pytest.raises(OdinInputError, match=r"Adam moment exp_avg_sq of 'quats' is \[8, 4\]"):
+        check_checkpoint_gaussians("m.ckpt", params, bad, shapes)
+    missing = {k: v for k, v in params.items() if not k.endswith("opacities")}
+    with pytest.raises(OdinInputError, match="has no Gaussian group 'opacities'"):
+        check_checkpoint_gaussians("g.ckpt", missing, None, shapes)
+    assert gaussian_row_shapes(type("Config", (), {"sh_degree": 0})())["features_rest"] == (0, 3)
