@@ -101,3 +101,95 @@ def test_screen_shift_bound_holds_and_triggers():
     grown[0] = math.log(0.5)  # one Gaussian grows a lot: no reuse
     assert max_screen_shift(ref, _model(means, grown)) > 4.0
     assert max_screen_shift(ref, _model(means[:100], scales[:100])) == float("inf")
+
+
+# ------------------------------------------------------ footprints across a structural step
+def _gaussians(n: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    return SimpleNamespace(
+        means=torch.randn(n, 3, generator=gen) * 0.7,
+        scales=torch.full((n, 3), -3.0) + 0.3 * torch.randn(n, 3, generator=gen),
+        quats=torch.nn.functional.normalize(torch.randn(n, 4, generator=gen), dim=1),
+        opacities=torch.randn(n, 1, generator=gen),
+        num_points=n,
+    )
+
+
+def _densified(model, seed: int):
+    """gsplat's shape of a refine step: duplicate some rows (appended copies), replace some
+    by two new children (appended), prune some, reset opacities to at most 0.01."""
+    gen = torch.Generator().manual_seed(seed)
+    n = model.num_points
+    dupli, split = torch.arange(0, n, 7), torch.arange(3, n, 11)
+    rest = torch.ones(n, dtype=torch.bool)
+    rest[split] = False
+    out = {}
+    for name in ("means", "scales", "quats", "opacities"):
+        p = getattr(model, name)
+        child = p[split].repeat(2, 1)
+        if name == "means":
+            child = child + 0.05 * torch.randn(child.shape, generator=gen)
+        if name == "scales":
+            child = child - math.log(1.6)
+        out[name] = torch.cat([p, p[dupli]])[torch.cat([rest, torch.ones(len(dupli), dtype=bool)])]
+        out[name] = torch.cat([out[name], child])
+    keep = torch.rand(out["means"].shape[0], generator=gen) > 0.1  # prune 10%
+    out = {k: v[keep] for k, v in out.items()}
+    out["opacities"] = out["opacities"].clamp(max=math.log(0.01 / 0.99))  # opacity reset
+    return SimpleNamespace(**out, num_points=int(keep.sum()))
+
+
+def carried_rank(rank: int, world_size: int) -> dict:
+    from odin_ns.distributed.phase import PhaseController, geometry_keys, row_sources
+
+    cameras = _cameras(8)
+    model = _gaussians(600, seed=5)
+    phases = PhaseController(rank, world_size, 0, "odin", 50, 2.0, reuse_shift_px=4.0)
+    phases.start(0, model, cameras, next_boundary=9)
+    after = _densified(model, seed=6)
+    sources = row_sources(geometry_keys(model), geometry_keys(after))
+    phases.end_after(9, sources)
+    carried, record = phases.start(10, after, cameras, next_boundary=None)
+
+    fresh = PhaseController(rank, world_size, 0, "odin", 50, 2.0, reuse_shift_px=4.0)
+    recomputed, _ = fresh.start(10, after, cameras, next_boundary=None)
+
+    moved = SimpleNamespace(**{**vars(after), "means": after.means + 0.5})
+    phases.end_after(20, row_sources(geometry_keys(after), geometry_keys(moved)))
+    _, moved_record = phases.start(21, moved, cameras, next_boundary=None)
+    return {
+        "equal": (carried.footprints != recomputed.footprints).nnz == 0,
+        "nnz": int(recomputed.footprints.nnz),
+        "new_rows": int((sources < 0).sum()),
+        "computed": record.footprint_rows_computed,
+        "reused": record.footprints_reused,
+        "moved_computed": moved_record.footprint_rows_computed,
+        "n": after.num_points,
+    }
+
+
+def test_row_sources_find_kept_duplicated_and_new_rows():
+    from odin_ns.distributed.phase import geometry_keys, row_sources
+
+    model = _gaussians(50, seed=1)
+    after = _densified(model, seed=2)
+    sources = row_sources(geometry_keys(model), geometry_keys(after))
+    found = sources >= 0
+    assert 0 < found.sum() < after.num_points  # kept or duplicated rows, and new children
+    assert torch.equal(after.means[torch.from_numpy(found)], model.means[sources[found]])
+    assert torch.equal(after.scales[torch.from_numpy(found)], model.scales[sources[found]])
+    # a row whose opacity crosses the footprint threshold is new geometry
+    faded = SimpleNamespace(**{**vars(model), "opacities": torch.full((50, 1), -10.0)})
+    assert (row_sources(geometry_keys(model), geometry_keys(faded)) < 0).sum() > 0
+
+
+def test_footprints_carried_across_a_structural_step_equal_recomputed(tmp_path):
+    """After a densification (duplicates, split children, prunes, an opacity reset) the
+    next phase computes only the new rows' footprints, and gets every footprint a full
+    recompute would; Gaussians that moved too far make it recompute them all."""
+    codes, results, errors, _ = spawn_ranks(carried_rank, 2, tmp_path)
+    assert codes == [0, 0], errors
+    for r in results:
+        assert r["equal"] and r["nnz"] > 1000, r
+        assert r["reused"] and r["computed"] == r["new_rows"] > 0, r
+        assert r["moved_computed"] == r["n"], r

@@ -38,6 +38,7 @@ class PhaseRecord:
     views_per_rank: int
     predicted_conflict: float
     footprints_reused: bool = False
+    footprint_rows_computed: int = -1  # N (recomputed), the new rows only (carried), 0 (reused)
     phase_start_s: float = 0.0  # the whole phase start: drain, exchange, footprints, plan, bind
 
 
@@ -58,6 +59,65 @@ class FootprintReference:
     behind: Tensor
     focal: float
     near: float
+
+    def take(self, rows: Tensor) -> FootprintReference:
+        """The reference of Gaussians ``rows`` [M] (int64) only, in that order."""
+        cols = rows.cpu().numpy()
+        return FootprintReference(
+            self.footprints[:, cols], self.means[rows], self.max_scale[rows],
+            self.front[rows], self.behind[rows], self.focal, self.near,
+        )  # fmt: skip
+
+
+@dataclass
+class GaussianRows:
+    """Some of a model's Gaussians, as footprint code reads a model: ``means`` [M, 3],
+    ``scales`` [M, 3] (log), ``quats`` [M, 4], ``opacities`` [M, 1] (logit)."""
+
+    means: Tensor
+    scales: Tensor
+    quats: Tensor
+    opacities: Tensor
+
+    @property
+    def num_points(self) -> int:
+        return int(self.means.shape[0])
+
+    @classmethod
+    def of(cls, model, rows: Tensor) -> GaussianRows:
+        """Rows ``rows`` [M] (int64) of ``model``'s Gaussians (copies, detached)."""
+        return cls(
+            *(getattr(model, n).detach()[rows] for n in ("means", "scales", "quats", "opacities"))
+        )
+
+
+def geometry_keys(model, opacity_threshold: float = 1.0 / 255.0) -> np.ndarray:
+    """[N, 11] float32 of what a Gaussian's footprint depends on: means, log scales, quats
+    and whether its opacity passes ``compute_footprints``' threshold (as 0 / 1)."""
+    passes = (torch.sigmoid(model.opacities.detach()) >= opacity_threshold).float()
+    parts = [model.means.detach(), model.scales.detach(), model.quats.detach(), passes]
+    return torch.cat([t.reshape(t.shape[0], -1).float().cpu() for t in parts], 1).numpy()
+
+
+def row_sources(before: np.ndarray, after: np.ndarray) -> np.ndarray:
+    """[N_after] int64: for each row of ``after`` [N_after, K], a row of ``before``
+    [N_before, K] with bitwise the same key (any of them if several), or -1 for none.
+
+    After a structural step, rows with a source kept their footprint-relevant state
+    (untouched, duplicated or opacity-reset Gaussians); rows without one are new geometry
+    (split children, relocated or sampled Gaussians) whose footprints must be computed.
+    """
+
+    def keys(x: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        return x.view(np.dtype((np.void, x.shape[1] * 4))).reshape(-1)
+
+    old, new = keys(before), keys(after)
+    if old.size == 0:
+        return np.full(new.size, -1, dtype=np.int64)
+    order = np.argsort(old, kind="stable")
+    pos = np.minimum(np.searchsorted(old[order], new), old.size - 1)
+    return np.where(old[order][pos] == new, order[pos], -1).astype(np.int64)
 
 
 @torch.no_grad()
@@ -86,7 +146,7 @@ def footprint_reference(
 
 
 @torch.no_grad()
-def max_screen_shift(ref: FootprintReference, model: OdinSplatfactoModel) -> float:
+def max_screen_shift(ref: FootprintReference, model: OdinSplatfactoModel | GaussianRows) -> float:
     """Upper bound, in pixels, on how far any Gaussian's 3-sigma footprint has moved or
     grown in any view since ``ref``, to first order: ``focal * (|dm| + 3 ds) / depth``.
 
@@ -102,6 +162,34 @@ def max_screen_shift(ref: FootprintReference, model: OdinSplatfactoModel) -> flo
         return float("inf")
     bound = ref.focal * move / ref.front  # [N]; 0 for Gaussians in front of no view
     return float(bound.max()) if bound.numel() else 0.0
+
+
+def _merged_reference(
+    kept_ref: FootprintReference,
+    new_ref: FootprintReference,
+    kept: np.ndarray,
+    new: np.ndarray,
+    footprints: sp.csr_matrix,
+) -> FootprintReference:
+    """One reference over N rows from the carried rows' (at ``kept`` [K]) and the new
+    rows' (at ``new`` [N - K]): each row keeps the state its footprint was computed from."""
+    n = kept.size + new.size
+
+    def merged(a: Tensor, b: Tensor) -> Tensor:
+        out = torch.empty((n, *a.shape[1:]), dtype=a.dtype, device=a.device)
+        out[torch.from_numpy(kept).to(a.device)] = a
+        out[torch.from_numpy(new).to(a.device)] = b
+        return out
+
+    return FootprintReference(
+        footprints,
+        merged(kept_ref.means, new_ref.means),
+        merged(kept_ref.max_scale, new_ref.max_scale),
+        merged(kept_ref.front, new_ref.front),
+        merged(kept_ref.behind, new_ref.behind),
+        max(kept_ref.focal, new_ref.focal),
+        kept_ref.near,
+    )
 
 
 @torch.no_grad()
@@ -208,6 +296,8 @@ class PhaseController:
         self.group = group
         self.views_per_rank = int(views_per_rank)
         self._reference: FootprintReference | None = None
+        self._sources: np.ndarray | None = None  # [N] rows' sources after a structural step
+        self.computed_rows = -1  # Gaussians whose footprints the last phase start computed
         self.reused = 0  # phase starts that kept the previous footprints
         self.plan: Plan | None = None
         self.start_step = 0
@@ -218,15 +308,25 @@ class PhaseController:
         """Whether a new phase starts at ``step``."""
         return self.plan is None or step >= self.end_step
 
-    def end_after(self, step: int) -> None:
-        """End the current phase after ``step`` (a structural step changed the model)."""
+    def end_after(self, step: int, sources: np.ndarray | None = None) -> None:
+        """End the current phase after ``step`` (a structural step changed the model).
+
+        ``sources`` ([N_new] int64, ``row_sources`` of the change; identical on every rank):
+        the rows that kept their footprint-relevant state carry their footprints into the
+        next phase, which computes only the new rows' (if the carried ones still hold).
+        None: the next phase recomputes every footprint.
+        """
         self.end_step = step + 1
-        self.forget_footprints()  # the primitive set changed
+        if sources is None or self._reference is None:
+            self.forget_footprints()
+        else:
+            self._sources = np.asarray(sources, dtype=np.int64)
 
     def forget_footprints(self) -> None:
         """The next phase start recomputes footprints (after a structural change, and at a
         checkpoint boundary, where a resumed run has no footprints to reuse)."""
         self._reference = None
+        self._sources = None
 
     def local_step(self, step: int) -> int:
         return step - self.start_step
@@ -240,16 +340,58 @@ class PhaseController:
     def _footprints(self, model: OdinSplatfactoModel, cameras: Cameras) -> sp.csr_matrix:
         """The phase's footprints: the previous ones if they still hold, else recomputed
         (every rank the same decision: the bound is computed from replicated state)."""
-        ref = self._reference
-        if ref is not None and self.reuse_shift_px > 0:
+        ref, sources = self._reference, self._sources
+        self._sources = None
+        if ref is not None and sources is not None and self.reuse_shift_px > 0:
+            carried = self._carried_footprints(ref, sources, model, cameras)
+            if carried is not None:
+                return carried
+        elif ref is not None and self.reuse_shift_px > 0:
             if max_screen_shift(ref, model) <= self.reuse_shift_px:
                 self.reused += 1
+                self.computed_rows = 0
                 return ref.footprints
-        views = np.arange(self.rank, len(cameras), self.world_size)
-        local = local_footprints(model, cameras, views, self.margin_px)
-        footprints = gather_footprints(local, len(cameras), self.rank, self.world_size, self.group)
+        footprints = self._computed_footprints(model, cameras)
         if self.reuse_shift_px > 0:
             self._reference = footprint_reference(footprints, model, cameras)
+        self.computed_rows = model.num_points
+        return footprints
+
+    def _computed_footprints(self, model, cameras: Cameras) -> sp.csr_matrix:
+        """[V, M] footprints of ``model``'s M Gaussians in every view: each rank computes
+        its views' (r, r + R, ...), then one gather."""
+        views = np.arange(self.rank, len(cameras), self.world_size)
+        local = local_footprints(model, cameras, views, self.margin_px)
+        return gather_footprints(local, len(cameras), self.rank, self.world_size, self.group)
+
+    def _carried_footprints(
+        self, ref: FootprintReference, sources: np.ndarray, model, cameras: Cameras
+    ) -> sp.csr_matrix | None:
+        """After a structural step: the carried rows' footprints from ``ref`` (if none of
+        them moved more than ``reuse_shift_px`` since it was computed) plus the new rows'
+        (computed now); None when the carried ones no longer hold."""
+        device = model.means.device
+        kept = np.flatnonzero(sources >= 0)
+        new = np.flatnonzero(sources < 0)
+        kept_t = torch.from_numpy(kept).to(device)
+        old = ref.take(torch.from_numpy(sources[kept]).to(device))
+        if max_screen_shift(old, GaussianRows.of(model, kept_t)) > self.reuse_shift_px:
+            return None
+        n = model.num_points
+        column = np.empty(n, dtype=np.int64)  # column of the stacked [kept | new] matrix
+        column[kept], column[new] = np.arange(kept.size), kept.size + np.arange(new.size)
+        new_rows = GaussianRows.of(model, torch.from_numpy(new).to(device))
+        if new.size:  # ``sources`` is the same on every rank: all gather, or none does
+            fresh = self._computed_footprints(new_rows, cameras)  # [V, len(new)]
+        else:
+            fresh = sp.csr_matrix((len(cameras), 0), dtype=bool)
+        footprints = sp.hstack([old.footprints, fresh], format="csr")[:, column]
+        footprints.sort_indices()
+        self._reference = _merged_reference(
+            old, footprint_reference(fresh, new_rows, cameras), kept, new, footprints
+        )
+        self.reused += 1
+        self.computed_rows = int(new.size)
         return footprints
 
     def resume_state(self, next_step: int) -> dict:
@@ -282,6 +424,7 @@ class PhaseController:
         tic = time.perf_counter()
         reused_before = self.reused
         footprints = self._footprints(model, cameras)
+        computed_rows = self.computed_rows
         footprint_s = time.perf_counter() - tic
 
         tic = time.perf_counter()
@@ -319,6 +462,7 @@ class PhaseController:
             views_per_rank=plan.views_per_rank,
             predicted_conflict=float(np.mean(plan_conflict(plan))) if num_steps > 1 else 0.0,
             footprints_reused=self.reused > reused_before,
+            footprint_rows_computed=computed_rows,
         )
         self.plan = plan
         self.start_step, self.end_step = step, step + num_steps

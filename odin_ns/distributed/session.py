@@ -29,7 +29,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 
 from odin_ns.distributed.densify import make_densifier
 from odin_ns.distributed.optimizer_binding import bind_param_groups, set_step_counts
-from odin_ns.distributed.phase import PhaseController
+from odin_ns.distributed.phase import PhaseController, geometry_keys, row_sources
 from odin_ns.distributed.telemetry import SyncTelemetry
 from odin_ns.model import GAUSSIAN_GROUPS
 from odin_ns.runtime import PrimitiveSyncEngine
@@ -257,8 +257,12 @@ class DistributedSession:
         assert self.engine is not None
         self.engine.drain_and_apply_all()
         before = self.model.num_points
+        keys = geometry_keys(self.model) if self.phases.reuse_shift_px > 0 else None
         self.densifier.apply(step, self.model.gauss_params, self.optimizers.optimizers)
-        self.phases.end_after(step)
+        # Rows whose footprint-relevant state the change kept carry their footprints into
+        # the next phase; only the new ones are computed there.
+        sources = None if keys is None else row_sources(keys, geometry_keys(self.model))
+        self.phases.end_after(step, sources)
         change = {
             "step": step,
             "gaussians_before": before,
