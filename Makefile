@@ -66,10 +66,22 @@ bench: venv
 		--steps 300 --methods odin-splatfacto,odin-splatfacto-mcmc --out bench/methods_lego.json \
 		-- --pipeline.datamanager.camera-res-scale-factor 0.25 --pipeline.model.background-color white \
 		--pipeline.model.num-random 10000 --pipeline.model.random-scale 3
+	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 3 --steps 300 --repeats 1 \
+		--modes ddp,barrier,quality-first --work-dir outputs/bench_sync/street3 \
+		--out bench/sync_street_3ranks.json
+	for m in mcmc big; do \
+		$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 1 \
+			--modes ddp,barrier,quality-first,throughput-first --method odin-splatfacto-$$m \
+			--out bench/sync_street_$$m.json && \
+		$(PY) -m odin_ns.bench.sync --data ../shared/data/fox --downscale-factor 8 --ranks 2 \
+			--steps 300 --repeats 1 --modes ddp,barrier,quality-first,throughput-first \
+			--method odin-splatfacto-$$m --out bench/sync_fox_$$m.json \
+			-- --pipeline.datamanager.camera-res-scale-factor 0.5 || exit 1; \
+	done
 	$(PY) -m odin_ns.bench.trace --run-json outputs/bench_sync/street/bench/odin-splatfacto/barrier-r0/odin_run.json \
 		--out bench/trace_street.json
 	$(PY) -m odin_ns.bench.scale --sync-json bench/sync_street.json --sync-json bench/sync_fox.json \
-		--fox ../shared/data/fox --out bench/scale.json
+		--sync-json bench/sync_street_3ranks.json --fox ../shared/data/fox --out bench/scale.json
 
 clean:
 	rm -rf $(VENV) outputs demo_data
