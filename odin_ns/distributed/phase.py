@@ -84,8 +84,8 @@ class GaussianRows:
         return int(self.means.shape[0])
 
     @classmethod
-    def of(cls, model, rows: Tensor) -> GaussianRows:
-        """Rows ``rows`` [M] (int64) of ``model``'s Gaussians (copies, detached)."""
+    def of(cls, model, rows: Tensor | slice) -> GaussianRows:
+        """Rows ``rows`` ([M] int64: copies; a slice: views) of ``model``'s Gaussians, detached."""
         return cls(
             *(getattr(model, n).detach()[rows] for n in ("means", "scales", "quats", "opacities"))
         )

@@ -123,7 +123,7 @@ class ShardedPhaseController(PhaseController):
         from odin_ns.distributed import phase
 
         o = self.owned.size
-        view = _Rows(model, o)
+        view = phase.GaussianRows.of(model, slice(0, o))  # the owned prefix of the table
         ref = getattr(self, "_reference", None)
         if ref is not None and self.reuse_shift_px > 0:
             if ref.means.shape[0] != o:  # the first phase's reference: keep my rows only
@@ -144,17 +144,6 @@ class ShardedPhaseController(PhaseController):
         if self.reuse_shift_px > 0:
             self._reference = phase.footprint_reference(footprints, view, cameras)
         return footprints
-
-
-class _Rows:
-    """The first ``o`` rows of a model's Gaussians, as ``local_footprints`` reads them."""
-
-    def __init__(self, model, o: int):
-        self.num_points = o
-        self.means = model.means[:o]
-        self.scales = model.scales[:o]
-        self.quats = model.quats[:o]
-        self.opacities = model.opacities[:o]
 
 
 def check_sharded_config(trainer_config, world_size: int) -> None:
