@@ -21,88 +21,44 @@ steps 25-28, every rank's generators and the plan's epoch position to continue e
 from __future__ import annotations
 
 import json
-import os
 import re
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from odin_ns.bench.commands import BIN, quiet_flags, run_dir, run_env, schedule_flags, train_command
 from odin_ns.errors import OdinInputError
 from odin_ns.preflight import check_checkpoint_gaussians, gaussian_row_shapes
 
-BIN = Path(sys.executable).parent
 PREFIX = "odin-ns-train: error: "
 STEPS = 40
 SAVED = 28  # the checkpoint resumed from: steps 29..39 remain
 CAP = 32000  # below the model's ~52k Gaussians, above each of 2 sharded ranks' ~27k rows
 TRAINING = [
-    "--vis",
-    "tensorboard",
-    "--steps-per-eval-all-images",
-    "0",
-    "--steps-per-eval-image",
-    "0",
-    "--steps-per-eval-batch",
-    "0",
-    "--steps-per-save",
-    str(SAVED),
-    "--save-only-latest-checkpoint",
-    "False",
-    "--pipeline.model.num-downscales",
-    "0",
-    "--pipeline.model.warmup-length",
-    "10",
-    "--pipeline.model.refine-every",
-    "8",
-    "--pipeline.model.densify-grad-thresh",
-    "0.0002",
-    "--pipeline.schedule-in-views",
-    "False",  # steps, not views: runs are compared step by step
+    *quiet_flags(save_every=SAVED, keep_checkpoints=True),
+    *schedule_flags(warmup=10, refine_every=8, densify_grad_thresh=0.0002),
+    *("--pipeline.schedule-in-views", "False"),  # steps, not views: runs are compared step by step
 ]
 SHARDED = ["--pipeline.parallel", "sharded", "--pipeline.sync.mode", "quality-first"]
 BARRIER = ["--pipeline.sync.mode", "barrier"]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _train(
     data: Path, out: Path, name: str, ranks: int, *extra: str, steps: int = STEPS
 ) -> tuple[int, list[str], Path]:
     """odin-ns-train: (exit code, non-empty output lines, run dir)."""
-    cmd = [
-        str(BIN / "odin-ns-train"),
-        "--nproc-per-node",
-        str(ranks),
-        "--master-port",
-        str(_free_port()),
-        "odin-splatfacto",
-        "--data",
-        str(data),
-        "--output-dir",
-        str(out),
-        "--experiment-name",
-        "resume",
-        "--timestamp",
-        name,
-        "--max-num-iterations",
-        str(steps),
-        *TRAINING,
-        *extra,
-    ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    flags = [*TRAINING, *extra]
+    cmd = train_command(
+        data, out, ranks=ranks, experiment="resume", name=name, steps=steps, flags=flags
+    )
+    env = run_env()
     proc = subprocess.run(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900, env=env
     )
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
-    return proc.returncode, lines, out / "resume" / "odin-splatfacto" / name
+    return proc.returncode, lines, run_dir(out, "resume", name)
 
 
 def _trained(data: Path, out: Path, name: str, ranks: int, *extra: str, steps=STEPS) -> Path:

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from odin_ns.bench.commands import quiet_flags, schedule_flags
+
 ENV_TIMES = "ODIN_BENCH_METHODS_TIMES"
 METHODS = ("odin-splatfacto", "odin-splatfacto-mcmc", "odin-splatfacto-big")
 DATAPARSERS = ("nerfstudio-data", "blender-data")
@@ -113,24 +115,9 @@ def train_args(args, run: Run, work: Path) -> list[str]:
         run.name,
         "--max-num-iterations",
         str(args.steps),
-        "--vis",
-        "tensorboard",
-        "--steps-per-eval-batch",
-        "0",
-        "--steps-per-eval-image",
-        "0",
-        "--steps-per-eval-all-images",
-        "0",
-        "--steps-per-save",
-        str(10 * args.steps),
-        "--machine.seed",
-        str(run.seed),
-        "--pipeline.model.num-downscales",
-        "0",
-        "--pipeline.model.warmup-length",
-        str(args.warmup),
-        "--pipeline.model.refine-every",
-        str(args.refine_every),
+        *quiet_flags(save_every=10 * args.steps),
+        *("--machine.seed", str(run.seed)),
+        *schedule_flags(warmup=args.warmup, refine_every=args.refine_every),
         *args.extra,
         args.dataparser,
     ]

@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +32,15 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-BIN = Path(sys.executable).parent
+from odin_ns.bench.commands import (
+    BIN,
+    module_launcher,
+    quiet_flags,
+    run_env,
+    schedule_flags,
+    train_command,
+)
+
 SHORT = {"ddp": "ddp", "barrier": "barrier", "quality-first": "qf", "throughput-first": "tf"}
 BASES = ("barrier", "ddp")  # ratios are reported against these
 CONSOLE = Console()
@@ -53,58 +60,32 @@ def rotated_orders(modes: list[str], repeats: int) -> list[list[str]]:
 
 
 def _train(args, mode: str, out: Path, name: str, port: int) -> Path:
+    launcher = None  # odin-ns-train
     if args.jitter_ms > 0:
-        launcher = [
-            sys.executable,
-            "-m",
-            "odin_ns.bench.jitter",
-            "--jitter-ms",
-            str(args.jitter_ms),
-        ]
-        launcher += ["--jitter-seed", str(args.seed)]
-    else:
-        launcher = [str(BIN / "odin-ns-train")]
-    cmd = [
-        *launcher,
-        "--nproc-per-node",
-        str(args.ranks),
-        "--master-port",
-        str(port),
-        args.method,
-        "--data",
-        str(args.data),
-        "--output-dir",
-        str(out),
-        "--experiment-name",
-        "bench",
-        "--timestamp",
-        name,
-        "--max-num-iterations",
-        str(args.steps),
-        "--vis",
-        "tensorboard",
-        "--steps-per-eval-all-images",
-        "0",
-        "--steps-per-eval-image",
-        "0",
-        "--steps-per-save",
-        str(10 * args.steps),
-        "--machine.seed",
-        str(args.seed),
-        "--pipeline.model.num-downscales",
-        "0",
-        "--pipeline.model.warmup-length",
-        str(args.warmup),
-        "--pipeline.model.refine-every",
-        str(args.refine_every),
-        "--pipeline.sync.mode",
-        mode,
+        launcher = module_launcher("odin_ns.bench.jitter")
+        launcher += ["--jitter-ms", str(args.jitter_ms), "--jitter-seed", str(args.seed)]
+    flags = [
+        *quiet_flags(save_every=10 * args.steps),
+        *("--machine.seed", str(args.seed)),
+        *schedule_flags(warmup=args.warmup, refine_every=args.refine_every),
+        *("--pipeline.sync.mode", mode),
         *args.extra,
     ]
-    if args.downscale_factor:
-        cmd += ["nerfstudio-data", "--downscale-factor", str(args.downscale_factor)]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    downscale = args.downscale_factor
+    cmd = train_command(
+        args.data,
+        out,
+        ranks=args.ranks,
+        experiment="bench",
+        name=name,
+        steps=args.steps,
+        flags=flags,
+        method=args.method,
+        launcher=launcher,
+        port=port,
+        dataparser=("nerfstudio-data", "--downscale-factor", str(downscale)) if downscale else (),
+    )
+    env = run_env(threads=None)
     with CONSOLE.status(f"training {name} on {args.ranks} ranks for {args.steps} steps"):
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
