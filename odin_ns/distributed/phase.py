@@ -155,13 +155,19 @@ def max_screen_shift(ref: FootprintReference, model: OdinSplatfactoModel | Gauss
     """
     if model.num_points != ref.means.shape[0]:
         return float("inf")
+    bound = screen_shifts(ref, model)
+    return float(bound.max()) if bound.numel() else 0.0
+
+
+def screen_shifts(ref: FootprintReference, model: OdinSplatfactoModel | GaussianRows) -> Tensor:
+    """[N] per-Gaussian bound of ``max_screen_shift`` (same rows as ``ref``): inf for a
+    Gaussian that may have crossed a view's near plane, 0 for one in front of no view."""
     shift = (model.means.detach() - ref.means).norm(dim=1)  # [N]
     growth = (torch.exp(model.scales.detach()).amax(dim=1) - ref.max_scale).clamp(min=0.0)
     move = shift + 3.0 * growth  # [N] world units
-    if bool((move >= ref.behind).any() or (ref.front - move < ref.near).any()):
-        return float("inf")
-    bound = ref.focal * move / ref.front  # [N]; 0 for Gaussians in front of no view
-    return float(bound.max()) if bound.numel() else 0.0
+    bound = ref.focal * move / ref.front
+    crossed = (move >= ref.behind) | (ref.front - move < ref.near)
+    return torch.where(crossed, torch.full_like(bound, float("inf")), bound)
 
 
 def _merged_reference(
@@ -262,10 +268,11 @@ class PhaseController:
         strategy: "odin" (low-conflict spatial streams) or "random" (baseline deal).
         max_phase_steps: re-plan at least this often.
         margin_px: pixels added around each projected footprint.
-        reuse_shift_px: at a re-plan with no structural change since the footprints were
-            computed, keep them if no Gaussian's footprint moved more than this in any view
-            (``max_screen_shift``); 0 recomputes every time. Footprints only restrict what
-            is drawn (read set = write set = plan), so reuse never affects exactness.
+        reuse_shift_px: at a re-plan, a Gaussian keeps the footprint computed earlier if
+            it (or, after a structural step, its source row) moved less than this in every
+            view since (``screen_shifts``); the others' are computed again; 0 recomputes
+            every time. Footprints only restrict what is drawn (read set = write set =
+            plan), so reuse never affects exactness.
         group: process group of the footprint gather (gloo: CPU tensors).
         views_per_rank: B, views each rank trains per step (``Plan.views`` is [T, R, B];
             a step's footprint is the union of its B views'; the plan balances each step's
@@ -342,15 +349,12 @@ class PhaseController:
         (every rank the same decision: the bound is computed from replicated state)."""
         ref, sources = self._reference, self._sources
         self._sources = None
-        if ref is not None and sources is not None and self.reuse_shift_px > 0:
-            carried = self._carried_footprints(ref, sources, model, cameras)
-            if carried is not None:
-                return carried
-        elif ref is not None and self.reuse_shift_px > 0:
-            if max_screen_shift(ref, model) <= self.reuse_shift_px:
-                self.reused += 1
-                self.computed_rows = 0
-                return ref.footprints
+        if ref is not None and self.reuse_shift_px > 0:
+            if sources is None:  # no structural change: every row is its own source
+                same = model.num_points == ref.means.shape[0]
+                sources = np.arange(model.num_points) if same else None
+            if sources is not None:
+                return self._carried_footprints(ref, sources, model, cameras)
         footprints = self._computed_footprints(model, cameras)
         if self.reuse_shift_px > 0:
             self._reference = footprint_reference(footprints, model, cameras)
@@ -366,22 +370,22 @@ class PhaseController:
 
     def _carried_footprints(
         self, ref: FootprintReference, sources: np.ndarray, model, cameras: Cameras
-    ) -> sp.csr_matrix | None:
-        """After a structural step: the carried rows' footprints from ``ref`` (if none of
-        them moved more than ``reuse_shift_px`` since it was computed) plus the new rows'
-        (computed now); None when the carried ones no longer hold."""
+    ) -> sp.csr_matrix:
+        """Footprints that carry what still holds: a row with a source ([N] int64 into
+        ``ref``'s rows, -1 for none) that moved at most ``reuse_shift_px`` since its
+        footprint was computed keeps it; the other rows' are computed now."""
         device = model.means.device
-        kept = np.flatnonzero(sources >= 0)
-        new = np.flatnonzero(sources < 0)
-        kept_t = torch.from_numpy(kept).to(device)
+        keep = sources >= 0
+        src = torch.from_numpy(sources[keep]).to(device)
+        carried_rows = GaussianRows.of(model, torch.from_numpy(np.flatnonzero(keep)).to(device))
+        still = (screen_shifts(ref.take(src), carried_rows) <= self.reuse_shift_px).cpu().numpy()
+        keep[np.flatnonzero(keep)[~still]] = False
+        kept, new = np.flatnonzero(keep), np.flatnonzero(~keep)
         old = ref.take(torch.from_numpy(sources[kept]).to(device))
-        if max_screen_shift(old, GaussianRows.of(model, kept_t)) > self.reuse_shift_px:
-            return None
-        n = model.num_points
-        column = np.empty(n, dtype=np.int64)  # column of the stacked [kept | new] matrix
+        column = np.empty(model.num_points, dtype=np.int64)  # column in [kept | new]
         column[kept], column[new] = np.arange(kept.size), kept.size + np.arange(new.size)
         new_rows = GaussianRows.of(model, torch.from_numpy(new).to(device))
-        if new.size:  # ``sources`` is the same on every rank: all gather, or none does
+        if new.size:  # the same decision on every rank (replicated state): all gather, or none
             fresh = self._computed_footprints(new_rows, cameras)  # [V, len(new)]
         else:
             fresh = sp.csr_matrix((len(cameras), 0), dtype=bool)
@@ -390,7 +394,8 @@ class PhaseController:
         self._reference = _merged_reference(
             old, footprint_reference(fresh, new_rows, cameras), kept, new, footprints
         )
-        self.reused += 1
+        if new.size == 0:
+            self.reused += 1
         self.computed_rows = int(new.size)
         return footprints
 
