@@ -332,3 +332,17 @@ def test_gloo_stuck_peer_times_out(tmp_path):
     assert errors[0].startswith("SyncTimeout: rank 0: peer 1 (step 5): timed out after 1.0 s")
     assert errors[1].startswith("PeerFailure: rank 1: peer 0")
     assert elapsed < 30
+
+
+def test_ddp_publishes_only_the_footprint_rows():
+    """A gradient on a row the rank did not draw (MCMC's regularisers reach every row) is
+    not part of its dense publication, so ddp sums what barrier sums."""
+    from odin_ns.runtime.exchange import DenseExchange
+
+    ex = DenseExchange(None, 0, 2, width=4, num_rows=6, step_offset=0, device="cpu")
+    grads = [torch.arange(18.0).reshape(6, 3) + 1.0, torch.ones(6, 1)]
+    reads = torch.tensor([1, 4])
+    buf, _ = ex.pack(0, reads, grads)
+    assert buf.shape == (6, 4)
+    assert torch.equal(buf[reads], torch.cat(grads, 1)[reads])
+    assert not buf[torch.tensor([0, 2, 3, 5])].any()

@@ -181,7 +181,11 @@ class DenseExchange(SparseExchange):
         """Nothing to post: the all-reduce of each step is started by ``send``."""
 
     def pack(self, t, reads, columns):
-        buf = ops.pack_rows(self.all_rows, columns)  # [N, W]
+        # Every row, but only this rank's footprint rows carry its contribution: a gradient
+        # on a row the rank did not draw (MCMC's opacity / scale regularisers reach every
+        # row) is no rank's publication in any mode, so the sum is barrier's exactly.
+        buf = torch.zeros(self.all_rows.numel(), self.width, device=reads.device)  # [N, W]
+        buf[reads] = ops.pack_rows(reads, columns)
         if self.transport is None:
             return buf, buf
         # The gate waited for step t - 1's sum, so the one slot is free.
