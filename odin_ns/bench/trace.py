@@ -182,7 +182,7 @@ def step_table(summary: dict, run_dir: Path | None = None, footprints: tuple | N
             out["sources"][field] = "run log"
     need_fp = {"footprint_rows", "pixels"} & set(missing)
     have_run = run_dir is not None and (run_dir / "config.yml").exists()
-    if need_fp and (footprints is not None or have_run):
+    if footprints is not None or (need_fp and have_run):  # the replay needs F itself too
         F, pixels = footprints if footprints is not None else run_footprints(run_dir)
         rows_final = np.diff(F.indptr).astype(np.float64)
         rows = rows_final[out["view"]]
