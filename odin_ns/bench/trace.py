@@ -180,9 +180,8 @@ def step_table(summary: dict, run_dir: Path | None = None, footprints: tuple | N
                 [[steps[r][t][field] for r in range(R)] for t in common], np.float64
             )
             out["sources"][field] = "run log"
-    need_fp = {"footprint_rows", "pixels"} & set(missing)
     have_run = run_dir is not None and (run_dir / "config.yml").exists()
-    if footprints is not None or (need_fp and have_run):  # the replay needs F itself too
+    if footprints is not None or have_run:  # the replay needs F itself, not only its rows
         F, pixels = footprints if footprints is not None else run_footprints(run_dir)
         rows_final = np.diff(F.indptr).astype(np.float64)
         rows = rows_final[out["view"]]
