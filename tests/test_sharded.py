@@ -28,6 +28,9 @@ VIEWS = 60  # training views (steps x ranks: 30 steps on 2 ranks, 20 on 3)
 TRAINING = [
     *quiet_flags(save_every=1000),
     *schedule_flags(warmup=20, refine_every=15, densify_grad_thresh=0.0002),
+    # The same footprints on both sides: replicated sessions carry each unmoved Gaussian's
+    # footprint across re-plans, sharded ones recompute them (docs/sharded.md).
+    *("--pipeline.footprint-reuse-shift-px", "0"),
 ]
 
 
