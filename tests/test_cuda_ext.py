@@ -166,6 +166,7 @@ def test_footprint_cull_edges(odin_ops, gen):
         [[float("nan"), 1.0], [1.0, float("inf")], [-float("inf"), 1.0], [0.0, 0.0]]
     )
     radii[0, 4:8] = float("inf")
+    depths[0, 4:8] = 1.0  # in front of the camera: only the centres decide these four
     depths[1, :10] = inputs["near_plane"]  # kept: depth >= near_plane, as in gsplat (float32)
     inputs["opacities"][:10] = torch.tensor(inputs["opacity_threshold"], dtype=torch.float32)
     ours, ref = run_both("footprint_cull", inputs)
