@@ -159,14 +159,21 @@ def max_screen_shift(ref: FootprintReference, model: OdinSplatfactoModel | Gauss
     return float(bound.max()) if bound.numel() else 0.0
 
 
-def screen_shifts(ref: FootprintReference, model: OdinSplatfactoModel | GaussianRows) -> Tensor:
-    """[N] per-Gaussian bound of ``max_screen_shift`` (same rows as ``ref``): inf for a
-    Gaussian that may have crossed a view's near plane, 0 for one in front of no view."""
-    shift = (model.means.detach() - ref.means).norm(dim=1)  # [N]
-    growth = (torch.exp(model.scales.detach()).amax(dim=1) - ref.max_scale).clamp(min=0.0)
-    move = shift + 3.0 * growth  # [N] world units
-    bound = ref.focal * move / ref.front
-    crossed = (move >= ref.behind) | (ref.front - move < ref.near)
+def screen_shifts(
+    ref: FootprintReference,
+    model: OdinSplatfactoModel | GaussianRows,
+    rows: Tensor | None = None,
+) -> Tensor:
+    """[M] per-Gaussian bound of ``max_screen_shift``: ``model``'s row i against ``ref``'s
+    row ``rows[i]`` (None: the same rows); inf for a Gaussian that may have crossed a view's
+    near plane, 0 for one in front of no view."""
+    pick = (lambda t: t) if rows is None else (lambda t: t[rows])
+    shift = (model.means.detach() - pick(ref.means)).norm(dim=1)  # [M]
+    growth = (torch.exp(model.scales.detach()).amax(dim=1) - pick(ref.max_scale)).clamp(min=0.0)
+    move = shift + 3.0 * growth  # [M] world units
+    front = pick(ref.front)
+    bound = ref.focal * move / front
+    crossed = (move >= pick(ref.behind)) | (front - move < ref.near)
     return torch.where(crossed, torch.full_like(bound, float("inf")), bound)
 
 
@@ -378,7 +385,7 @@ class PhaseController:
         keep = sources >= 0
         src = torch.from_numpy(sources[keep]).to(device)
         carried_rows = GaussianRows.of(model, torch.from_numpy(np.flatnonzero(keep)).to(device))
-        still = (screen_shifts(ref.take(src), carried_rows) <= self.reuse_shift_px).cpu().numpy()
+        still = (screen_shifts(ref, carried_rows, src) <= self.reuse_shift_px).cpu().numpy()
         keep[np.flatnonzero(keep)[~still]] = False
         kept, new = np.flatnonzero(keep), np.flatnonzero(~keep)
         old = ref.take(torch.from_numpy(sources[kept]).to(device))
