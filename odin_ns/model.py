@@ -9,6 +9,8 @@ same densification strategy):
   primitives keep parameters and moments bit-identical (DESIGN 3.2);
 - ``active_rows`` restricts rendering to a primitive subset (the Odin runtime's planned
   footprint), which makes a rank's read and write set exactly the plan's;
+- ``eval_copy`` (sharded training, rank 0): evaluation and the viewer render this copy of
+  the whole model (``odin_ns.distributed.sharded_eval``) instead of the rank's own table;
 - LPIPS is built lazily at evaluation and only from weights already on disk, so
   construction, training and evaluation never touch the network;
 - ``strategy="mcmc"`` swaps gsplat's ``DefaultStrategy`` for its ``MCMCStrategy``
@@ -160,6 +162,9 @@ class OdinSplatfactoModel(SplatfactoModel):
         self.active_rows: Tensor | None = None
         self.external_densification = False
         self.visible_rows: Tensor | None = None
+        # Sharded training, rank 0: the whole model's parameters (``sharded_eval``), which
+        # evaluation and the viewer render while ``gauss_params`` is only this rank's table.
+        self.eval_copy: dict[str, Tensor] | None = None
         self.optimizers = {}
 
         # Everything else (camera optimizer, PSNR/SSIM, background, strategy) as splatfacto,
@@ -303,6 +308,12 @@ class OdinSplatfactoModel(SplatfactoModel):
             loss_dict["mcmc_scale_reg"] = self.config.scale_reg * torch.exp(self.scales).mean()
         return loss_dict
 
+    def get_metrics_dict(self, outputs, batch) -> dict[str, Tensor]:
+        metrics = super().get_metrics_dict(outputs, batch)
+        if not self.training and self.eval_copy is not None:
+            metrics["gaussian_count"] = int(self.eval_copy["means"].shape[0])  # what was drawn
+        return metrics
+
     def _visible_for_optimizer(self) -> Tensor | None:
         return self.visible_rows if self.config.selective_adam else None
 
@@ -321,8 +332,10 @@ class OdinSplatfactoModel(SplatfactoModel):
         rows = self.active_rows if self.training else None  # evaluation sees every primitive
         if not self.training:
             self._flush_lazy_noise()  # lazy single process: what the last step added
+        # What is drawn: the parameters, or (not training, sharded) rank 0's whole-model copy.
+        gauss = self.gauss_params if self.training or self.eval_copy is None else self.eval_copy
         if self.crop_box is not None and not self.training:
-            crop = self.crop_box.within(self.means).squeeze(-1)
+            crop = self.crop_box.within(gauss["means"]).squeeze(-1)
             if crop.sum() == 0:
                 return self.get_empty_outputs(
                     int(camera.width.item()), int(camera.height.item()), self.background_color
@@ -332,7 +345,9 @@ class OdinSplatfactoModel(SplatfactoModel):
         def take(t: Tensor) -> Tensor:
             return t if rows is None else t[rows]
 
-        colors = torch.cat((take(self.features_dc)[:, None, :], take(self.features_rest)), dim=1)
+        colors = torch.cat(
+            (take(gauss["features_dc"])[:, None, :], take(gauss["features_rest"])), dim=1
+        )
         scale_fac = self._get_downscale_factor()
         camera.rescale_output_resolution(1 / scale_fac)
         viewmat = get_viewmat(camera_to_worlds.to(self.device))
@@ -351,10 +366,10 @@ class OdinSplatfactoModel(SplatfactoModel):
             sh_degree = None
 
         render, alpha, info = rasterize(
-            means=take(self.means),
-            quats=take(self.quats),
-            scales=torch.exp(take(self.scales)),
-            opacities=torch.sigmoid(take(self.opacities)).squeeze(-1),
+            means=take(gauss["means"]),
+            quats=take(gauss["quats"]),
+            scales=torch.exp(take(gauss["scales"])),
+            opacities=torch.sigmoid(take(gauss["opacities"])).squeeze(-1),
             colors=colors,
             viewmats=viewmat,
             Ks=K,

@@ -43,6 +43,12 @@ class OdinPipelineConfig(VanillaPipelineConfig):
     """The most Gaussian rows one rank may hold (0: no cap). replicated: the whole model
     (checked before training and after every densification); sharded: owned + cached rows
     (checked at every phase start; the first phase still starts from the whole model)."""
+    eval_copy_max_rows: int = 0
+    """sharded: the most Gaussians rank 0's copy of the model holds (0: no bound). Rank 0
+    gathers the parameters (not the moments) of every rank's owned rows at each evaluation
+    step and, with the live viewer, at each phase start; above the bound the copy keeps the
+    most opaque Gaussians, the viewer shows those and evaluation during training is skipped
+    (ns-eval on the checkpoint still evaluates the whole model)."""
     ownership: Literal["locality", "random"] = "locality"
     """sharded: owners from the plan's view streams (locality) or a random deal (baseline)."""
     rebalance: Literal["auto", "always", "never"] = "auto"

@@ -296,8 +296,32 @@ class OdinTrainer(Trainer):
         if self.session is None or not due:
             return super().eval_iteration(step)
         self.session.drain()
+        if self.sharded:
+            return self._eval_iteration_sharded(step)
         with self.session.busy("evaluating"):  # peers wait for a slow rank 0 without timing out
             super().eval_iteration(step)
+
+    def _eval_iteration_sharded(self, step: int) -> None:
+        """Sharded: rank 0 gathers a copy of the whole model (collective, after the drain)
+        and evaluates it alone; the other ranks go on and wait for it at their next read.
+        A copy bounded below the model (``--pipeline.eval-copy-max-rows``) is not evaluated:
+        its metrics would not be the model's."""
+        copy = self.session.refresh_eval_copy(step)
+        if copy is None:  # not rank 0
+            return
+        try:
+            if not copy.complete:
+                CONSOLE.print(
+                    f"[yellow]step {step}: evaluation skipped: the model has {copy.num_rows} "
+                    f"Gaussians and --pipeline.eval-copy-max-rows is "
+                    f"{self.config.pipeline.eval_copy_max_rows}; ns-eval on a checkpoint "
+                    "evaluates the whole model[/yellow]"
+                )
+                return
+            with self.session.busy("evaluating"):  # peers wait for rank 0 without timing out
+                super().eval_iteration(step)
+        finally:
+            self.session.release_eval_copy()
 
     @property
     def training_state(self) -> Literal["training", "paused", "completed"]:

@@ -3,7 +3,10 @@
 Real runs (gloo, street scene, across densifications): the merged checkpoint of sharded
 quality-first training equals replicated barrier training's checkpoint bitwise (parameters
 and Adam moments), each rank owns at most 1.1 N/R rows, and the 2-rank sharded checkpoint
-evaluates in single-process ns-eval. Unit tests: the per-rank step tables agree pairwise
+evaluates in single-process ns-eval. Evaluation during training and the live viewer run in
+the 2-rank runs: the sharded run's evaluation metrics (rank 0 renders its gathered copy of
+the model) equal the replicated run's at every evaluation step, and the viewer's copy is
+refreshed whole at every phase start. Unit tests: the per-rank step tables agree pairwise
 (every push / gradient message one rank sends is a receive its peer posts, same order,
 same size), and bad input fails with one line before any rank starts.
 """
@@ -19,7 +22,15 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from odin_ns.bench.commands import BIN, quiet_flags, run_dir, run_env, schedule_flags, train_command
+from odin_ns.bench.commands import (
+    BIN,
+    free_port,
+    quiet_flags,
+    run_dir,
+    run_env,
+    schedule_flags,
+    train_command,
+)
 from odin_ns.runtime.sharded import ShardLayout, phase_read_sets, step_tables
 from odin_ns.schedule import build_plan
 from odin_ns.schedule.ownership import random_ownership
@@ -49,14 +60,28 @@ def _checkpoint(run: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
+# Evaluation during training every 20 views (10 steps on 2 ranks): one batch, one image, all.
+EVAL = [
+    *("--steps-per-eval-batch", "20", "--steps-per-eval-image", "20"),
+    *("--steps-per-eval-all-images", "20"),
+]
+
+
+def _live_viewer() -> list[str]:
+    return [
+        *("--vis", "viewer+tensorboard", "--viewer.quit-on-train-completion", "True"),
+        *("--viewer.websocket-port", str(free_port())),
+    ]
+
+
 @pytest.fixture(scope="module")
 def runs(street_scene, tmp_path_factory):
     out = tmp_path_factory.mktemp("shard")
     sharded = ["--pipeline.sync.mode", "quality-first", "--pipeline.parallel", "sharded"]
     barrier = ["--pipeline.sync.mode", "barrier"]
     return {
-        (2, "replicated"): _train(street_scene, out, 2, "rep2", barrier),
-        (2, "sharded"): _train(street_scene, out, 2, "shard2", sharded),
+        (2, "replicated"): _train(street_scene, out, 2, "rep2", [*barrier, *EVAL]),
+        (2, "sharded"): _train(street_scene, out, 2, "shard2", [*sharded, *EVAL, *_live_viewer()]),
         (3, "replicated"): _train(street_scene, out, 3, "rep3", barrier),
         # random ownership: most reads are remote, so pushes and gradient rows carry the run
         (3, "sharded"): _train(
@@ -100,6 +125,68 @@ def test_locality_ownership_sends_less_than_replicated(runs):
         return max(sum(s["bytes_sent"] for s in r["steps"]) / len(r["steps"]) for r in ranks)
 
     assert bytes_per_step(runs[2, "sharded"]) < 0.1 * bytes_per_step(runs[2, "replicated"])
+
+
+def _eval_scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
+    """The run's tensorboard scalars of evaluation during training: tag -> [(step, value)]."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    events.Reload()
+    tags = [t for t in events.Tags()["scalars"] if t.startswith("Eval")]
+    timings = ("rays", "fps", "time")  # how fast, not what was rendered
+    tags = [t for t in tags if not any(word in t.lower() for word in timings)]
+    return {t: [(e.step, e.value) for e in events.Scalars(t)] for t in tags}
+
+
+@pytest.mark.slow
+def test_evaluation_during_sharded_training_equals_replicated(runs):
+    """Rank 0 evaluates its gathered copy of the sharded model: the same metrics as
+    replicated barrier training at every evaluation step (the parameters are the same)."""
+    rep, shard = _eval_scalars(runs[2, "replicated"]), _eval_scalars(runs[2, "sharded"])
+    psnr = "Eval Images Metrics Dict (all images)/psnr"
+    assert psnr in shard and len(shard[psnr]) >= 2, sorted(shard)
+    assert shard.keys() == rep.keys()
+    for tag, values in rep.items():
+        assert shard[tag] == values, tag
+
+
+@pytest.mark.slow
+def test_live_viewer_copy_is_whole_at_every_phase_start(runs):
+    summary = json.loads((runs[2, "sharded"] / "odin_run.json").read_text())
+    phases = summary["ranks"][0]["phases"]
+    assert len(phases) >= 3
+    for p in phases:
+        assert p["eval_copy_rows"] == p["num_gaussians"], p
+    assert all(p["eval_copy_rows"] is None for p in summary["ranks"][1]["phases"])
+
+
+@pytest.mark.slow
+def test_model_renders_its_eval_copy_when_not_training(runs):
+    """The sharded checkpoint's model, its table cut to 7 rows and the whole model as
+    ``eval_copy``: evaluation renders the copy (the whole model's image), training the
+    table."""
+    import yaml
+
+    run = runs[2, "sharded"]
+    config = yaml.load((run / "config.yml").read_text(), Loader=yaml.Loader)
+    config.pipeline.datamanager.data = config.data or config.pipeline.datamanager.data
+    pipeline = config.pipeline.setup(device="cpu", test_mode="test")
+    state = _checkpoint(run)
+    pipeline.load_pipeline(state["pipeline"], state["step"])
+    model = pipeline.model
+    camera = pipeline.datamanager.eval_dataset.cameras[0:1]
+    model.eval()
+    with torch.no_grad():
+        whole = model.get_outputs_for_camera(camera)["rgb"]
+        model.eval_copy = {n: p.detach().clone() for n, p in model.gauss_params.items()}
+        for param in model.gauss_params.values():
+            param.data = param.data[:7].clone()
+        copied = model.get_outputs_for_camera(camera)["rgb"]
+        model.eval_copy = None
+        table = model.get_outputs_for_camera(camera)["rgb"]
+    assert torch.equal(copied, whole)
+    assert not torch.equal(table, whole)
 
 
 @pytest.mark.slow
@@ -176,7 +263,7 @@ def _launch_line(args: list[str], tmp_path: Path) -> tuple[int, str]:
         (1, [], "needs at least 2 ranks"),
         (2, ["--pipeline.model.camera-optimizer.mode", "SO3xR3"], "dense parameters"),
         (2, ["--pipeline.model.use-bilateral-grid", "True"], "dense parameters"),
-        (2, ["--steps-per-eval-image", "10"], "evaluation during training"),
+        (2, ["--pipeline.eval-copy-max-rows", "-1"], "eval-copy-max-rows must be >= 0"),
         (2, ["--pipeline.sync.mode", "throughput-first"], "not supported in sharded mode"),
     ],
 )

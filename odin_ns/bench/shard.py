@@ -1,4 +1,7 @@
-"""Sharded vs replicated training on the street scene: ``python -m odin_ns.bench.shard``.
+"""Sharded vs replicated training: ``python -m odin_ns.bench.shard [--data DIR]``.
+
+The scene: the built-in synthetic street (generated, default) or ``--data DIR`` (a
+nerfstudio-data folder, e.g. ``../shared/data/fox``, with ``--downscale-factor F``).
 
 Modes (all through ``odin-ns-train`` on CPU gloo ranks, same scene, seed and views budget):
 ``replicated`` (barrier: every rank holds every Gaussian and receives every peer's rows),
@@ -46,11 +49,21 @@ TRAINING = [
 ]
 
 
-def train(data: Path, out: Path, ranks: int, mode: str, name: str, views: int) -> Path:
+def train(
+    data: Path, out: Path, ranks: int, mode: str, name: str, views: int, downscale: int = 0
+) -> Path:
     """One run; returns its output folder."""
     flags = [*TRAINING, *MODES[mode]]
+    dataparser = ("nerfstudio-data", "--downscale-factor", str(downscale)) if downscale else ()
     cmd = train_command(
-        data, out, ranks=ranks, experiment="bench", name=name, steps=views, flags=flags
+        data,
+        out,
+        ranks=ranks,
+        experiment="bench",
+        name=name,
+        steps=views,
+        flags=flags,
+        dataparser=dataparser,
     )
     env = run_env()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
@@ -151,7 +164,7 @@ def plot(results: dict, path: Path) -> None:
         ax.set_xticks(ranks)
         ax.grid(alpha=0.3)
     axes[0].legend()
-    fig.suptitle("street scene: replicated vs sharded (locality / random ownership)")
+    fig.suptitle(f"{results['scene']}: replicated vs sharded (locality / random ownership)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -165,13 +178,21 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--views", type=int, default=60, help="training views per run")
     parser.add_argument("--skip", type=int, default=3, help="first steps not timed")
     parser.add_argument("--no-eval", action="store_true")
+    parser.add_argument("--data", type=Path, default=None, help="default: synthetic street")
+    parser.add_argument("--downscale-factor", type=int, default=0)
     args = parser.parse_args(argv)
 
-    from odin_ns.data.synthetic import make_scene
+    if args.data is None:
+        from odin_ns.data.synthetic import make_scene
 
-    scene = args.work / "street"
-    if not (scene / "transforms.json").exists():
-        make_scene(scene, layout="street", num_views=16, num_eval_views=3, seed=0)
+        scene = args.work / "street"
+        label = "street (16 train views, 160x96), synthetic"
+        if not (scene / "transforms.json").exists():
+            make_scene(scene, layout="street", num_views=16, num_eval_views=3, seed=0)
+    else:
+        if not (args.data / "transforms.json").exists():
+            parser.error(f"--data {args.data}: no transforms.json there")
+        scene, label = args.data, f"{args.data.name} ({args.data})"
     tic = time.time()
     by_ranks: dict[str, dict] = {}
     for ranks in args.ranks:
@@ -182,7 +203,9 @@ def main(argv: list[str] | None = None) -> dict:
             order = list(MODES) if k % 2 == 0 else list(MODES)[::-1]
             for mode in order:
                 name = f"{mode}-r{ranks}-k{k}"
-                run = train(scene, args.work / "runs", ranks, mode, name, args.views)
+                run = train(
+                    scene, args.work / "runs", ranks, mode, name, args.views, args.downscale_factor
+                )
                 runs[mode].append(run_figures(run, args.skip))
                 ckpts[mode].append(checkpoint(run))
                 if k == 0 and not args.no_eval:
@@ -214,7 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
     lo, hi = str(min(args.ranks)), str(max(args.ranks))
     sharded = [by_ranks[r][m] for r in by_ranks for m in ("sharded", "sharded-random")]
     result = {
-        "scene": "street (16 train views, 160x96), synthetic",
+        "scene": label,
         "views_per_run": args.views,
         "rounds": args.rounds,
         "order": "modes interleaved per rank count, reversed every round",

@@ -17,11 +17,15 @@ made on owners. Checkpoints: drained, every rank sends its owned rows and moment
 0, which writes one nerfstudio checkpoint of the whole model (gathered in rank 0's memory)
 with the replicated resume entry (``odin_ns.resume``). Resume: every rank loads the whole
 checkpoint (the trainer), the first phase keeps the owned rows with their loaded moments.
+Evaluation during training and the live viewer: rank 0 gathers a copy of the model's
+parameters (``sharded_eval``) at evaluation steps and, with the viewer, at phase starts.
+Slow is not dead: rank 0's evaluation, checkpoint write or viewer pause is a busy section
+(``runtime.liveness``); the engine's waits and the rendezvous before every collective wait
+as long as a peer beats.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import time
@@ -44,10 +48,12 @@ from odin_ns.distributed.sharded_densify import (
     grow_and_prune,
     reset_opacities,
 )
+from odin_ns.distributed.sharded_eval import EvalCopy, gather_eval_copy
 from odin_ns.errors import OdinInputError
 from odin_ns.model import GAUSSIAN_GROUPS
 from odin_ns.preflight import check_dense_parameters, check_row_cap_option
-from odin_ns.runtime import P2PTransport, ParamGroupState
+from odin_ns.runtime import P2PTransport, ParamGroupState, SyncTimeout
+from odin_ns.runtime.liveness import PeerSilence, StoreLiveness, wait_for_rendezvous
 from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, phase_read_sets
 from odin_ns.schedule.ownership import (
     assign_ownership,
@@ -164,22 +170,9 @@ def check_sharded_config(trainer_config, world_size: int) -> None:
             f"'{config.sync.mode}' is not supported in sharded mode yet"
         )
     check_row_cap_option(getattr(config, "max_rows_per_rank", 0))
-    evals = (
-        trainer_config.steps_per_eval_batch,
-        trainer_config.steps_per_eval_image,
-        trainer_config.steps_per_eval_all_images,
-    )
-    if any(int(e) > 0 for e in evals):
-        raise OdinInputError(
-            "--pipeline.parallel sharded: evaluation during training is not supported yet; "
-            "pass --steps-per-eval-batch 0 --steps-per-eval-image 0 "
-            "--steps-per-eval-all-images 0 and evaluate the checkpoint with ns-eval"
-        )
-    if trainer_config.vis not in ("tensorboard", "wandb", "comet"):
-        raise OdinInputError(
-            "--pipeline.parallel sharded: the live viewer is not supported yet; pass --vis "
-            "tensorboard and open the checkpoint with ns-viewer"
-        )
+    cap = int(getattr(config, "eval_copy_max_rows", 0))
+    if cap < 0:
+        raise OdinInputError(f"--pipeline.eval-copy-max-rows must be >= 0 (0: no bound), got {cap}")
 
 
 class ShardedSession:
@@ -193,6 +186,8 @@ class ShardedSession:
             its moments; the first phase keeps the owned rows with their moments.
         stop_step: the trainer's ``max_num_iterations`` (no push for steps never run).
         ownership: "locality" (from the plan) or "random" (Grendel-style baseline).
+        viewer_copy: refresh rank 0's copy of the model (``sharded_eval``) at every phase
+            start, for the live viewer.
     """
 
     def __init__(
@@ -203,6 +198,7 @@ class ShardedSession:
         resumed_phase: dict | None = None,
         stop_step: int | None = None,
         ownership: str = "locality",
+        viewer_copy: bool = False,
     ):
         config = pipeline.config
         self._resumed_phase = resumed_phase
@@ -217,6 +213,15 @@ class ShardedSession:
         self.ownership = ownership
         self.stop_step = stop_step
         self.checkpoint_every = int(checkpoint_every)
+        self.viewer_copy = bool(viewer_copy)
+        self.eval_copy_max_rows = int(getattr(config, "eval_copy_max_rows", 0))
+        # Slow is not dead: rank 0 evaluating, writing a checkpoint or paused in the viewer
+        # beats (``busy``); peers' waits and rendezvous last while it does.
+        sync = config.sync
+        self.liveness = StoreLiveness(self.rank, self.world_size, sync.beat_s)
+        self.silence = PeerSilence(self.liveness, self.world_size, sync.beat_s, sync.timeout_s)
+        self._rendezvous = 0
+        self._paused = None  # the viewer pause's busy section, while paused
         # three gloo groups: gradients, pushes, phase-start collectives (cache fill, ...)
         self.group = dist.new_group(backend="gloo")
         grads_group = dist.new_group(backend="gloo")
@@ -344,6 +349,7 @@ class ShardedSession:
         tic = time.perf_counter()
         if self.engine is not None:
             self.engine.drain()
+            self.rendezvous(f"phase start at step {step}")  # before the collectives below
         first = self.owner is None
         at_checkpoint = self.checkpoint_every > 0 and step > 1
         if at_checkpoint and (step - 1) % self.checkpoint_every == 0:
@@ -377,7 +383,14 @@ class ShardedSession:
         self.reports.append(report)
         self._bind_table(plan, rows, step)
         record.phase_start_s = time.perf_counter() - tic
-        self.phase_records.append(vars(record))
+        record.num_gaussians = self.num_rows  # the model's, not this rank's table
+        entry = vars(record)
+        if self.viewer_copy:  # after the record's time: the viewer's cost, not the phase's
+            tic = time.perf_counter()
+            copy = self.refresh_eval_copy(step)
+            entry["eval_copy_s"] = time.perf_counter() - tic
+            entry["eval_copy_rows"] = None if copy is None else int(copy.ids.size)
+        self.phase_records.append(entry)
 
     def _rebalance(self, plan, rows: OwnedRows) -> tuple[OwnedRows, dict]:
         """A later phase's owners: the carried ones, or a fresh locality assignment with
@@ -460,6 +473,7 @@ class ShardedSession:
             versions=self.versions,
             timeout_s=self.timeout_s,
             stop=stop,
+            silence=self.silence,
         )
 
     def _fill_cache(self, rows: OwnedRows, owned: np.ndarray, caches: list[np.ndarray]) -> dict:
@@ -500,6 +514,7 @@ class ShardedSession:
     def _apply_structural_change(self, step: int) -> None:
         assert self.engine is not None
         self.engine.drain()
+        self.rendezvous(f"structural step {step}")  # before the all-reduce below
         state = self.densifier.state
         self.densifier.ensure_state(self.num_rows, self.model.means.device)
         all_reduce_statistics(state, self.group)
@@ -604,8 +619,53 @@ class ShardedSession:
 
     # ------------------------------------------------------------------ drains
     def drain(self) -> None:
+        """Apply every step run so far (checkpoints, evaluation, the end); then every rank
+        is here (``rendezvous``) before the collectives that follow every drain."""
         if self.engine is not None:
             self.engine.drain()
+            self.rendezvous("drain")
+
+    def rendezvous(self, what: str) -> None:
+        """Wait until every rank has reached the same rendezvous, with the heartbeat-aware
+        deadline (a peer busy evaluating or writing a checkpoint is waited for)."""
+        self._rendezvous += 1
+        self.liveness.arrive()
+        late = wait_for_rendezvous(
+            self.liveness, self.silence, self.rank, self.world_size, self._rendezvous
+        )
+        if late is not None:
+            raise SyncTimeout(
+                self.rank, late, None,
+                f"timed out after {self.timeout_s} s in {what} (rendezvous {self._rendezvous})"
+                + self.silence.describe(late),
+            )  # fmt: skip
+
+    @torch.no_grad()
+    def refresh_eval_copy(self, step: int) -> EvalCopy | None:
+        """Rank 0's copy of the whole model at ``step`` (``sharded_eval``), installed as the
+        model's ``eval_copy``; None on other ranks. Collective; call after a drain."""
+        if self.layout is None:  # no phase yet: every rank still holds the whole model
+            return None
+        o = self.layout.num_owned
+        owned = {n: self.model.gauss_params[n].data[:o] for n in GAUSSIAN_GROUPS}
+        copy = gather_eval_copy(
+            owned,
+            self.layout.owned,
+            self.num_rows,
+            step,
+            self.eval_copy_max_rows,
+            self.rank,
+            self.world_size,
+            self.group,
+        )
+        if copy is not None:
+            self.model.eval_copy = copy.params
+        return copy
+
+    def release_eval_copy(self) -> None:
+        """Free rank 0's copy, unless the live viewer renders it."""
+        if not self.viewer_copy:
+            self.model.eval_copy = None
 
     def resume_state(self, step: int) -> dict:
         """The phase state a checkpoint taken after ``step`` needs (call after ``drain``)."""
@@ -633,32 +693,41 @@ class ShardedSession:
         names = list(GAUSSIAN_GROUPS)
         local = torch.cat(
             [
-                t[n].reshape(ids.numel(), -1).cpu()
+                t[n].reshape(ids.numel(), int(np.prod(t[n].shape[1:]))).cpu()  # O may be 0
                 for n in names
                 for t in (rows.params, rows.exp_avg, rows.exp_avg_sq)
             ],
             dim=1,
         ).contiguous()
         if self.rank != 0:
-            dist.send(local, dst=0, group=self.group, tag=9)
+            if ids.numel():  # gloo: no empty messages; rank 0 knows the count
+                dist.send(local, dst=0, group=self.group, tag=9)
             return None
+        # Every rank's rows land in the output tensors as they arrive, one rank's buffer at a
+        # time: rank 0 peaks at the model (N x 177 floats) plus one shard, not twice the model.
         n = self.num_rows
-        full = torch.empty(n, local.shape[1])
-        full[ids] = local
+        out = {
+            name: tuple(torch.empty((n, *rows.params[name].shape[1:])) for _ in range(3))
+            for name in names
+        }
+
+        def scatter(gids: torch.Tensor, buf: torch.Tensor) -> None:
+            off = 0
+            for name in names:
+                for part in out[name]:
+                    d = int(np.prod(part.shape[1:]))
+                    part[gids] = buf[:, off : off + d].reshape(gids.numel(), *part.shape[1:])
+                    off += d
+
+        width = local.shape[1]
+        scatter(ids, local)
+        del local
         for q in range(1, self.world_size):
             q_ids = torch.from_numpy(np.flatnonzero(self.owner == q))
-            buf = torch.empty(q_ids.numel(), local.shape[1])
-            dist.recv(buf, src=q, group=self.group, tag=9)
-            full[q_ids] = buf
-        out, off = {}, 0
-        for name in names:
-            shape = rows.params[name].shape[1:]
-            d = int(np.prod(shape))
-            parts = []
-            for _ in range(3):
-                parts.append(full[:, off : off + d].reshape(n, *shape).clone())
-                off += d
-            out[name] = tuple(parts)
+            if q_ids.numel():
+                buf = torch.empty(q_ids.numel(), width)
+                dist.recv(buf, src=q, group=self.group, tag=9)
+                scatter(q_ids, buf)
         return out
 
     def save_checkpoint(self, trainer, step: int, odin: dict) -> None:
@@ -696,7 +765,8 @@ class ShardedSession:
         trainer.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         path = trainer.checkpoint_dir / f"step-{step:09d}.ckpt"
         partial = path.with_suffix(".ckpt.partial")
-        torch.save(state, partial)
+        with self.busy("writing a checkpoint"):  # peers wait: slow is not dead
+            torch.save(state, partial)
         partial.replace(path)
         if trainer.config.save_only_latest_checkpoint:
             for old in trainer.checkpoint_dir.glob("*.ckpt"):
@@ -730,15 +800,23 @@ class ShardedSession:
             CONSOLE.log(f"Odin run summary written to {run_summary_path}")
 
     def busy(self, what: str):
-        """What the replicated session's liveness needs; nothing to do here."""
-        return contextlib.nullcontext()
+        """Context manager: this rank is busy with work of its own (``what``); peers keep
+        waiting while it beats."""
+        return self.liveness.busy(what)
 
     def set_paused(self, paused: bool) -> None:
-        """The viewer's pause: the live viewer is refused in sharded mode."""
+        """The viewer paused (or resumed) this rank: a busy section while it lasts."""
+        if paused and self._paused is None:
+            self._paused = self.busy("viewer paused")
+            self._paused.__enter__()
+        elif not paused and self._paused is not None:
+            self._paused.__exit__(None, None, None)
+            self._paused = None
 
     def close(self) -> None:
         self.grads_tx.close()
         self.push_tx.close()
+        self.liveness.close()
 
 
 def open_session(trainer, resumed_phase: dict | None = None) -> ShardedSession:
@@ -757,4 +835,5 @@ def open_session(trainer, resumed_phase: dict | None = None) -> ShardedSession:
         stop_step=trainer._start_step + trainer.config.max_num_iterations,
         ownership=trainer.pipeline.config.ownership,
         resumed_phase=resumed_phase,
+        viewer_copy=trainer.config.is_viewer_enabled() or trainer.config.is_viewer_legacy_enabled(),
     )

@@ -50,7 +50,7 @@ from odin_ns.runtime.config import MODES, ParamGroupState, StepMetrics, SyncConf
 from odin_ns.runtime.errors import PeerFailure, SyncError, SyncTimeout
 from odin_ns.runtime.exchange import DenseExchange, SparseExchange
 from odin_ns.runtime.gates import make_gate
-from odin_ns.runtime.liveness import Liveness, StoreLiveness
+from odin_ns.runtime.liveness import Liveness, PeerSilence, StoreLiveness
 from odin_ns.runtime.recorder import ReadRecord, ReadRecorder
 from odin_ns.runtime.transport import P2PTransport, Transport
 from odin_ns.runtime.update_log import ApplyHook, UpdateLog
@@ -94,43 +94,6 @@ def _check_groups(groups: Sequence[ParamGroupState]) -> int:
         if g.param.device != device:
             raise ValueError(f"group {g.name!r} is on {g.param.device}, expected {device}")
     return n
-
-
-class _Silence:
-    """When each peer was last heard from (heartbeats of its busy sections), for deadlines.
-
-    The beat counters are read at most every ``beat_s`` per peer and only once a wait has
-    lasted ``beat_s``: waits that end quickly never touch the channel.
-    """
-
-    def __init__(self, liveness: Liveness | None, world_size: int, config: SyncConfig):
-        self.liveness = liveness
-        self.config = config
-        self.count: list[int | None] = [None] * world_size
-        self.heard = [-float("inf")] * world_size  # perf_counter of the last beat seen
-        self.checked = [-float("inf")] * world_size
-
-    def deadline(self, peer: int, start: float) -> float:
-        now = time.perf_counter()
-        beat = self.config.beat_s
-        if self.liveness is not None and now - start >= beat and now - self.checked[peer] >= beat:
-            self.checked[peer] = now
-            n = self.liveness.beats(peer)
-            if n is not None:
-                if self.count[peer] is not None and n != self.count[peer]:
-                    self.heard[peer] = now
-                self.count[peer] = n
-        return max(start, self.heard[peer]) + self.config.timeout_s
-
-    def heard_since(self, start: float) -> bool:
-        return any(h >= start for h in self.heard)
-
-    def describe(self, peer: int) -> str:
-        if self.liveness is None or self.heard[peer] == -float("inf"):
-            return ""
-        silent = time.perf_counter() - self.heard[peer]
-        reason = self.liveness.reason(peer) or "busy"
-        return f"; its last busy notice ({reason}) came {silent:.1f} s ago"
 
 
 class PrimitiveSyncEngine:
@@ -197,7 +160,7 @@ class PrimitiveSyncEngine:
                 liveness = StoreLiveness(rank, world_size, self.config.beat_s)
         self._transport = transport
         self._liveness = liveness
-        self._silence = _Silence(liveness, world_size, self.config)
+        self._silence = PeerSilence(liveness, world_size, self.config.beat_s, self.config.timeout_s)
         self._rendezvous = 0
         self._credit_s = 0.0
         self._busy_s = 0.0

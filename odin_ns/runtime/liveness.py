@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
@@ -48,6 +49,66 @@ class Liveness(Protocol):
 
     def close(self) -> None:
         """Stop beating."""
+
+
+class PeerSilence:
+    """When each peer was last heard from (heartbeats of its busy sections), for deadlines.
+
+    A wait that started at ``start`` on ``peer`` times out at ``deadline(peer, start)``:
+    ``timeout_s`` after the later of ``start`` and the last beat of ``peer`` seen. The beat
+    counters are read at most every ``beat_s`` per peer and only once a wait has lasted
+    ``beat_s``: waits that end quickly never touch the channel.
+    """
+
+    def __init__(self, liveness: Liveness | None, world_size: int, beat_s: float, timeout_s: float):
+        self.liveness = liveness
+        self.beat_s = float(beat_s)
+        self.timeout_s = float(timeout_s)
+        self.count: list[int | None] = [None] * world_size
+        self.heard = [-float("inf")] * world_size  # perf_counter of the last beat seen
+        self.checked = [-float("inf")] * world_size
+
+    def deadline(self, peer: int, start: float) -> float:
+        now = time.perf_counter()
+        beat = self.beat_s
+        if self.liveness is not None and now - start >= beat and now - self.checked[peer] >= beat:
+            self.checked[peer] = now
+            n = self.liveness.beats(peer)
+            if n is not None:
+                if self.count[peer] is not None and n != self.count[peer]:
+                    self.heard[peer] = now
+                self.count[peer] = n
+        return max(start, self.heard[peer]) + self.timeout_s
+
+    def latest_deadline(self, peers: Iterable[int], start: float) -> float:
+        """The deadline of a wait on whichever of ``peers`` is slowest: it lasts while any
+        of them is heard from (a wait that does not know which peer it waits for)."""
+        return max(self.deadline(q, start) for q in peers)
+
+    def heard_since(self, start: float) -> bool:
+        return any(h >= start for h in self.heard)
+
+    def describe(self, peer: int) -> str:
+        if self.liveness is None or self.heard[peer] == -float("inf"):
+            return ""
+        silent = time.perf_counter() - self.heard[peer]
+        reason = self.liveness.reason(peer) or "busy"
+        return f"; its last busy notice ({reason}) came {silent:.1f} s ago"
+
+
+def wait_for_rendezvous(
+    liveness: Liveness, silence: PeerSilence, rank: int, world_size: int, count: int
+) -> int | None:
+    """Block until every peer has called ``liveness.arrive()`` ``count`` times (this rank
+    has already arrived), with ``silence``'s heartbeat-aware deadline. Returns None, or the
+    first peer still missing when the deadline passed (the caller raises)."""
+    start = time.perf_counter()
+    for q in range(world_size):
+        while q != rank and (liveness.arrived(q) or 0) < count:
+            if time.perf_counter() > silence.deadline(q, start):
+                return q
+            time.sleep(0.02)
+    return None
 
 
 class _Beater:
@@ -216,4 +277,11 @@ class MemoryBoard:
             return self._counts.get((what, rank), 0)
 
 
-__all__ = ["Liveness", "MemoryBoard", "MemoryLiveness", "StoreLiveness"]
+__all__ = [
+    "Liveness",
+    "MemoryBoard",
+    "MemoryLiveness",
+    "PeerSilence",
+    "StoreLiveness",
+    "wait_for_rendezvous",
+]

@@ -37,6 +37,7 @@ from torch import Tensor
 from odin_ns.cuda import ops
 from odin_ns.runtime.config import ParamGroupState
 from odin_ns.runtime.errors import SyncTimeout
+from odin_ns.runtime.liveness import PeerSilence
 from odin_ns.runtime.transport import Transport
 
 GRAD, PUSH = 0, 1
@@ -196,7 +197,9 @@ class ShardedEngine:
         pushes: transport of pushed parameter rows (another gloo group).
         step_offset: global step of the plan's local step 0.
         versions: [O] int64 last applied global step of each owned row.
-        timeout_s: deadline of every wait.
+        timeout_s: deadline of every wait (of peers' silence, with ``silence``).
+        silence: the session's ``PeerSilence``: a wait lasts while a peer says it is busy
+            (rank 0 evaluating, writing a checkpoint, a paused viewer); None: plain deadlines.
         stop: local steps >= stop never run (the end of training): nothing is pushed for
             them, so no send waits on a reader that will never post its receive.
     """
@@ -214,6 +217,7 @@ class ShardedEngine:
         versions: Tensor,
         timeout_s: float = 120.0,
         stop: int | None = None,
+        silence: PeerSilence | None = None,
     ):
         self.groups = list(groups)
         self.layout = layout
@@ -225,6 +229,7 @@ class ShardedEngine:
         self.offset = int(step_offset)
         self.versions = versions  # [O] int64 (parameters' device)
         self.timeout_s = float(timeout_s)
+        self.silence = silence
         self.device = self.groups[0].param.device
         self.dims = [g.row_dim for g in self.groups]
         self.width = sum(self.dims) + 1  # gradient rows: groups' columns, then visible flag
@@ -361,12 +366,19 @@ class ShardedEngine:
             self.push_sent[q] = k
 
     def _wait(self, done, what: str, t: int) -> None:
-        deadline = time.perf_counter() + self.timeout_s
+        """Receive and apply until ``done()``; times out after ``timeout_s`` in which no
+        peer was heard from (``silence``: busy peers' heartbeats extend the deadline)."""
+        start = time.perf_counter()
+        peers = [q for q in range(self.world) if q != self.rank]
         while True:
             self._poll()
             self._apply_ready()
             if done():
                 return
+            if self.silence is None:
+                deadline = start + self.timeout_s
+            else:
+                deadline = self.silence.latest_deadline(peers, start)
             if time.perf_counter() > deadline:
                 raise SyncTimeout(self.rank, -1, self.offset + t, f"timed out in {what}")
             self._poll(0.002)
