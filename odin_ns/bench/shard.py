@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from odin_ns.bench.commands import BIN, quiet_flags, run_dir, run_env, schedule_flags, train_command
+from odin_ns.schedule.ownership import ROW_FLOATS
 
-ROW = 3 + 3 + 4 + 3 + 45 + 1  # floats per Gaussian: means, scales, quats, dc, rest, opacity
 MODES = {
     "replicated": ["--pipeline.sync.mode", "barrier"],
     "sharded": ["--pipeline.sync.mode", "quality-first", "--pipeline.parallel", "sharded"],
@@ -116,7 +116,8 @@ def run_figures(run: Path, skip: int) -> dict:
     # float32: parameters (59 per row) for resident rows, Adam moments (2 x 59) for owned
     resident = [r["resident_rows"] for r in ranks] if sharded else [n] * len(ranks)
     out["param_moment_bytes_max"] = max(
-        4 * ROW * (res + 2 * own) for res, own in zip(resident, out["owned_rows"], strict=True)
+        4 * ROW_FLOATS * (res + 2 * own)
+        for res, own in zip(resident, out["owned_rows"], strict=True)
     )
     if sharded:
         reports = ranks[0]["ownership"]
