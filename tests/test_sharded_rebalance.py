@@ -26,6 +26,7 @@ from odin_ns.schedule.ownership import (
     capacity,
     is_balanced,
     locality_ownership,
+    random_ownership,
     rebalance_ownership,
     remote_reads,
     step_read_counts,
@@ -47,6 +48,20 @@ def _two_regions(n: int = 40, steps: int = 4) -> SimpleNamespace:
     fp[1, n // 2 :] = True
     views = np.tile(np.array([0, 1]).reshape(1, 2, 1), (steps, 1, 1))
     return _hand_plan(fp, views)
+
+
+def test_the_random_baseline_rebalances_to_a_random_deal_never_to_locality():
+    plan = _two_regions(n=40, steps=4)
+    rand = random_ownership(40, 2, seed=3)
+    kept = rebalance_ownership(plan, rand, "auto", strategy="random", seed=3)
+    assert not kept.rebalanced and np.array_equal(kept.owner, rand)  # balanced, nothing saved
+    skewed = np.zeros(40, dtype=np.int64)  # rank 0 owns everything: out of balance
+    d = rebalance_ownership(plan, skewed, "auto", strategy="random", seed=3)
+    assert d.reason == "balance" and np.array_equal(d.owner, rand)
+    local = rebalance_ownership(plan, skewed, "auto")
+    assert np.array_equal(local.owner, np.repeat([0, 1], 20))  # what locality would do
+    with pytest.raises(ValueError, match="ownership strategy"):
+        rebalance_ownership(plan, rand, "auto", strategy="grendel")
 
 
 def test_swapped_owners_move_when_reads_outweigh_migration():

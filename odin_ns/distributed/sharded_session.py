@@ -393,14 +393,21 @@ class ShardedSession:
         self.phase_records.append(entry)
 
     def _rebalance(self, plan, rows: OwnedRows) -> tuple[OwnedRows, dict]:
-        """A later phase's owners: the carried ones, or a fresh locality assignment with
-        the moved rows migrated (``ownership.rebalance_ownership``, ``--pipeline.rebalance``;
-        the same decision on every rank). Returns this rank's rows and the decision's report.
+        """A later phase's owners: the carried ones, or a fresh assignment (locality, or a
+        random deal for the random baseline) with the moved rows migrated
+        (``ownership.rebalance_ownership``, ``--pipeline.rebalance``; the same decision on
+        every rank). Returns this rank's rows and the decision's report.
         """
         mode = getattr(self.pipeline.config, "rebalance", "auto")
         width = sum(_row_dims([rows.params[n] for n in GAUSSIAN_GROUPS]))  # floats per row
         decision = rebalance_ownership(
-            plan, self.owner, mode, read_row_bytes=4 * width, migrate_row_bytes=12 * width + 8
+            plan,
+            self.owner,
+            mode,
+            read_row_bytes=4 * width,
+            migrate_row_bytes=12 * width + 8,
+            strategy=self.ownership,  # the random baseline re-deals randomly, never by locality
+            seed=self.seed,
         )
         if decision.moved_rows:
             rows, self.versions = self._migrate_rows(

@@ -201,12 +201,15 @@ def rebalance_ownership(
     migrate_row_bytes: int = 3 * 4 * ROW_FLOATS + 8,
     slack: float = 0.05,
     tolerance: float = 0.1,
+    strategy: str = "locality",
+    seed: int = 0,
 ) -> Rebalance:
     """Keep the carried owners [N] for ``plan``'s phase, or move to a fresh assignment.
 
-    The fresh assignment is ``locality_ownership`` on the plan's stream counts, sticky to
-    the carried owners (bonus 0.5: the current owner wins ties, unread rows stay), so it is
-    balanced to N/R +- 10%. ``auto`` takes it when the carried owners leave N/R +-
+    The fresh assignment (``strategy``) is ``locality_ownership`` on the plan's stream
+    counts, sticky to the carried owners (bonus 0.5: the current owner wins ties, unread
+    rows stay), so it is balanced to N/R +- 10%; or, for the random baseline, a fresh
+    random deal (``random_ownership``: a random owner stays random). ``auto`` takes it when the carried owners leave N/R +-
     ``tolerance`` (reason ``balance``), or when the carried owners' remote-read bytes over
     the phase exceed the fresh ones' by more than the migration bytes (``bytes``);
     ``always`` takes it every time, ``never`` never. Deterministic: the same on every rank.
@@ -215,7 +218,12 @@ def rebalance_ownership(
         raise ValueError(f"rebalance mode must be one of {REBALANCE_MODES}, got {mode!r}")
     owner = np.asarray(owner, dtype=np.int64)
     steps = step_read_counts(plan)  # [R, N] this phase's planned reads
-    fresh = locality_ownership(stream_read_counts(plan), slack, current=owner)
+    if strategy == "locality":
+        fresh = locality_ownership(stream_read_counts(plan), slack, current=owner)
+    elif strategy == "random":
+        fresh = random_ownership(owner.size, plan.num_ranks, seed)
+    else:
+        raise ValueError(f"ownership strategy must be 'locality' or 'random', got {strategy!r}")
     moved = int((fresh != owner).sum())
     carried_bytes = 2 * read_row_bytes * remote_reads(steps, owner)
     fresh_bytes = 2 * read_row_bytes * remote_reads(steps, fresh)
