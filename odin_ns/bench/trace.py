@@ -124,7 +124,13 @@ def run_footprints(run_dir: Path) -> tuple[sp.csr_matrix, int]:
     from odin_ns.model import get_viewmat
     from odin_ns.schedule import compute_footprints
 
-    _, pipeline, _, _ = eval_setup(run_dir / "config.yml", test_mode="test")
+    def checkpoints_here(config):  # the saved paths are relative to where it trained
+        config.relative_model_dir = (run_dir / "nerfstudio_models").resolve()
+        return config
+
+    _, pipeline, _, _ = eval_setup(
+        run_dir / "config.yml", test_mode="test", update_config_callback=checkpoints_here
+    )
     cameras = pipeline.datamanager.train_dataset.cameras
     model = pipeline.model
     margin = float(getattr(pipeline.config, "footprint_margin_px", 16.0))
