@@ -208,6 +208,13 @@ def allreduce_calibration(
     record = calibration_record(samples, fits, load)
     if saved is not None:
         record["source"] += f" (read from {saved})"
+    if load is not None and load > 0.5 * (os.cpu_count() or 1):
+        print(
+            f"WARNING: the all-reduce calibration ran at load {load:.1f} on "
+            f"{os.cpu_count()} cores; a loaded machine slows it and the ddp predictions with "
+            "it (measure on a quiet machine, or pass --allreduce-json)",
+            flush=True,
+        )
     return record, fits
 
 
