@@ -350,9 +350,11 @@ def replay(
     ``ddp``: every rank finished step t - 1 and the dense ring all-reduce of step t - 1
     (``num_rows x PUBLICATION_ROW_BYTES``) completed, priced by ``ring_allreduce_seconds``
     on ``collective`` (default ``network``). It overlaps neither backward (gsplat's
-    backward produces the gradients at its end) nor the overhead (a measured ddp step's
-    overhead is mostly packing the dense buffer before the all-reduce and applying the sum
-    after it); ``barrier``: every peer's step t - 1 publication
+    backward produces the gradients at its end) nor the step's overhead (packing the dense
+    buffer comes before it, applying the sum after it, and on one CPU host the rest shares
+    the cores with gloo's threads: started at the end of compute instead, the all-reduce
+    made the validation predict ddp 7.5-13 points too fast);
+    ``barrier``: every peer's step t - 1 publication
     arrived; ``quality-first``: the publications of ``dependency[t, r, q]`` arrived;
     ``throughput-first``: those the admission rule does not let through (``tf_needs``).
     A publication of q (step s) leaves when q's compute ends and reaches r after

@@ -119,12 +119,14 @@ def run_footprints(run_dir: Path) -> tuple[sp.csr_matrix, int]:
     """Footprints [V, N] of the run's final Gaussians over its training cameras, and the
     pixels per view (same conventions as the pipeline's phase-start footprints)."""
     import torch
+    from nerfstudio.engine.trainer import TrainerConfig
     from nerfstudio.utils.eval_utils import eval_setup
 
     from odin_ns.model import get_viewmat
     from odin_ns.schedule import compute_footprints
 
-    def checkpoints_here(config):  # the saved paths are relative to where it trained
+    def checkpoints_here(config: TrainerConfig) -> TrainerConfig:
+        # the saved paths are relative to the directory the run trained from
         config.relative_model_dir = (run_dir / "nerfstudio_models").resolve()
         return config
 
