@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from odin_ns.bench.allreduce import AllReduceSample, fit_ring
-from odin_ns.bench.scale import predict_round
+from odin_ns.bench.allreduce import AllReduceSample, calibration_record, fit_ring
+from odin_ns.bench.scale import allreduce_calibration, predict_round
 from odin_ns.bench.simulate import (
     NETWORKS,
     PUBLICATION_ROW_BYTES,
@@ -240,3 +242,17 @@ def test_validation_reads_only_calibration_inputs():
     # ddp from the barrier trace: its steps (0.146 s: the slower rank's 0.126 s of compute
     # and overhead, then 20 ms wait) with the all-reduce (2 x 5 ms) in place of the wait
     assert cross["ddp_vs_barrier"] == pytest.approx(0.146 / (0.126 + 0.01), rel=0.01)
+
+
+def test_saved_allreduce_calibration_round_trip(tmp_path):
+    truth = Network("truth", 1e-3, 2e9)
+    samples = [
+        AllReduceSample(2, b, ring_allreduce_seconds(b, 2, truth), 5) for b in (2**21, 2**25)
+    ]
+    path = tmp_path / "allreduce.json"
+    path.write_text(json.dumps({"allreduce_calibration": calibration_record(samples, {}, 0.99)}))
+    record, fits = allreduce_calibration([2], [], saved=path)
+    assert fits[2].latency_s == pytest.approx(1e-3) and fits[2].bandwidth_Bps == pytest.approx(2e9)
+    assert record["samples"][0]["num_bytes"] == 2**21 and record["cpu_idle_before"] == 0.99
+    with pytest.raises(ValueError, match="no sample on 3 ranks"):
+        allreduce_calibration([3], [], saved=path)

@@ -124,15 +124,33 @@ def calibrate(
     return samples, fits
 
 
+def cpu_idle_fraction(seconds: float = 2.0) -> float | None:
+    """Share of the machine's CPU time that was idle over the next ``seconds`` (Linux
+    ``/proc/stat``; None elsewhere). Unlike the load average it does not lag."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+        return sum(ticks), ticks[3] + ticks[4]  # all, idle + iowait
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    return (idle1 - idle0) / max(1, total1 - total0)
+
+
 def calibration_record(
-    samples: list[AllReduceSample], fits: dict[int, Network], loadavg: float | None = None
+    samples: list[AllReduceSample], fits: dict[int, Network], cpu_idle: float | None = None
 ) -> dict:
-    """JSON form: what was measured, the machine's load then, and what was fitted."""
+    """JSON form: what was measured, how idle the machine was just before, the fit."""
     return {
         "source": "measured on this machine (odin_ns.bench.allreduce): blocking "
         "torch.distributed.all_reduce over gloo, float32, one thread per rank; seconds are "
         "the median over repeats of the slowest rank",
-        "loadavg_1min_before": loadavg,
+        "cpu_idle_before": cpu_idle,
         "cpu_count": os.cpu_count(),
         "note": "a loaded machine slows the all-reduce: calibrate on a machine as quiet as "
         "the one the traces ran on",
@@ -150,9 +168,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    load = os.getloadavg()[0]
+    idle = cpu_idle_fraction()
     samples, fits = calibrate(args.ranks, args.mbytes, args.repeats)
-    record = calibration_record(samples, fits, load)
+    record = calibration_record(samples, fits, idle)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1))
     print(json.dumps(record, indent=1))

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
@@ -189,15 +188,21 @@ def allreduce_calibration(
     """The gloo all-reduce micro-benchmark (``odin_ns.bench.allreduce``) for these world
     sizes: measured now, or read from ``saved``; returns its record and the ring fit per
     world size (what prices ddp's all-reduce in the validation)."""
-    from odin_ns.bench.allreduce import AllReduceSample, calibrate, calibration_record, fit_ring
+    from odin_ns.bench.allreduce import (
+        AllReduceSample,
+        calibrate,
+        calibration_record,
+        cpu_idle_fraction,
+        fit_ring,
+    )
 
     if saved is None:
-        load = os.getloadavg()[0]
+        idle = cpu_idle_fraction()
         samples, _ = calibrate(ranks, mbytes)
     else:
         record = json.loads(saved.read_text())
         record = record.get("allreduce_calibration", record)
-        load = record.get("loadavg_1min_before")
+        idle = record.get("cpu_idle_before")
         samples = [AllReduceSample(**s) for s in record["samples"]]
     fits = {}
     for r in ranks:
@@ -205,14 +210,14 @@ def allreduce_calibration(
         if not mine:
             raise ValueError(f"the all-reduce calibration has no sample on {r} ranks")
         fits[r] = fit_ring(mine)
-    record = calibration_record(samples, fits, load)
+    record = calibration_record(samples, fits, idle)
     if saved is not None:
         record["source"] += f" (read from {saved})"
-    if load is not None and load > 0.5 * (os.cpu_count() or 1):
+    if idle is not None and idle < 0.8:
         print(
-            f"WARNING: the all-reduce calibration ran at load {load:.1f} on "
-            f"{os.cpu_count()} cores; a loaded machine slows it and the ddp predictions with "
-            "it (measure on a quiet machine, or pass --allreduce-json)",
+            f"WARNING: the CPUs were only {idle:.0%} idle before the all-reduce calibration; "
+            "a loaded machine slows the all-reduce and the ddp predictions with it (measure "
+            "on a quiet machine, or pass --allreduce-json)",
             flush=True,
         )
     return record, fits
