@@ -1,21 +1,28 @@
 """Scale evidence: a trace-driven simulator, validated on measured runs, replayed to 64 ranks.
 
     python -m odin_ns.bench.scale --sync-json bench/sync_street.json [--sync-json ...] \
-        --out bench/scale.json
+        [--allreduce-json SAVED] --out bench/scale.json
 
-1. **Validation** (measured vs simulated). For every ``bench.sync`` result given, the
-   calibration trace is its round-0 ``barrier`` run: per-step measured compute, the
-   per-step overhead around it (publish, apply, loop), phase-start costs, the recorded views,
-   and footprints of the run's final Gaussians (``bench.trace``). One constant per-message
-   delay is fitted so the simulated barrier run takes the measured time; the simulator then
-   *predicts* the other modes from the same trace and its prediction of each throughput
-   ratio is compared with the measured median ratio (error in percentage points).
+1. **Validation** (measured vs simulated). Two calibrations, neither from the run being
+   predicted. (a) For every ``bench.sync`` result and round, its ``barrier`` run: per-step
+   measured compute, the per-step overhead around it (publish, apply, loop), phase-start
+   costs, the recorded views, and footprints of the run's final Gaussians
+   (``bench.trace``); one constant per-message delay is fitted so the simulated barrier
+   run takes the measured time. (b) ddp's dense all-reduce: a gloo all-reduce
+   micro-benchmark on this machine (``odin_ns.bench.allreduce``, run at the start, ~10-20
+   s, or read with ``--allreduce-json``) at each world size, fitted to the ring model; the
+   fitted per-message delay of (a) is the point-to-point publications' cost and is not
+   charged to the all-reduce. The simulator then *predicts* the other modes, from the
+   barrier trace (``cross_mode``) and from each mode's own trace (its compute and overhead,
+   waits re-simulated: ``errors_points``), and each predicted throughput ratio is compared
+   with the measured median ratio (error in percentage points).
 2. **Scaling** (simulated). Real footprints (the street scene's and fox's trained
    Gaussians when their runs are given, else fox's cameras over random Gaussians, and the
    synthetic city of ``bench.schedule``), real plans and dependency tables from
    ``odin_ns.schedule.build_plan`` at 2-64 ranks, the fitted per-view cost model scaled to
    a GPU (stated assumption below, ``gpu_assumption``), the fitted jitter, network presets
-   (``odin_ns.bench.simulate.NETWORKS``); modes ddp, barrier, quality-first,
+   (``odin_ns.bench.simulate.NETWORKS``; ddp's all-reduce: the ring model on the preset's
+   latency and bandwidth, as NCCL's ring moves it); modes ddp, barrier, quality-first,
    throughput-first; replicated ownership. Sharded ownership is another issue: it plugs in
    as an ``Ownership`` (traffic = remote part of the footprint); until then its key is null.
 
@@ -37,6 +44,7 @@ from odin_ns.bench.simulate import (
     PUBLICATION_ROW_BYTES,
     Network,
     Phase,
+    Replay,
     Sharded,
     StepPlan,
     replay,
@@ -127,56 +135,127 @@ def calibrate_delay(phases: list[Phase], measured_total: float, row_bytes: float
     )
 
 
-def _replay_run(run_dir: Path, fp: tuple, net: Network | None) -> tuple[dict, Network, dict]:
-    """Simulated runs of every mode from one measured run's trace (``net`` None: calibrate
-    the per-message delay on this run, which must then be a barrier run)."""
-    table = step_table(json.loads((run_dir / "odin_run.json").read_text()), run_dir, fp)
-    phases, measured_total = _phases_from_trace(table)
+def replay_modes(
+    table: dict, net: Network, collective: Network, modes: tuple[str, ...] = tuple(SIM_SHORT)
+) -> dict[str, Replay]:
+    """``modes`` simulated from one measured run's trace: ``net`` carries the
+    point-to-point publications, ``collective`` ddp's dense all-reduce."""
+    phases, _ = _phases_from_trace(table)
     row_bytes = _scaled_row_bytes(table)
-    if net is None:
-        net = calibrate_delay(phases, measured_total, row_bytes)
-    sims = {m: replay(phases, m, net, row_bytes=row_bytes) for m in SIM_SHORT}
-    return sims, net, table
+    return {m: replay(phases, m, net, row_bytes=row_bytes, collective=collective) for m in modes}
 
 
-def validate_case(sync_json: Path) -> dict:
+def calibrate_on_barrier(table: dict) -> Network:
+    """The per-message delay fitted on a barrier run's trace (``calibrate_delay``)."""
+    phases, measured_total = _phases_from_trace(table)
+    return calibrate_delay(phases, measured_total, _scaled_row_bytes(table))
+
+
+def predict_round(tables: dict[str, dict], collective: Network) -> tuple[dict, dict, Network]:
+    """Simulated throughput ratios of one round of a ``bench.sync`` result.
+
+    ``tables``: per mode the round's ``step_table`` (``barrier`` required). Calibration
+    inputs only: the per-message delay is fitted on the barrier trace; ``collective`` (the
+    all-reduce micro-benchmark's fit) prices ddp's all-reduce. Of the measured waits and
+    wall times, only the barrier run's enter (through the fitted delay). Returns (``cross_mode``: every mode simulated from the
+    barrier trace; ``trace_replay``: each mode from its own trace's compute, overhead and
+    phase starts, waits re-simulated; the calibrated network). Keys ``<a>_vs_<b>``
+    (throughput of a over b, = time of b over time of a).
+    """
+    net = calibrate_on_barrier(tables["barrier"])
+    cross_sims = replay_modes(tables["barrier"], net, collective)
+    cross = {m: s.total_time for m, s in cross_sims.items()}
+    own = {
+        m: replay_modes(t, net, collective, (m,))[m].total_time if m != "barrier" else cross[m]
+        for m, t in tables.items()
+    }
+    pairs = [(a, "barrier") for a in ("quality-first", "throughput-first", "ddp")]
+    pairs.append(("quality-first", "ddp"))
+
+    def ratios(total: dict[str, float]) -> dict[str, float]:
+        return {
+            f"{SIM_SHORT[a]}_vs_{SIM_SHORT[b]}": total[b] / total[a]
+            for a, b in pairs
+            if a in total and b in total
+        }
+
+    return ratios(cross), ratios(own), net
+
+
+def allreduce_calibration(
+    ranks: list[int], mbytes: list[float], saved: Path | None = None
+) -> tuple[dict, dict[int, Network]]:
+    """The gloo all-reduce micro-benchmark (``odin_ns.bench.allreduce``) for these world
+    sizes: measured now, or read from ``saved``; returns its record and the ring fit per
+    world size (what prices ddp's all-reduce in the validation)."""
+    from odin_ns.bench.allreduce import (
+        AllReduceSample,
+        calibrate,
+        calibration_record,
+        cpu_idle_fraction,
+        fit_ring,
+    )
+
+    if saved is None:
+        idle = cpu_idle_fraction()
+        samples, _ = calibrate(ranks, mbytes)
+    else:
+        record = json.loads(saved.read_text())
+        record = record.get("allreduce_calibration", record)
+        idle = record.get("cpu_idle_before")
+        samples = [AllReduceSample(**s) for s in record["samples"]]
+    fits = {}
+    for r in ranks:
+        mine = [s for s in samples if s.ranks == r]
+        if not mine:
+            raise ValueError(f"the all-reduce calibration has no sample on {r} ranks")
+        fits[r] = fit_ring(mine)
+    record = calibration_record(samples, fits, idle)
+    if saved is not None:
+        record["source"] += f" (read from {saved})"
+    if idle is not None and idle < 0.8:
+        print(
+            f"WARNING: the CPUs were only {idle:.0%} idle before the all-reduce calibration; "
+            "a loaded machine slows the all-reduce and the ddp predictions with it (measure "
+            "on a quiet machine, or pass --allreduce-json)",
+            flush=True,
+        )
+    return record, fits
+
+
+def validate_case(sync_json: Path, collectives: dict[int, Network]) -> dict:
     """Predict a ``bench.sync`` result's throughput ratios from its measured traces.
 
-    Two predictions per round i: ``cross_mode``: every mode simulated from round i's barrier
-    trace alone (the other modes' timing never seen); ``trace_replay``: each mode's own
-    measured trace of round i (its compute, overhead, phase starts; waits re-simulated).
-    The per-message delay is calibrated on round i's barrier run. A predicted ratio is the
-    median over rounds, like the measured one; the error is in percentage points.
+    Per round i, ``predict_round`` on round i's traces (the delay calibrated on round i's
+    barrier run; ddp's all-reduce priced by ``collectives[ranks]``, the micro-benchmark's
+    ring fit for the case's world size). A predicted ratio is the median over rounds, like
+    the measured one; the error is in percentage points. ``errors_points``: each mode's own
+    trace replayed (``trace_replay``); ``errors_points_cross_mode``: every mode from the
+    barrier trace alone.
     """
     from odin_ns.bench.trace import run_footprints
 
     res = json.loads(sync_json.read_text())
     modes = res["modes"]
     rounds = len(modes["barrier"]["run_dirs"])
+    collective = collectives[int(res["ranks"])]
     fp = run_footprints(Path(modes["barrier"]["run_dirs"][0]))  # identical final Gaussians
     cross: dict[str, list[float]] = {}
     own: dict[str, list[float]] = {}
     delays, r2 = [], []
     for i in range(rounds):
-        bar_dir = Path(modes["barrier"]["run_dirs"][i])
-        sims, net, table = _replay_run(bar_dir, fp, None)
-        delays.append(net.latency_s)
-        r2.append(fit_trace(table)[0].r2)
-        own_total = {"barrier": sims["barrier"].total_time}
+        tables = {}
         for mode in modes:
-            if mode != "barrier":
-                own_total[mode] = _replay_run(Path(modes[mode]["run_dirs"][i]), fp, net)[0][
-                    mode
-                ].total_time
-        for mode in ("quality-first", "throughput-first", "ddp"):
-            key = f"{SIM_SHORT[mode]}_vs_barrier"
-            cross.setdefault(key, []).append(sims["barrier"].total_time / sims[mode].total_time)
-            if mode in own_total:
-                own.setdefault(key, []).append(own_total["barrier"] / own_total[mode])
-        key = "qf_vs_ddp"
-        cross.setdefault(key, []).append(sims["ddp"].total_time / sims["quality-first"].total_time)
-        if "ddp" in own_total and "quality-first" in own_total:
-            own.setdefault(key, []).append(own_total["ddp"] / own_total["quality-first"])
+            run_dir = Path(modes[mode]["run_dirs"][i])
+            summary = json.loads((run_dir / "odin_run.json").read_text())
+            tables[mode] = step_table(summary, run_dir, fp)
+        c, o, net = predict_round(tables, collective)
+        delays.append(net.latency_s)
+        r2.append(fit_trace(tables["barrier"])[0].r2)
+        for key, v in c.items():
+            cross.setdefault(key, []).append(v)
+        for key, v in o.items():
+            own.setdefault(key, []).append(v)
     case: dict = {
         "source": "measured ratios (bench.sync medians) vs simulated from their traces",
         "sync_json": str(sync_json),
@@ -187,6 +266,7 @@ def validate_case(sync_json: Path) -> dict:
         "jitter_ms": res.get("jitter_ms", 0.0),
         "calibration_traces": modes["barrier"]["run_dirs"],
         "calibrated_delay_s": delays,
+        "allreduce_network": vars(collective),
         "cost_model_r2": r2,
         "errors_points": {},
         "errors_points_cross_mode": {},
@@ -369,13 +449,30 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--headline-network", default="nvlink")
     ap.add_argument("--max-steps", type=int, default=300, help="steps replayed per plan")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--allreduce-mbytes",
+        type=lambda s: [float(x) for x in s.split(",")],
+        default=[2.0, 8.0, 32.0],
+        help="buffer sizes (MiB) of the all-reduce micro-benchmark run at the start",
+    )
+    ap.add_argument(
+        "--allreduce-json",
+        type=Path,
+        default=None,
+        help="reuse a saved all-reduce calibration (bench.allreduce output, or a bench.scale "
+        "output's allreduce_calibration) instead of measuring",
+    )
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     if not args.sync_json:
         ap.error("give at least one --sync-json (a bench.sync result with run_dirs)")
 
-    validation = [validate_case(p) for p in args.sync_json]
+    ranks = sorted({int(json.loads(p.read_text())["ranks"]) for p in args.sync_json})
+    ar_record, collectives = allreduce_calibration(
+        ranks, args.allreduce_mbytes, args.allreduce_json
+    )
+    validation = [validate_case(p, collectives) for p in args.sync_json]
     errors = [e for c in validation for e in c["errors_points"].values()]
     errors_cross = [e for c in validation for e in c["errors_points_cross_mode"].values()]
     # Calibration of the GPU cost shape and jitter: the first case's barrier trace.
@@ -410,6 +507,7 @@ def main(argv: list[str] | None = None) -> dict:
         "validation_error_max": max(errors) if errors else None,
         "validation_error_max_cross_mode": max(errors_cross) if errors_cross else None,
         "validation": validation,
+        "allreduce_calibration": ar_record,
         "sim_speedup_qf_vs_barrier_8": pick("city", 8, "speedup_qf_vs_barrier"),
         "sim_speedup_qf_vs_ddp_8": pick("city", 8, "speedup_qf_vs_ddp"),
         "sim_wait_hidden_qf_8": pick("city", 8, "wait_hidden_qf"),
@@ -424,6 +522,12 @@ def main(argv: list[str] | None = None) -> dict:
         "headline_network": args.headline_network,
         "gpu_assumption": GPU_ASSUMPTION,
         "networks": {k: vars(v) for k, v in NETWORKS.items()},
+        "allreduce_model": "ddp's dense [N, 60] float32 all-reduce as a ring (reduce-scatter "
+        "+ all-gather): 2 (R - 1) x (latency + bytes / R / bandwidth). Validation: latency and "
+        "bandwidth fitted to the gloo micro-benchmark (allreduce_calibration; gloo's default "
+        "CPU all-reduce is a ring, gloo/allreduce.cc). Scaling: the network preset's latency "
+        "and bandwidth (NCCL ring; bus bandwidth 2 (R - 1) / R x bytes / time, nccl-tests "
+        "PERFORMANCE.md), no overlap with backward or the step's overhead",
         "cost_model_calibration": {"trace": str(calib), "r2": model.r2, "per_row": model.per_row},
         "jitter_lognormal_sigma": jitter.lognormal_sigma,
         "tf_evidence_assumption": "E = 0 (gradient evidence is not known from footprints): "

@@ -14,8 +14,11 @@ Two entry points:
 ``replay(phases, mode, network, ...)`` replays a whole run: a list of ``Phase`` (a plan
 with its dependency table, per-step compute and overhead seconds, the phase start's cost),
 modes ``ddp`` / ``barrier`` / ``quality-first`` / ``throughput-first``, a ``Network``
-(latency + bandwidth) and an ``Ownership`` (who sends which bytes to whom; ``Replicated``
-today, a sharded ownership plugs in through the same ``traffic`` hook). See ``replay``.
+(latency + bandwidth) for the point-to-point publications, optionally another for ddp's
+dense all-reduce (``collective``: on one CPU host, gloo's all-reduce is measured by
+``odin_ns.bench.allreduce``, not the publications' fitted delay), and an ``Ownership``
+(who sends which bytes to whom; ``Replicated`` today, a sharded ownership plugs in through
+the same ``traffic`` hook). See ``replay``.
 
 Wait is idle time between a rank's consecutive steps. ``critical_path_wait`` is the
 makespan minus the busiest rank's compute: wait that lengthens the run.
@@ -234,7 +237,8 @@ class Phase:
     ``compute[t, r]``: forward/backward seconds (the publication leaves when it ends);
     ``overhead[t, r]``: seconds after it before the rank may start its next step (publish,
     apply, loop); ``phase_start_s``: drain-to-first-step cost paid by every rank at once;
-    ``num_rows``: primitives (the dense all-reduce of ddp moves ``num_rows x 59`` floats).
+    ``num_rows``: primitives (ddp all-reduces ``num_rows`` rows of ``PUBLICATION_ROW_BYTES``:
+    the engine's dense ``[N, 60]`` float32 buffer, gradients and the visible flag).
     """
 
     plan: PlanLike
@@ -262,7 +266,10 @@ class Replay:
 
 
 def ring_allreduce_seconds(num_bytes: float, ranks: int, net: Network) -> float:
-    """Ring all-reduce: 2 (R - 1) messages of ``num_bytes / R`` per rank."""
+    """Ring all-reduce (reduce-scatter then all-gather): 2 (R - 1) messages of
+    ``num_bytes / R`` per rank, each ``latency + bytes / bandwidth``. gloo's default CPU
+    all-reduce is a ring; NCCL's ring moves the same bytes (its "bus bandwidth" is
+    ``2 (R - 1) / R x bytes / time``, nccl-tests PERFORMANCE.md)."""
     if ranks < 2:
         return 0.0
     return 2 * (ranks - 1) * (net.latency_s + num_bytes / ranks / net.bandwidth_Bps)
@@ -335,13 +342,19 @@ def replay(
     window: int = 4,
     evidence: float = 0.0,
     row_bytes: float = PUBLICATION_ROW_BYTES,
+    collective: Network | None = None,
 ) -> Replay:
     """Replay ``phases`` in order under ``mode``.
 
     Rank r's step t starts when its previous step (compute + overhead) is done and:
     ``ddp``: every rank finished step t - 1 and the dense ring all-reduce of step t - 1
-    (``num_rows x 59`` float32) completed (no overlap with backward: gsplat's backward
-    produces the gradients at its end); ``barrier``: every peer's step t - 1 publication
+    (``num_rows x PUBLICATION_ROW_BYTES``) completed, priced by ``ring_allreduce_seconds``
+    on ``collective`` (default ``network``). It overlaps neither backward (gsplat's
+    backward produces the gradients at its end) nor the step's overhead (packing the dense
+    buffer comes before it, applying the sum after it, and on one CPU host the rest shares
+    the cores with gloo's threads: started at the end of compute instead, the all-reduce
+    made the validation predict ddp 7.5-13 points too fast);
+    ``barrier``: every peer's step t - 1 publication
     arrived; ``quality-first``: the publications of ``dependency[t, r, q]`` arrived;
     ``throughput-first``: those the admission rule does not let through (``tf_needs``).
     A publication of q (step s) leaves when q's compute ends and reaches r after
@@ -370,7 +383,8 @@ def replay(
                 ph.tf_need = tf_needs(ph.plan, tau, window, evidence)
             need, n_adm = ph.tf_need
             admitted += n_adm
-        allreduce = ring_allreduce_seconds(ph.num_rows * ROW_FLOATS * 4.0, R, network)
+        dense_bytes = ph.num_rows * PUBLICATION_ROW_BYTES
+        allreduce = ring_allreduce_seconds(dense_bytes, R, collective or network)
         start_phase = clock + ph.phase_start_s
         ready = np.full(R, start_phase)  # own previous step done
         arrive = np.zeros((T, R, R))  # [s, q, r]
@@ -400,7 +414,7 @@ def replay(
         end = ready.max()
         if mode == "ddp":
             end += allreduce
-            sent += T * R * 2 * (R - 1) / R * ph.num_rows * ROW_FLOATS * 4.0
+            sent += T * R * 2 * (R - 1) / R * dense_bytes
         else:
             end = max(end, float(arrive[-1].max()))
             sent += float(traffic.sum())

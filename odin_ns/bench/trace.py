@@ -119,12 +119,20 @@ def run_footprints(run_dir: Path) -> tuple[sp.csr_matrix, int]:
     """Footprints [V, N] of the run's final Gaussians over its training cameras, and the
     pixels per view (same conventions as the pipeline's phase-start footprints)."""
     import torch
+    from nerfstudio.engine.trainer import TrainerConfig
     from nerfstudio.utils.eval_utils import eval_setup
 
     from odin_ns.model import get_viewmat
     from odin_ns.schedule import compute_footprints
 
-    _, pipeline, _, _ = eval_setup(run_dir / "config.yml", test_mode="test")
+    def checkpoints_here(config: TrainerConfig) -> TrainerConfig:
+        # the saved paths are relative to the directory the run trained from
+        config.relative_model_dir = (run_dir / "nerfstudio_models").resolve()
+        return config
+
+    _, pipeline, _, _ = eval_setup(
+        run_dir / "config.yml", test_mode="test", update_config_callback=checkpoints_here
+    )
     cameras = pipeline.datamanager.train_dataset.cameras
     model = pipeline.model
     margin = float(getattr(pipeline.config, "footprint_margin_px", 16.0))
