@@ -36,6 +36,7 @@ from collections.abc import Sequence
 import numpy as np
 import scipy.sparse as sp
 import torch
+from scipy.spatial import cKDTree
 from torch import Tensor
 
 from odin_ns.cuda import ops as ext_ops
@@ -107,34 +108,31 @@ def _exact_radius(
 def _kd_cells(
     points: np.ndarray, leaf: int, fanout: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Median-split kd-tree over ``points`` [M, 3], built level by level.
+    """Median-split kd-tree over ``points`` [M, 3] (scipy's balanced ``cKDTree``: each
+    node split at the median of its widest axis, built in C).
 
     Returns (order [M], leaf_starts [L + 1], coarse_starts [C + 1]): positions
-    ``order[leaf_starts[i]:leaf_starts[i + 1]]`` form leaf i (<= ``leaf`` points); coarse
-    nodes (<= ``leaf * fanout`` points) are unions of consecutive leaves.
+    ``order[leaf_starts[i]:leaf_starts[i + 1]]`` form leaf i (<= ``leaf`` points, more only
+    when they all coincide); coarse nodes (the largest nodes of <= ``leaf * fanout``
+    points, or leaves) are unions of consecutive leaves. Any tree gives the same
+    footprints (culling is conservative); a tighter one only tests fewer pairs.
     """
-    m = points.shape[0]
-    order = np.arange(m)
-    starts = np.array([0, m], dtype=np.int64)
-    coarse = starts if m <= leaf * fanout else None
-    while np.diff(starts).max() > leaf:
-        sizes = np.diff(starts)
-        node = np.repeat(np.arange(sizes.size), sizes)
-        pts = points[order]
-        lo = np.minimum.reduceat(pts, starts[:-1], axis=0)
-        hi = np.maximum.reduceat(pts, starts[:-1], axis=0)
-        span = hi - lo
-        axis = span.argmax(axis=1)
-        val = (pts[np.arange(m), axis[node]] - lo[node, axis[node]]) / np.maximum(
-            span[node, axis[node]], 1e-30
-        )
-        order = order[np.argsort(node + np.clip(val, 0.0, 0.999999), kind="stable")]
-        split = sizes > leaf
-        mids = starts[:-1][split] + sizes[split] // 2
-        starts = np.union1d(starts, mids)
-        if coarse is None and np.diff(starts).max() <= leaf * fanout:
-            coarse = starts
-    return order, starts, coarse
+    tree = cKDTree(points, leafsize=leaf, balanced_tree=True, compact_nodes=False)
+    leaf_ends: list[int] = []
+    coarse_ends: list[int] = []
+    stack = [(tree.tree, False)]  # (node, inside a coarse node)
+    while stack:  # depth first, lesser child first: ranges come in index order
+        node, inside = stack.pop()
+        is_leaf = node.split_dim < 0
+        if not inside and (is_leaf or node.children <= leaf * fanout):
+            coarse_ends.append(node.end_idx)
+            inside = True
+        if is_leaf:
+            leaf_ends.append(node.end_idx)
+        else:
+            stack += [(node.greater, inside), (node.lesser, inside)]
+    order = np.asarray(tree.indices, dtype=np.int64)
+    return order, np.array([0, *leaf_ends], np.int64), np.array([0, *coarse_ends], np.int64)
 
 
 def _box_params(pts: np.ndarray, smax: np.ndarray, starts: np.ndarray) -> Tensor:
@@ -420,9 +418,9 @@ def compute_footprints(
             hits_p.append(member[q, j].numpy())
         hv = np.concatenate(hits_v) if hits_v else np.zeros(0, dtype=np.int64)
         hp = order_np[np.concatenate(hits_p)] if hits_p else np.zeros(0, dtype=np.int64)
-        srt = np.argsort(hv * np.int64(n) + hp, kind="stable")
         indptr[v0 + 1 : v1 + 1] = np.bincount(hv, minlength=v1 - v0)
-        parts.append(hp[srt].astype(index_dtype))
+        pairs = np.sort(hv * np.int64(n) + hp)  # (view, primitive) pairs are unique
+        parts.append((pairs % n).astype(index_dtype))
     np.cumsum(indptr, out=indptr)
     indices = np.concatenate(parts)
     out = sp.csr_matrix(
