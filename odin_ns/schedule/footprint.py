@@ -108,31 +108,29 @@ def _exact_radius(
 def _kd_cells(
     points: np.ndarray, leaf: int, fanout: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Median-split kd-tree over ``points`` [M, 3] (scipy's balanced ``cKDTree``: each
-    node split at the median of its widest axis, built in C).
+    """Median-split kd-tree over ``points`` [M, 3]: the kd order of scipy's balanced
+    ``cKDTree`` (each node split at the median of its widest axis, built in C), cut by
+    sizes alone, as that tree cuts its nodes (a node of m points into its first m // 2
+    and the rest, until at most ``leaf``; a few cuts may fall elsewhere than scipy's).
 
     Returns (order [M], leaf_starts [L + 1], coarse_starts [C + 1]): positions
-    ``order[leaf_starts[i]:leaf_starts[i + 1]]`` form leaf i (<= ``leaf`` points, more only
-    when they all coincide); coarse nodes (the largest nodes of <= ``leaf * fanout``
-    points, or leaves) are unions of consecutive leaves. Any tree gives the same
-    footprints (culling is conservative); a tighter one only tests fewer pairs.
+    ``order[leaf_starts[i]:leaf_starts[i + 1]]`` form leaf i (<= ``leaf`` points); coarse
+    nodes (<= ``leaf * fanout`` points) are unions of consecutive leaves. Any contiguous
+    ranges of any order give the same footprints (boxes are taken over each range's own
+    points, and culling is conservative); a tighter tree only tests fewer pairs. No walk
+    over the tree's nodes in Python (thousands of objects, and garbage-collector passes).
     """
-    tree = cKDTree(points, leafsize=leaf, balanced_tree=True, compact_nodes=False)
-    leaf_ends: list[int] = []
-    coarse_ends: list[int] = []
-    stack = [(tree.tree, False)]  # (node, inside a coarse node)
-    while stack:  # depth first, lesser child first: ranges come in index order
-        node, inside = stack.pop()
-        is_leaf = node.split_dim < 0
-        if not inside and (is_leaf or node.children <= leaf * fanout):
-            coarse_ends.append(node.end_idx)
-            inside = True
-        if is_leaf:
-            leaf_ends.append(node.end_idx)
-        else:
-            stack += [(node.greater, inside), (node.lesser, inside)]
-    order = np.asarray(tree.indices, dtype=np.int64)
-    return order, np.array([0, *leaf_ends], np.int64), np.array([0, *coarse_ends], np.int64)
+    m = points.shape[0]
+    order = np.asarray(cKDTree(points, leafsize=leaf, balanced_tree=True).indices, np.int64)
+    starts = np.array([0, m], dtype=np.int64)
+    coarse = starts if m <= leaf * fanout else None
+    while np.diff(starts).max() > leaf:
+        sizes = np.diff(starts)
+        split = sizes > leaf
+        starts = np.union1d(starts, starts[:-1][split] + sizes[split] // 2)
+        if coarse is None and np.diff(starts).max() <= leaf * fanout:
+            coarse = starts
+    return order, starts, coarse
 
 
 def _box_params(pts: np.ndarray, smax: np.ndarray, starts: np.ndarray) -> Tensor:
