@@ -176,6 +176,10 @@ def carried_rank(rank: int, world_size: int) -> dict:
         "reused": record.footprints_reused,
         "moved_computed": moved_record.footprint_rows_computed,
         "n": after.num_points,
+        "split": [
+            (r.footprint_compute_s, r.gather_s, r.reference_s, r.footprint_seconds)
+            for r in (record, some_record, moved_record)
+        ],
     }
 
 
@@ -206,3 +210,26 @@ def test_footprints_carried_across_a_structural_step_equal_recomputed(tmp_path):
         assert r["replanned_equal"] and r["some_computed"] == 10, r
         # all moved: every row is recomputed but those provably still behind every camera
         assert r["moved_equal"] and 0.9 * r["n"] < r["moved_computed"] <= r["n"], r
+        # the record's split: computing, gathering and the reference are parts of the
+        # footprint seconds, and every phase start here computed and gathered some rows
+        for compute_s, gather_s, reference_s, footprint_s in r["split"]:
+            assert compute_s > 0 and gather_s > 0 and reference_s > 0, r["split"]
+            assert compute_s + gather_s + reference_s <= footprint_s, r["split"]
+
+
+def test_phase_start_split_sums_the_slowest_ranks_phases():
+    from odin_ns.bench.sync import PHASE_START_SPLIT, phase_start_split
+
+    def phase(total: float, part: float) -> dict:
+        return {"phase_start_s": total, **{k: part for k in PHASE_START_SPLIT}}
+
+    fast = {"phases": [phase(1.0, 0.1), phase(1.0, 0.1)]}
+    slow = {"phases": [phase(2.0, 0.2), phase(1.5, 0.1)]}
+    split = phase_start_split([fast, slow])
+    assert split["phase_starts"] == 2
+    assert split["phase_split_gather_s"] == 0.2 + 0.1  # the slow rank's
+    parts = sum(
+        v for k, v in split.items() if k.startswith("phase_split_") and k != "phase_split_other_s"
+    )
+    assert abs(parts + split["phase_split_other_s"] - 3.5) < 1e-12
+    assert phase_start_split([{"phases": [{"phase_start_s": 1.0}]}]) == {}  # older run logs

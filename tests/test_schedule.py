@@ -355,15 +355,17 @@ def test_dependency_table_equals_brute_force(strategy, assignment, views_per_ran
     np.testing.assert_array_equal(plan.dependency_rows, rows)
 
 
-def test_conflict_rows_equals_brute_force():
+@pytest.mark.parametrize("window", [2, 4])  # 4: the counts build_plan keeps (Plan.conflict)
+def test_conflict_rows_equals_brute_force(window):
     F = random_footprints(30, 300, 0.03, seed=9)
     plan = build_plan(F, 3, 20, strategy="random", seed=2)
     T, R = 20, 3
-    got = conflict_rows(plan, window=2)
+    got = conflict_rows(plan, window=window)
+    assert got.sum() > 0
     for t in range(T):
         for r in range(R):
             peer = set()
-            for s in range(max(0, t - 2), t):
+            for s in range(max(0, t - window), t):
                 for q in range(R):
                     if q != r:
                         peer |= set(plan.step_footprint(s, q).tolist())

@@ -132,6 +132,32 @@ def phase_start_seconds(phase: dict) -> float:
     return float(phase.get("phase_start_s", phase.get("plan_seconds", 0.0)))
 
 
+PHASE_START_SPLIT = (
+    "drain_s",
+    "footprint_compute_s",
+    "gather_s",
+    "reference_s",
+    "plan_seconds",
+    "stats_s",
+    "exchange_s",
+    "bind_s",
+)  # the parts of a phase start's ``phase_start_s`` (``PhaseRecord``)
+
+
+def phase_start_split(ranks: list[dict]) -> dict:
+    """Seconds of each part of the phase starts (``PHASE_START_SPLIT``, plus ``other_s``:
+    the rest, e.g. carrying footprints), per run: each part summed over the phases of the
+    rank whose phase starts took longest; {} for run logs without the split."""
+    phases = max((r["phases"] for r in ranks), key=lambda ps: sum(map(phase_start_seconds, ps)))
+    if not phases or "drain_s" not in phases[0]:
+        return {}
+    split = {f"phase_split_{k}": float(sum(p[k] for p in phases)) for k in PHASE_START_SPLIT}
+    total = sum(phase_start_seconds(p) for p in phases)
+    split["phase_split_other_s"] = total - sum(split.values())
+    split["phase_starts"] = len(phases)
+    return split
+
+
 def plan_density(summary: dict) -> dict:
     """Mean dependency and footprint rows per step (summed over ranks, every step) of one
     run, as its ``odin_run.json`` reports them (None in logs older than these keys)."""
@@ -179,6 +205,7 @@ def mode_figures(summary: dict, skip_steps: int) -> dict:
         "mean_gaussians": float(num_gaussians),
         "phase_start_share": float(max(phase_s) / (all_end - all_start + first)),
         "phase_start_seconds": float(max(phase_s)),
+        **phase_start_split(ranks),
         **plan_density(summary),
     }
 
@@ -387,6 +414,8 @@ def main(argv: list[str] | None = None) -> dict:
         put_spread(
             results, f"phase_start_share_{key}", [r[mode]["phase_start_share"] for r in rounds]
         )
+        split = [k for k in rounds[0][mode] if k.startswith("phase_split_")]
+        results[f"phase_start_split_{key}"] = {k[len("phase_split_") :]: figures[k] for k in split}
     pairs = pair_ratios(rounds, modes)
     for key, vals in pairs.items():
         put_spread(results, f"throughput_ratio_{key}", vals["throughput"])

@@ -10,7 +10,9 @@ epoch so that each view is still trained once per epoch.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +42,30 @@ class PhaseRecord:
     footprints_reused: bool = False
     footprint_rows_computed: int = -1  # N (recomputed), the new rows only (carried), 0 (reused)
     phase_start_s: float = 0.0  # the whole phase start: drain, exchange, footprints, plan, bind
+    # The split of phase_start_s (seconds; footprint_seconds = compute + gather + reference
+    # + the carrying bookkeeping):
+    drain_s: float = 0.0  # drain and rendezvous (waits for the slowest rank's last step)
+    footprint_compute_s: float = 0.0  # compute_footprints of this rank's views
+    gather_s: float = 0.0  # the footprint all-gathers (waits for the slowest rank's share)
+    reference_s: float = 0.0  # footprint_reference and the per-Gaussian shift bounds
+    stats_s: float = 0.0  # the record's predicted conflict (plan_conflict)
+    exchange_s: float = 0.0  # telemetry exchange and plan-hash check (one all-gather)
+    bind_s: float = 0.0  # plan views to the data manager, optimizer groups, engine rebind
+
+
+class SectionTimer:
+    """Seconds per named section, summed over calls (one phase start's split)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def section(self, name: str) -> Iterator[None]:
+        tic = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - tic
 
 
 @dataclass
@@ -60,13 +86,29 @@ class FootprintReference:
     focal: float
     near: float
 
-    def take(self, rows: Tensor) -> FootprintReference:
-        """The reference of Gaussians ``rows`` [M] (int64) only, in that order."""
-        cols = rows.cpu().numpy()
+    @property
+    def num_rows(self) -> int:
+        return int(self.means.shape[0])
+
+    def joined(
+        self, other: FootprintReference, column: np.ndarray, footprints: sp.csr_matrix
+    ) -> FootprintReference:
+        """The reference of ``footprints`` [V, M], whose row i's state is row ``column[i]``
+        ([M] int64) of [this reference's rows | ``other``'s rows]."""
+        index = torch.from_numpy(column).to(self.means.device)
+
+        def rows(a: Tensor, b: Tensor) -> Tensor:
+            return torch.cat([a, b])[index]
+
         return FootprintReference(
-            self.footprints[:, cols], self.means[rows], self.max_scale[rows],
-            self.front[rows], self.behind[rows], self.focal, self.near,
-        )  # fmt: skip
+            footprints,
+            rows(self.means, other.means),
+            rows(self.max_scale, other.max_scale),
+            rows(self.front, other.front),
+            rows(self.behind, other.behind),
+            max(self.focal, other.focal),
+            self.near,
+        )
 
 
 @dataclass
@@ -177,32 +219,14 @@ def screen_shifts(
     return torch.where(crossed, torch.full_like(bound, float("inf")), bound)
 
 
-def _merged_reference(
-    kept_ref: FootprintReference,
-    new_ref: FootprintReference,
-    kept: np.ndarray,
-    new: np.ndarray,
-    footprints: sp.csr_matrix,
-) -> FootprintReference:
-    """One reference over N rows from the carried rows' (at ``kept`` [K]) and the new
-    rows' (at ``new`` [N - K]): each row keeps the state its footprint was computed from."""
-    n = kept.size + new.size
-
-    def merged(a: Tensor, b: Tensor) -> Tensor:
-        out = torch.empty((n, *a.shape[1:]), dtype=a.dtype, device=a.device)
-        out[torch.from_numpy(kept).to(a.device)] = a
-        out[torch.from_numpy(new).to(a.device)] = b
-        return out
-
-    return FootprintReference(
-        footprints,
-        merged(kept_ref.means, new_ref.means),
-        merged(kept_ref.max_scale, new_ref.max_scale),
-        merged(kept_ref.front, new_ref.front),
-        merged(kept_ref.behind, new_ref.behind),
-        max(kept_ref.focal, new_ref.focal),
-        kept_ref.near,
-    )
+def footprint_columns(
+    left: sp.csr_matrix, right: sp.csr_matrix, column: np.ndarray
+) -> sp.csr_matrix:
+    """[V, M] CSR (sorted indices) whose column i is column ``column[i]`` ([M] int64) of
+    [``left`` | ``right``] (both [V, *] bool). Columns are picked in CSC form (a row gather
+    of the transpose) and converted once, not sliced and re-sorted as CSR."""
+    both = sp.hstack([left.tocsc(), right.tocsc()], format="csc")
+    return both[:, column].tocsr()
 
 
 @torch.no_grad()
@@ -312,6 +336,7 @@ class PhaseController:
         self._reference: FootprintReference | None = None
         self._sources: np.ndarray | None = None  # [N] rows' sources after a structural step
         self.computed_rows = -1  # Gaussians whose footprints the last phase start computed
+        self.timer = SectionTimer()  # the current phase start's split
         self.reused = 0  # phase starts that kept the previous footprints
         self.plan: Plan | None = None
         self.start_step = 0
@@ -364,7 +389,8 @@ class PhaseController:
                 return self._carried_footprints(ref, sources, model, cameras)
         footprints = self._computed_footprints(model, cameras)
         if self.reuse_shift_px > 0:
-            self._reference = footprint_reference(footprints, model, cameras)
+            with self.timer.section("reference"):
+                self._reference = footprint_reference(footprints, model, cameras)
         self.computed_rows = model.num_points
         return footprints
 
@@ -372,8 +398,10 @@ class PhaseController:
         """[V, M] footprints of ``model``'s M Gaussians in every view: each rank computes
         its views' (r, r + R, ...), then one gather."""
         views = np.arange(self.rank, len(cameras), self.world_size)
-        local = local_footprints(model, cameras, views, self.margin_px)
-        return gather_footprints(local, len(cameras), self.rank, self.world_size, self.group)
+        with self.timer.section("footprint_compute"):
+            local = local_footprints(model, cameras, views, self.margin_px)
+        with self.timer.section("gather"):
+            return gather_footprints(local, len(cameras), self.rank, self.world_size, self.group)
 
     def _carried_footprints(
         self, ref: FootprintReference, sources: np.ndarray, model, cameras: Cameras
@@ -383,24 +411,29 @@ class PhaseController:
         footprint was computed keeps it; the other rows' are computed now."""
         device = model.means.device
         keep = sources >= 0
-        src = torch.from_numpy(sources[keep]).to(device)
-        carried_rows = GaussianRows.of(model, torch.from_numpy(np.flatnonzero(keep)).to(device))
-        still = (screen_shifts(ref, carried_rows, src) <= self.reuse_shift_px).cpu().numpy()
-        keep[np.flatnonzero(keep)[~still]] = False
-        kept, new = np.flatnonzero(keep), np.flatnonzero(~keep)
-        old = ref.take(torch.from_numpy(sources[kept]).to(device))
-        column = np.empty(model.num_points, dtype=np.int64)  # column in [kept | new]
-        column[kept], column[new] = np.arange(kept.size), kept.size + np.arange(new.size)
+        carried = np.flatnonzero(keep)
+        carried_rows = GaussianRows.of(model, torch.from_numpy(carried).to(device))
+        with self.timer.section("reference"):
+            src = torch.from_numpy(sources[carried]).to(device)
+            shifts = screen_shifts(ref, carried_rows, src)
+        still = (shifts <= self.reuse_shift_px).cpu().numpy()
+        keep[carried[~still]] = False
+        new = np.flatnonzero(~keep)
+        if new.size == 0 and np.array_equal(sources, np.arange(ref.num_rows)):
+            self.reused += 1  # every footprint holds, in the same order: the same matrix
+            self.computed_rows = 0
+            return ref.footprints
         new_rows = GaussianRows.of(model, torch.from_numpy(new).to(device))
         if new.size:  # the same decision on every rank (replicated state): all gather, or none
             fresh = self._computed_footprints(new_rows, cameras)  # [V, len(new)]
         else:
             fresh = sp.csr_matrix((len(cameras), 0), dtype=bool)
-        footprints = sp.hstack([old.footprints, fresh], format="csr")[:, column]
-        footprints.sort_indices()
-        self._reference = _merged_reference(
-            old, footprint_reference(fresh, new_rows, cameras), kept, new, footprints
-        )
+        column = np.where(keep, sources, 0)  # each row's column of [ref's rows | new rows]
+        column[new] = ref.num_rows + np.arange(new.size)
+        footprints = footprint_columns(ref.footprints, fresh, column)
+        with self.timer.section("reference"):
+            fresh_ref = footprint_reference(fresh, new_rows, cameras)
+        self._reference = ref.joined(fresh_ref, column, footprints)
         if new.size == 0:
             self.reused += 1
         self.computed_rows = int(new.size)
@@ -433,6 +466,7 @@ class PhaseController:
                 phase must end (a structural step, or a checkpoint step), or None.
             resumed: a checkpoint's ``resume_state`` (the run's first phase after a resume).
         """
+        self.timer = SectionTimer()
         tic = time.perf_counter()
         reused_before = self.reused
         footprints = self._footprints(model, cameras)
@@ -463,18 +497,26 @@ class PhaseController:
             strategy=self.strategy,
             **resume,
         )
+        plan_s = time.perf_counter() - tic
+        with self.timer.section("stats"):
+            conflict = float(np.mean(plan_conflict(plan))) if num_steps > 1 else 0.0
+        times = self.timer.seconds
         record = PhaseRecord(
             phase=self.index,
             start_step=step,
             num_steps=num_steps,
             num_gaussians=model.num_points,
             footprint_seconds=footprint_s,
-            plan_seconds=time.perf_counter() - tic,
+            plan_seconds=plan_s,
             mean_footprint_rows=float(np.mean(plan.message_rows)),
             views_per_rank=plan.views_per_rank,
-            predicted_conflict=float(np.mean(plan_conflict(plan))) if num_steps > 1 else 0.0,
+            predicted_conflict=conflict,
             footprints_reused=self.reused > reused_before,
             footprint_rows_computed=computed_rows,
+            footprint_compute_s=times.get("footprint_compute", 0.0),
+            gather_s=times.get("gather", 0.0),
+            reference_s=times.get("reference", 0.0),
+            stats_s=times.get("stats", 0.0),
         )
         self.plan = plan
         self.start_step, self.end_step = step, step + num_steps

@@ -186,6 +186,7 @@ class DistributedSession:
             # Every rank is here before the collectives below (rank 0 may come late from a
             # checkpoint write): a heartbeat-aware wait, not gloo's timeout.
             self.engine.rendezvous(f"phase start at step {step}")
+        drain_s = time.perf_counter() - tic
         if self.checkpoint_every > 0 and step > 1 and (step - 1) % self.checkpoint_every == 0:
             self.phases.forget_footprints()  # as a run resumed from that checkpoint does
         plan, record = self.phases.start(
@@ -196,6 +197,7 @@ class DistributedSession:
             resumed=self._resumed_phase,
         )
         self._resumed_phase = None
+        exchange_tic = time.perf_counter()
         panels = self.pipeline.panels
         request, checks = self.telemetry.exchange_at_phase_start(
             panels.requested_settings() if panels is not None else {},
@@ -212,6 +214,8 @@ class DistributedSession:
             self.sync_config.staleness_window = int(
                 request.get("K", self.sync_config.staleness_window)
             )
+        bind_tic = time.perf_counter()
+        record.exchange_s = bind_tic - exchange_tic
         self.datamanager.set_plan_views(plan.views[:, self.rank, :], start_step=step)
         groups = bind_param_groups(self.model.gauss_params, self.optimizers, GAUSSIAN_GROUPS)
         if self.engine is None:
@@ -231,7 +235,8 @@ class DistributedSession:
                 # Densified: after the drain every primitive is current up to the last step.
                 versions = torch.full((self.model.num_points,), step - 1, dtype=torch.int64)
             self.engine.rebind(groups, plan, step_offset=step, versions=versions)
-        record.phase_start_s = time.perf_counter() - tic
+        toc = time.perf_counter()
+        record.drain_s, record.bind_s, record.phase_start_s = drain_s, toc - bind_tic, toc - tic
         self.telemetry.record_phase(vars(record))
 
     def _next_boundary(self, step: int) -> int | None:

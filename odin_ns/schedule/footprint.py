@@ -36,6 +36,7 @@ from collections.abc import Sequence
 import numpy as np
 import scipy.sparse as sp
 import torch
+from scipy.spatial import cKDTree
 from torch import Tensor
 
 from odin_ns.cuda import ops as ext_ops
@@ -107,31 +108,26 @@ def _exact_radius(
 def _kd_cells(
     points: np.ndarray, leaf: int, fanout: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Median-split kd-tree over ``points`` [M, 3], built level by level.
+    """Median-split kd-tree over ``points`` [M, 3]: the kd order of scipy's balanced
+    ``cKDTree`` (each node split at the median of its widest axis, built in C), cut by
+    sizes alone, as that tree cuts its nodes (a node of m points into its first m // 2
+    and the rest, until at most ``leaf``; a few cuts may fall elsewhere than scipy's).
 
     Returns (order [M], leaf_starts [L + 1], coarse_starts [C + 1]): positions
     ``order[leaf_starts[i]:leaf_starts[i + 1]]`` form leaf i (<= ``leaf`` points); coarse
-    nodes (<= ``leaf * fanout`` points) are unions of consecutive leaves.
+    nodes (<= ``leaf * fanout`` points) are unions of consecutive leaves. Any contiguous
+    ranges of any order give the same footprints (boxes are taken over each range's own
+    points, and culling is conservative); a tighter tree only tests fewer pairs. No walk
+    over the tree's nodes in Python (thousands of objects, and garbage-collector passes).
     """
     m = points.shape[0]
-    order = np.arange(m)
+    order = np.asarray(cKDTree(points, leafsize=leaf, balanced_tree=True).indices, np.int64)
     starts = np.array([0, m], dtype=np.int64)
     coarse = starts if m <= leaf * fanout else None
     while np.diff(starts).max() > leaf:
         sizes = np.diff(starts)
-        node = np.repeat(np.arange(sizes.size), sizes)
-        pts = points[order]
-        lo = np.minimum.reduceat(pts, starts[:-1], axis=0)
-        hi = np.maximum.reduceat(pts, starts[:-1], axis=0)
-        span = hi - lo
-        axis = span.argmax(axis=1)
-        val = (pts[np.arange(m), axis[node]] - lo[node, axis[node]]) / np.maximum(
-            span[node, axis[node]], 1e-30
-        )
-        order = order[np.argsort(node + np.clip(val, 0.0, 0.999999), kind="stable")]
         split = sizes > leaf
-        mids = starts[:-1][split] + sizes[split] // 2
-        starts = np.union1d(starts, mids)
+        starts = np.union1d(starts, starts[:-1][split] + sizes[split] // 2)
         if coarse is None and np.diff(starts).max() <= leaf * fanout:
             coarse = starts
     return order, starts, coarse
@@ -196,14 +192,16 @@ def _test_members(
     eps2d: float,
     device: torch.device,
 ) -> Tensor:
-    """Footprint test of each (view, member) pair, [Q, L] bool (gsplat's inequalities).
+    """Footprint test of each (view, member) pair (gsplat's inequalities): [K] int64 flat
+    positions ``q * L + j`` of the pairs in, ascending.
 
     Pairs with the projected mean within 2 px (the smallest radius) + margin of the image
     are in; pairs outside even with the radius bound are out; the rest get the exact radius.
+    Gathers go through flat positions (``take`` / ``index_select``), not 2-D indexing.
     """
     ok = member >= 0
     mem = member.clamp(min=0)
-    p = mu[mem]  # [Q, L, 3]
+    p = mu.index_select(0, mem.reshape(-1)).reshape(*mem.shape, 3)  # [Q, L, 3]
     R = tab[:, :9].reshape(-1, 1, 3, 3)
     x, y, z = (
         (R[..., k, 0] * p[..., 0] + R[..., k, 1] * p[..., 1] + R[..., k, 2] * p[..., 2])
@@ -219,27 +217,31 @@ def _test_members(
     dv = (v - 0.5 * H).abs() - 0.5 * H - margin
     d = torch.maximum(du, dv)
     sure_in = valid & (d < _MIN_RADIUS - 1e-3)
-    bound = 3.0 * torch.sqrt(smax[mem] ** 2 * tab[:, 20, None] / zs**2 + 0.4) * (1 + 1e-4) + 1.01
+    bound = (
+        3.0 * torch.sqrt(smax.take(mem) ** 2 * tab[:, 20, None] / zs**2 + 0.4) * (1 + 1e-4) + 1.01
+    )
     maybe = valid & ~sure_in & (d < bound + 1e-3)
     # The final decision of every candidate pair is the footprint_cull op's (gsplat's image
     # test, in the same float32 operation order): a sure pair passes it with the smallest
     # gsplat radius, a maybe pair is tested with its exact radius.
-    q, j = (sure_in | maybe).nonzero().unbind(-1)
-    radius = torch.full((q.numel(),), _MIN_RADIUS)
-    pick = maybe[q, j].nonzero().squeeze(-1)
+    pairs = (sure_in | maybe).reshape(-1).nonzero().squeeze(-1)  # flat positions, ascending
+    if pairs.numel() == 0:
+        return pairs
+    q = pairs // member.shape[1]
+    radius = torch.full((pairs.numel(),), _MIN_RADIUS)
+    pick = maybe.take(pairs).nonzero().squeeze(-1)
     if pick.numel():
-        qm, jm = q[pick], j[pick]
-        mean_c = torch.stack([x[qm, jm], y[qm, jm], z[qm, jm]], -1)
-        tq = tab[qm]
+        at = pairs[pick]
+        mean_c = torch.stack([x.take(at), y.take(at), z.take(at)], -1)
+        tq = tab.index_select(0, q[pick])
+        covar_m = covar.index_select(0, mem.take(at))
         radius[pick] = _exact_radius(
-            tq[:, :9].reshape(-1, 3, 3), mean_c, covar[mem[qm, jm]], tq[:, 12:18], eps2d
+            tq[:, :9].reshape(-1, 3, 3), mean_c, covar_m, tq[:, 12:18], eps2d
         )
-    hit = torch.zeros_like(sure_in)
-    if q.numel():
-        kept = _cull_pairs(u[q, j], v[q, j], radius, z[q, j], opacity[mem[q, j]], tab[:, 16:18],
-                           q, margin, near, device)  # fmt: skip
-        hit[q[kept], j[kept]] = True
-    return hit
+    opacity_p = opacity.take(mem.take(pairs))
+    kept = _cull_pairs(u.take(pairs), v.take(pairs), radius, z.take(pairs), opacity_p,
+                       tab[:, 16:18], q, margin, near, device)  # fmt: skip
+    return pairs[kept]
 
 
 def _cull_pairs(
@@ -260,24 +262,31 @@ def _cull_pairs(
     kernel when the caller's tensors live on a GPU; the torch reference without the
     extension).
     """
-    # distinct sizes over the Q candidates, not the P >> Q pairs (torch.unique(dim=0) is slow)
-    sizes, candidate_group = torch.unique(size, dim=0, return_inverse=True)
-    group = candidate_group[candidate]
+    # distinct sizes over the Q candidates, as one integer key each (sizes are whole pixels)
+    key = size[:, 0].long() * (1 << 32) + size[:, 1].long()
+    keys, candidate_group = torch.unique(key, return_inverse=True)
     parts = []
-    for g, (w, h) in enumerate(sizes.tolist()):
-        sel = torch.arange(group.numel()) if len(sizes) == 1 else (group == g).nonzero().squeeze(-1)
+    for g, k in enumerate(keys.tolist()):
+        w, h = k >> 32, k & 0xFFFFFFFF
+        if len(keys) == 1:  # one image size (the usual case): every pair
+            sel = None
+            pu, pv, pr, pd, po = u, v, radius, depth, opacity
+        else:
+            sel = (candidate_group.take(candidate) == g).nonzero().squeeze(-1)
+            pu, pv, pr, pd, po = (t.take(sel) for t in (u, v, radius, depth, opacity))
         indptr, idx = ext_ops.footprint_cull(
-            torch.stack([u[sel], v[sel]], -1)[None].to(device),  # [1, P_g, 2]
-            radius[sel][None].to(device),  # [1, P_g]
-            depth[sel][None].to(device),  # [1, P_g]
-            opacity[sel].to(device),  # [P_g]
+            torch.stack([pu, pv], -1)[None].to(device),  # [1, P_g, 2]
+            pr[None].to(device),  # [1, P_g]
+            pd[None].to(device),  # [1, P_g]
+            po.to(device),  # [P_g]
             int(w),
             int(h),
             margin,
             near,
             0.0,  # opacities were thresholded when the primitives were kept
         )
-        parts.append(sel[idx.cpu()])
+        idx = idx.cpu()
+        parts.append(idx if sel is None else sel.take(idx))
     kept = torch.cat(parts)
     return kept if len(parts) == 1 else kept.sort().values
 
@@ -367,14 +376,14 @@ def compute_footprints(
     # Kept primitives in kd-tree order; leaves (<= leaf_size) nested in coarse nodes.
     from gsplat.cuda._torch_impl import _quat_scale_to_covar_preci
 
-    pts = means[keep].double().numpy()
+    pts = means.index_select(0, keep).double().numpy()
     kd, leaf_starts, coarse_starts = _kd_cells(pts, leaf_size, 32)
     order_np = keep.numpy()[kd]
     order = torch.from_numpy(order_np)
-    mu = means[order]
-    covar, _ = _quat_scale_to_covar_preci(quats[order], scales[order], True, False)
-    smax = scales[order].amax(dim=-1)
-    opac = opacities[order]
+    mu, quats_o, scales_o = (t.index_select(0, order) for t in (means, quats, scales))
+    covar, _ = _quat_scale_to_covar_preci(quats_o, scales_o, True, False)
+    smax = scales_o.amax(dim=-1)
+    opac = opacities.index_select(0, order)
     pts, smax_np = pts[kd], smax.double().numpy()
     leaf_box = _box_params(pts, smax_np, leaf_starts)
     coarse_box = _box_params(pts, smax_np, coarse_starts)
@@ -403,7 +412,9 @@ def compute_footprints(
         ll = torch.repeat_interleave(first[cc] - torch.cumsum(cnt, 0) + cnt, cnt)
         ll = ll + torch.arange(ll.numel())
         if ll.numel():
-            vis = _box_visible(tab[v0 + lv], leaf_box[ll], margin, near, far)
+            vis = _box_visible(
+                tab.index_select(0, v0 + lv), leaf_box.index_select(0, ll), margin, near, far
+            )
             lv, ll = lv[vis], ll[vis]
         hits_v: list[np.ndarray] = []
         hits_p: list[np.ndarray] = []
@@ -413,16 +424,16 @@ def compute_footprints(
             member = leaf_start[ql, None] + lane[None]
             member = torch.where(lane[None] < leaf_len[ql, None], member, -1)
             hit = _test_members(
-                tab[v0 + qv], member, mu, covar, smax, opac, margin, near, far, eps2d, device
-            )
-            q, j = hit.nonzero().unbind(-1)
-            hits_v.append(qv[q].numpy())
-            hits_p.append(member[q, j].numpy())
+                tab.index_select(0, v0 + qv), member, mu, covar, smax, opac, margin, near, far,
+                eps2d, device,
+            )  # fmt: skip
+            hits_v.append(qv.take(hit // L).numpy())
+            hits_p.append(member.take(hit).numpy())
         hv = np.concatenate(hits_v) if hits_v else np.zeros(0, dtype=np.int64)
         hp = order_np[np.concatenate(hits_p)] if hits_p else np.zeros(0, dtype=np.int64)
-        srt = np.argsort(hv * np.int64(n) + hp, kind="stable")
         indptr[v0 + 1 : v1 + 1] = np.bincount(hv, minlength=v1 - v0)
-        parts.append(hp[srt].astype(index_dtype))
+        pairs = np.sort(hv * np.int64(n) + hp)  # (view, primitive) pairs are unique
+        parts.append((pairs % n).astype(index_dtype))
     np.cumsum(indptr, out=indptr)
     indices = np.concatenate(parts)
     out = sp.csr_matrix(

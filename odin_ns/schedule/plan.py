@@ -26,10 +26,12 @@ and the plan is cut after ``num_steps`` steps. To continue an unfinished epoch i
 phase (new footprints after densification), pass ``**plan.resume(t)``: the views not yet
 trained in that epoch are planned first as a short epoch, then full epochs follow.
 
-Dependency table: one pass over the steps with a per-(primitive, rank) last-write array
-[N, R]; at step t each rank's read set gathers its rows, the max per column is the latest
-step each peer wrote any of them, and the count of rows equal to that max is the
-intersection size. Writes of step t are recorded after all reads of step t.
+Dependency table: one pass over the steps with a per-(rank, primitive) last-write array
+[R, N]; at step t each rank's read set gathers its rows, the max per peer is the latest
+step that peer wrote any of them, and the count of rows equal to that max is the
+intersection size. Writes of step t are recorded after all reads of step t. The same pass
+counts each read set's rows a peer wrote in the last ``CONFLICT_WINDOW`` steps
+(``Plan.conflict``, what ``stats.plan_conflict`` reports).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import scipy.sparse as sp
 from odin_ns.schedule.locality import locality_graph, partition_views
 
 Strategy = Literal["odin", "random"]
+CONFLICT_WINDOW = 4  # steps back a plan's ``conflict`` looks (``stats.plan_conflict``)
 
 
 @dataclass
@@ -80,6 +83,8 @@ class Plan:
     seed: int
     epoch: int  # epoch of the first step
     pending: np.ndarray | None = field(default=None)  # views still due in `epoch`
+    conflict: np.ndarray | None = field(default=None)  # int64 [T, R] (dependency_pass)
+    conflict_window: int = CONFLICT_WINDOW
 
     @property
     def num_steps(self) -> int:
@@ -326,38 +331,52 @@ def _relabel_by_first_touch(ids: np.ndarray, n: int) -> np.ndarray:
     return label[ids]
 
 
+def dependency_pass(
+    F: sp.csr_matrix, views: np.ndarray, window: int = CONFLICT_WINDOW
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(dependency [T, R, R], dependency_rows [T, R, R], message_rows [T, R], conflict
+    [T, R]) of ``views``, in one pass over the steps.
+
+    ``conflict[t, r]``: rows of rank r's read set at t that a peer wrote in steps
+    ``t - window .. t - 1`` (what ``stats.conflict_rows`` reports). The pass keeps
+    ``last[q, p]``, the latest step < t at which rank q wrote primitive p, and reads it per
+    rank with contiguous takes (a read set's rows are one slice of the concatenated sets).
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    T, R, _ = views.shape
+    dep = np.full((T, R, R), -1, dtype=np.int64)
+    rows = np.zeros((T, R, R), dtype=np.int64)
+    conflict = np.zeros((T, R), dtype=np.int64)
+    ids, offs = _all_step_rows(F, views)
+    msg = np.diff(offs).reshape(T, R)
+    ids = _relabel_by_first_touch(ids, F.shape[1]).astype(np.intp)
+    last = np.full((R, F.shape[1]), -1, dtype=_step_dtype(T))  # -1: never written
+    for t in range(T):
+        reads = [ids[offs[t * R + r] : offs[t * R + r + 1]] for r in range(R)]
+        for r, read in enumerate(reads):
+            if read.size == 0:
+                continue
+            seen = last.take(read, axis=1)  # [R, M]: each rank's latest write of each row
+            latest = seen.max(axis=1)  # [R]
+            dep[t, r] = latest
+            count = [np.count_nonzero(seen[q] == latest[q]) for q in range(R)]
+            rows[t, r] = np.where(latest >= 0, count, 0)
+            seen[r] = -1  # a rank does not conflict with itself
+            conflict[t, r] = np.count_nonzero(seen.max(axis=0) >= max(t - window, 0))
+        for r, read in enumerate(reads):  # step t's writes, after all of its reads
+            last[r][read] = t
+    rank_ids = np.arange(R)
+    dep[:, rank_ids, rank_ids] = -1
+    rows[:, rank_ids, rank_ids] = 0
+    return dep, rows, msg, conflict
+
+
 def dependency_table(
     F: sp.csr_matrix, views: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dependency [T, R, R], dependency_rows [T, R, R], message_rows [T, R]) of ``views``."""
-    T, R, _ = views.shape
-    dep = np.full((T, R, R), -1, dtype=np.int64)
-    rows = np.zeros((T, R, R), dtype=np.int64)
-    ids, offs = _all_step_rows(F, views)
-    msg = np.diff(offs).reshape(T, R)
-    ids = _relabel_by_first_touch(ids, F.shape[1])
-    # last[p, q] = latest step < t at which rank q wrote primitive p (-1: never).
-    last = np.full((F.shape[1], R), -1, dtype=_step_dtype(T))
-    flat = last.reshape(-1)
-    rank_ids = np.arange(R)
-    for t in range(T):
-        o = offs[t * R : (t + 1) * R + 1]
-        if o[-1] == o[0]:
-            continue
-        ids_t = ids[o[0] : o[-1]]
-        lens = msg[t]
-        live = np.flatnonzero(lens)
-        starts = o[live] - o[0]
-        block = last[ids_t]  # [M, R]
-        mx = np.maximum.reduceat(block, starts, axis=0)  # [R', R]
-        eq = block == np.repeat(mx, lens[live], axis=0)
-        cnt = np.add.reduceat(eq, starts, axis=0, dtype=np.int64)
-        dep[t, live] = mx
-        rows[t, live] = np.where(mx >= 0, cnt, 0)
-        flat[ids_t.astype(np.int64) * R + np.repeat(rank_ids, lens)] = t
-    dep[:, rank_ids, rank_ids] = -1
-    rows[:, rank_ids, rank_ids] = 0
-    return dep, rows, msg
+    return dependency_pass(F, views)[:3]
 
 
 def _plan_hash(F: sp.csr_matrix, views: np.ndarray, meta: list, cost: np.ndarray, pending) -> str:
@@ -439,7 +458,7 @@ def build_plan(
     else:
         views = np.zeros((0, R, B), dtype=np.int64)
         step_epoch = np.zeros(0, dtype=np.int64)
-    dep, dep_rows, msg = dependency_table(F, views)
+    dep, dep_rows, msg, conflict = dependency_pass(F, views)
     meta = [strategy, assignment, R, B, int(num_steps), int(seed), int(epoch)]
     meta += [opts.knn, opts.max_work, opts.locality_gain]
     return Plan(
@@ -456,4 +475,5 @@ def build_plan(
         seed=int(seed),
         epoch=int(epoch),
         pending=pending,
+        conflict=conflict,
     )

@@ -4,44 +4,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from odin_ns.schedule.plan import (
-    Plan,
-    _all_step_rows,
-    _relabel_by_first_touch,
-    _step_dtype,
-)
+from odin_ns.schedule.plan import CONFLICT_WINDOW, Plan, dependency_pass
 
 
-def conflict_rows(plan: Plan, window: int = 4) -> np.ndarray:
+def conflict_rows(plan: Plan, window: int = CONFLICT_WINDOW) -> np.ndarray:
     """[T, R] int64: rows of ``step_footprint(t, r)`` that some peer q != r wrote in
-    steps ``t - window .. t - 1`` (the rows rank r may have to wait for)."""
+    steps ``t - window .. t - 1`` (the rows rank r may have to wait for). ``build_plan``
+    counts them for its ``conflict_window`` (``Plan.conflict``); other windows take a pass
+    over the plan."""
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
-    F, views = plan.footprints, plan.views
-    T, R, _ = views.shape
-    out = np.zeros((T, R), dtype=np.int64)
-    ids, offs = _all_step_rows(F, views)
-    ids = _relabel_by_first_touch(ids, F.shape[1]).astype(np.int64)
-    lens_all = np.diff(offs).reshape(T, R)
-    # last[p, q] = latest step < t at which rank q wrote p (never: -window - 1).
-    last = np.full((F.shape[1], R), -window - 1, dtype=_step_dtype(T + window + 1))
-    never = -window - 1
-    rank_ids = np.arange(R)
-    for t in range(T):
-        o0, o1 = offs[t * R], offs[(t + 1) * R]
-        if o1 == o0:
-            continue
-        ids_t = ids[o0:o1]
-        seg = np.repeat(rank_ids, lens_all[t])
-        block = last[ids_t]
-        block[np.arange(ids_t.size), seg] = never  # a rank does not conflict with itself
-        hot = block.max(axis=1) >= t - window
-        out[t] = np.bincount(seg, weights=hot, minlength=R).astype(np.int64)
-        last[ids_t, seg] = t
-    return out
+    if plan.conflict is not None and window == plan.conflict_window:
+        return plan.conflict.copy()
+    return dependency_pass(plan.footprints, plan.views, window)[3]
 
 
-def plan_conflict(plan: Plan, window: int = 4) -> np.ndarray:
+def plan_conflict(plan: Plan, window: int = CONFLICT_WINDOW) -> np.ndarray:
     """[T] float64: fraction of step t's read rows (all ranks) that a peer wrote within
     the last ``window`` steps. 0 = ranks never touch each other's recent work."""
     rows = conflict_rows(plan, window).sum(axis=1)
