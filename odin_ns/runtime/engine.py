@@ -579,7 +579,7 @@ class PrimitiveSyncEngine:
                     return q, step
             return None
 
-        self._busy_s += self._wait(blocker, start, f"{what} (rendezvous {n})", poll_s=0.02)
+        self._busy_s += self._wait(blocker, start, f"{what} (rendezvous {n})", poll_s=0.005)
         return time.perf_counter() - start
 
     def close(self) -> None:

@@ -107,7 +107,7 @@ def wait_for_rendezvous(
         while q != rank and (liveness.arrived(q) or 0) < count:
             if time.perf_counter() > silence.deadline(q, start):
                 return q
-            time.sleep(0.02)
+            time.sleep(0.005)
     return None
 
 
