@@ -106,3 +106,46 @@ def test_rendezvous_waits_for_a_busy_peer_and_times_out_on_a_silent_one(busy):
     assert late == (None if busy else 1)
     if not busy:
         assert "busy notice" not in silence.describe(1)
+
+
+class _Session:
+    """What ``OdinTrainer._eval_iteration_sharded`` asks of the sharded session."""
+
+    def __init__(self, copy):
+        self.copy = copy
+        self.released = 0
+        self.busy_for: list[str] = []
+
+    def refresh_eval_copy(self, step):
+        return self.copy
+
+    def release_eval_copy(self):
+        self.released += 1
+
+    def busy(self, what):
+        self.busy_for.append(what)
+        raise AssertionError("a bounded copy must not be evaluated")
+
+
+def _trainer(session, cap: int):
+    from types import SimpleNamespace
+
+    from odin_ns.trainer import OdinTrainer
+
+    trainer = OdinTrainer.__new__(OdinTrainer)  # only what the method reads
+    trainer.session = session
+    trainer.config = SimpleNamespace(pipeline=SimpleNamespace(eval_copy_max_rows=cap))
+    return trainer
+
+
+def test_a_bounded_copy_is_not_evaluated_and_is_released(capsys):
+    from odin_ns.distributed.sharded_eval import EvalCopy
+
+    partial = EvalCopy({}, np.arange(5), num_rows=9, step=3)
+    session = _Session(partial)
+    _trainer(session, cap=5)._eval_iteration_sharded(3)
+    assert session.released == 1 and session.busy_for == []
+    assert "evaluation skipped" in capsys.readouterr().out
+    other_rank = _Session(None)  # ranks other than 0 get no copy and evaluate nothing
+    _trainer(other_rank, cap=5)._eval_iteration_sharded(3)
+    assert other_rank.released == 0 and other_rank.busy_for == []
