@@ -33,6 +33,7 @@ from odin_ns.distributed.phase import PhaseController, geometry_keys, row_source
 from odin_ns.distributed.telemetry import SyncTelemetry
 from odin_ns.model import GAUSSIAN_GROUPS
 from odin_ns.runtime import PrimitiveSyncEngine
+from odin_ns.runtime.liveness import switch_held_section
 
 
 def runtime_process_group():
@@ -306,12 +307,7 @@ class DistributedSession:
 
     def set_paused(self, paused: bool) -> None:
         """The viewer paused (or resumed) this rank: a busy section while it lasts."""
-        if paused and self._paused is None:
-            self._paused = self.busy("viewer paused")
-            self._paused.__enter__()
-        elif not paused and self._paused is not None:
-            self._paused.__exit__(None, None, None)
-            self._paused = None
+        self._paused = switch_held_section(self._paused, paused, lambda: self.busy("viewer paused"))
 
     def resume_state(self, step: int) -> dict:
         """The phase state a checkpoint taken after ``step`` needs (call after ``drain``)."""

@@ -53,7 +53,12 @@ from odin_ns.errors import OdinInputError
 from odin_ns.model import GAUSSIAN_GROUPS
 from odin_ns.preflight import check_dense_parameters, check_row_cap_option
 from odin_ns.runtime import P2PTransport, ParamGroupState, SyncTimeout
-from odin_ns.runtime.liveness import PeerSilence, StoreLiveness, wait_for_rendezvous
+from odin_ns.runtime.liveness import (
+    PeerSilence,
+    StoreLiveness,
+    switch_held_section,
+    wait_for_rendezvous,
+)
 from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, phase_read_sets
 from odin_ns.schedule.ownership import (
     assign_ownership,
@@ -813,12 +818,7 @@ class ShardedSession:
 
     def set_paused(self, paused: bool) -> None:
         """The viewer paused (or resumed) this rank: a busy section while it lasts."""
-        if paused and self._paused is None:
-            self._paused = self.busy("viewer paused")
-            self._paused.__enter__()
-        elif not paused and self._paused is not None:
-            self._paused.__exit__(None, None, None)
-            self._paused = None
+        self._paused = switch_held_section(self._paused, paused, lambda: self.busy("viewer paused"))
 
     def close(self) -> None:
         self.grads_tx.close()

@@ -22,8 +22,8 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Protocol
 
 import torch.distributed as dist
@@ -94,6 +94,19 @@ class PeerSilence:
         silent = time.perf_counter() - self.heard[peer]
         reason = self.liveness.reason(peer) or "busy"
         return f"; its last busy notice ({reason}) came {silent:.1f} s ago"
+
+
+def switch_held_section(held, hold: bool, begin: Callable[[], AbstractContextManager]):
+    """A section held open across calls (the viewer's pause as a busy section): enters
+    ``begin()`` when ``hold`` and none is held, leaves the held one when not ``hold``.
+    Returns the section now held, or None."""
+    if hold and held is None:
+        held = begin()
+        held.__enter__()
+    elif not hold and held is not None:
+        held.__exit__(None, None, None)
+        held = None
+    return held
 
 
 def wait_for_rendezvous(
@@ -283,5 +296,6 @@ __all__ = [
     "MemoryLiveness",
     "PeerSilence",
     "StoreLiveness",
+    "switch_held_section",
     "wait_for_rendezvous",
 ]
