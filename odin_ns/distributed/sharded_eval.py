@@ -70,8 +70,9 @@ def select_copy_rows(
     return [np.sort(position[order[rank_of[order] == q]]) for q in range(len(opacities))]
 
 
-def _pack(params: dict[str, Tensor], rows: np.ndarray) -> Tensor:
-    """[k, W] float32 CPU: ``rows`` of every group, flattened, in ``GAUSSIAN_GROUPS`` order."""
+def pack_param_rows(params: dict[str, Tensor], rows: np.ndarray) -> Tensor:
+    """[k, W] float32 CPU: rows ``rows`` ([k] int64 positions) of every group, flattened,
+    in ``GAUSSIAN_GROUPS`` order (one message of parameter rows)."""
     index = torch.from_numpy(rows).to(params["means"].device)
     columns = []
     for name in GAUSSIAN_GROUPS:
@@ -80,8 +81,8 @@ def _pack(params: dict[str, Tensor], rows: np.ndarray) -> Tensor:
     return torch.cat(columns, dim=1).contiguous()
 
 
-def _unpack(buf: Tensor, like: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Inverse of ``_pack`` ([K, W] -> per group [K, ...] on ``like``'s device and dtype)."""
+def unpack_param_rows(buf: Tensor, like: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Inverse of ``pack_param_rows`` ([K, W] -> per group [K, ...] on ``like``'s device and dtype)."""
     out, off = {}, 0
     for name in GAUSSIAN_GROUPS:
         shape = like[name].shape[1:]
@@ -122,7 +123,7 @@ def gather_eval_copy(
         keep, kept = _exchange_selection(params, owned, sizes, cap, rank, world_size, group)
     else:
         keep, kept = np.arange(owned.size, dtype=np.int64), sizes
-    mine = _pack(params, keep)
+    mine = pack_param_rows(params, keep)
     if rank != 0:
         if keep.size:  # gloo: no empty messages; rank 0 knows the count
             dist.send(torch.from_numpy(owned[keep]), dst=0, group=group, tag=11)
@@ -140,7 +141,7 @@ def gather_eval_copy(
     ids = torch.cat(ids_parts)
     order = torch.argsort(ids)
     rows = torch.cat(rows_parts)[order]
-    return EvalCopy(_unpack(rows, params), ids[order].numpy(), num_rows, step)
+    return EvalCopy(unpack_param_rows(rows, params), ids[order].numpy(), num_rows, step)
 
 
 def _exchange_selection(

@@ -48,7 +48,12 @@ from odin_ns.distributed.sharded_densify import (
     grow_and_prune,
     reset_opacities,
 )
-from odin_ns.distributed.sharded_eval import EvalCopy, gather_eval_copy
+from odin_ns.distributed.sharded_eval import (
+    EvalCopy,
+    gather_eval_copy,
+    pack_param_rows,
+    unpack_param_rows,
+)
 from odin_ns.errors import OdinInputError
 from odin_ns.model import GAUSSIAN_GROUPS
 from odin_ns.preflight import check_dense_parameters, check_row_cap_option
@@ -492,9 +497,7 @@ class ShardedSession:
         """Every owner sends each reader the rows of its cache it owns (isend / irecv on the
         phase group); returns this rank's cache rows per group, [C, ...] each."""
         device = rows.params["means"].device
-        names = list(GAUSSIAN_GROUPS)
-        dims = [int(np.prod(rows.params[n].shape[1:])) for n in names]
-        width = sum(dims)
+        width = sum(int(np.prod(rows.params[n].shape[1:])) for n in GAUSSIAN_GROUPS)
         mine = caches[self.rank]
         works, recvs = [], []
         for q in range(self.world_size):
@@ -502,10 +505,7 @@ class ShardedSession:
                 continue
             need = caches[q][self.owner[caches[q]] == self.rank]  # q's cache rows I own
             if need.size:
-                local = torch.from_numpy(np.searchsorted(owned, need))
-                buf = torch.cat(
-                    [rows.params[n][local].reshape(need.size, -1).cpu() for n in names], dim=1
-                ).contiguous()
+                buf = pack_param_rows(rows.params, np.searchsorted(owned, need))
                 works.append(dist.isend(buf, dst=q, group=self.group, tag=7))
             got = np.flatnonzero(self.owner[mine] == q)  # positions in my cache
             if got.size:
@@ -514,13 +514,14 @@ class ShardedSession:
                 recvs.append((got, buf))
         for w in works:
             w.wait()
-        out = {n: torch.empty((mine.size, *rows.params[n].shape[1:]), device=device) for n in names}
+        out = {
+            n: torch.empty((mine.size, *rows.params[n].shape[1:]), device=device)
+            for n in GAUSSIAN_GROUPS
+        }
         for got, buf in recvs:
-            off = 0
             pos = torch.from_numpy(got).to(device)
-            for n, d in zip(names, dims, strict=True):
-                out[n][pos] = buf[:, off : off + d].reshape(got.size, *out[n].shape[1:]).to(device)
-                off += d
+            for n, part in unpack_param_rows(buf, rows.params).items():
+                out[n][pos] = part
         return out
 
     def _apply_structural_change(self, step: int) -> None:
