@@ -13,16 +13,22 @@ export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: venv test lint demo bench clean
 
+# Large wheels (open3d is 400 MB) can lose their connection part-way: pip resumes a
+# broken download, and a failed install is tried again, up to three times.
+PIP := $(PY) -m pip install -q --retries 10 --timeout 60 --resume-retries 20
+pip_install = for attempt in 1 2 3; do $(PIP) $(1) && break; \
+	[ $$attempt = 3 ] && exit 1; echo "pip install failed (attempt $$attempt), retrying"; sleep 15; done;
+
 $(VENV)/.installed: pyproject.toml
 	# open3d (nerfstudio's point-cloud loader) needs libusb; Debian machines may lack it.
 	@ldconfig -p | grep -q libusb-1.0 || { apt-get update -qq && apt-get install -y -qq libusb-1.0-0; }
 	# tests/test_viewer.py opens the viser panels in Debian's headless chromium.
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --retries 10 --upgrade "pip>=25.1"
 	# torch first, pinned: the CUDA 13.0 build that pip serves from local disk here.
-	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
-	$(PY) -m pip install -q -e ".[dev]"
+	$(call pip_install,torch==2.14.1 torchvision==0.29.1)
+	$(call pip_install,-e ".[dev]")
 	touch $@
 
 venv: $(VENV)/.installed
