@@ -15,7 +15,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 
 # Large wheels (open3d is 400 MB) can lose their connection part-way: pip resumes a
 # broken download, and a failed install is tried again, up to three times.
-PIP := $(PY) -m pip install -q --retries 10 --timeout 60 --resume-retries 20
+PIP := $(PY) -m pip install -q --retries 10 --timeout 60 --resume-retries 200
 pip_install = for attempt in 1 2 3; do $(PIP) $(1) && break; \
 	[ $$attempt = 3 ] && exit 1; echo "pip install failed (attempt $$attempt), retrying"; sleep 15; done;
 
