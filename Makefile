@@ -14,7 +14,8 @@ export OMP_WAIT_POLICY ?= PASSIVE
 .PHONY: venv test lint demo bench clean
 
 # Large wheels (open3d is 400 MB) can lose their connection part-way: pip resumes a
-# broken download, and a failed install is tried again, up to three times.
+# broken download (one install here needed 21 resumes for its last 30 MB), and a failed
+# install is tried again, up to three times.
 PIP := $(PY) -m pip install -q --retries 10 --timeout 60 --resume-retries 200
 pip_install = for attempt in 1 2 3; do $(PIP) $(1) && break; \
 	[ $$attempt = 3 ] && exit 1; echo "pip install failed (attempt $$attempt), retrying"; sleep 15; done;
@@ -75,6 +76,9 @@ bench: venv
 	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 3 --steps 300 --repeats 1 \
 		--modes ddp,barrier,quality-first --work-dir outputs/bench_sync/street3 \
 		--out bench/sync_street_3ranks.json
+	$(PY) -m odin_ns.bench.shard --ranks 2 3 4 --rounds 2 --out bench/shard.json
+	$(PY) -m odin_ns.bench.shard --data ../shared/data/fox --downscale-factor 8 --ranks 2 3 4 \
+		--rounds 1 --out bench/shard_fox.json
 	for m in mcmc big; do \
 		$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 1 \
 			--modes ddp,barrier,quality-first,throughput-first --method odin-splatfacto-$$m \

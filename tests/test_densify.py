@@ -9,7 +9,10 @@ relocation and sampling equal ``MCMCStrategy.step_post_backward``'s, bit for bit
 
 from __future__ import annotations
 
+import math
+
 import gsplat
+import numpy as np
 import pytest
 import torch
 from gsplat.strategy import DefaultStrategy, MCMCStrategy
@@ -130,7 +133,8 @@ def test_apply_equals_gsplat_refine_step():
     densifier = ReplicatedDensifier(strategy, strategy.initialize_state(), SEED)
     assert densifier.is_structural(step) and densifier.is_refine_step(step)
     densifier.accumulate(step, sub, rows, N)
-    densifier.apply(step, ours_params, ours_opts)
+    before = _clone(ours_params)  # after the optimizers' first step
+    parents = densifier.apply(step, ours_params, ours_opts)
 
     assert ours_params["means"].shape[0] != N, "the case must change the Gaussian count"
     for key in base:
@@ -140,6 +144,22 @@ def test_apply_equals_gsplat_refine_step():
         assert torch.equal(mine["exp_avg"], ref["exp_avg"]), key
     for key in ("grad2d", "count", "radii"):
         assert torch.equal(densifier.state[key], theirs_state[key]), key
+    assert set(densifier.state) == set(theirs_state)  # the parent counter does not stay
+
+    # Each row's parent: kept and duplicated rows are bitwise their parent; split children
+    # keep its rotation and colour, with scales 1/1.6 of its and means drawn around it.
+    m = ours_params["means"].shape[0]
+    assert parents.shape == (m,) and parents.dtype == np.int64
+    assert 0 <= parents.min() and parents.max() < N
+    same = (ours_params["means"] == before["means"][parents]).all(1)
+    kinds = torch.bincount(torch.from_numpy(parents), minlength=N)
+    assert 0 < int(same.sum()) < m, "kept rows and split children"
+    assert int((kinds == 2).sum()) > 0  # a duplicated or a split parent has two rows
+    for key in ("quats", "opacities", "colors"):
+        assert torch.equal(ours_params[key], before[key][parents]), key
+    child = ~same
+    expected = before["scales"][parents][child] - math.log(1.6)
+    assert torch.allclose(ours_params["scales"][child], expected, atol=1e-6)
 
 
 def test_schedule_matches_gsplat_conditions():

@@ -39,10 +39,7 @@ VIEWS = 60  # training views (steps x ranks: 30 steps on 2 ranks, 20 on 3)
 TRAINING = [
     *quiet_flags(save_every=1000),
     *schedule_flags(warmup=20, refine_every=15, densify_grad_thresh=0.0002),
-    # The same footprints on both sides: replicated sessions carry each unmoved Gaussian's
-    # footprint across re-plans, sharded ones recompute them (docs/sharded.md).
-    *("--pipeline.footprint-reuse-shift-px", "0"),
-]
+]  # default footprint reuse: both modes carry each Gaussian's footprint by the same rule
 
 
 def _train(data: Path, out: Path, ranks: int, name: str, extra: list[str]) -> Path:
@@ -83,11 +80,34 @@ def runs(street_scene, tmp_path_factory):
         (2, "replicated"): _train(street_scene, out, 2, "rep2", [*barrier, *EVAL]),
         (2, "sharded"): _train(street_scene, out, 2, "shard2", [*sharded, *EVAL, *_live_viewer()]),
         (3, "replicated"): _train(street_scene, out, 3, "rep3", barrier),
-        # random ownership: most reads are remote, so pushes and gradient rows carry the run
+        # random ownership: most reads are remote, so pushes and gradient rows carry the run;
+        # credits of one message: every send waits until the peer took the previous one
         (3, "sharded"): _train(
-            street_scene, out, 3, "shard3", [*sharded, "--pipeline.ownership", "random"]
+            street_scene,
+            out,
+            3,
+            "shard3",
+            [*sharded, "--pipeline.ownership", "random", "--pipeline.sync.max-inflight-bytes", "1"],
         ),
     }
+
+
+@pytest.mark.slow
+def test_credits_bound_inflight_bytes(runs):
+    """With max_inflight_bytes 1 (the 3-rank run), a rank sends a gradient or push message
+    to a peer only once the peer took the previous one: held pushes stop the owner's
+    applies, gradient sends wait (applying meanwhile), and the result is still replicated
+    barrier's bitwise."""
+    # (bitwise: test_sharded_checkpoint_equals_replicated_barrier[3], the capped run)
+    summary = json.loads((runs[3, "sharded"] / "odin_run.json").read_text())
+    steps = [s for r in summary["ranks"] for s in r["steps"]]
+    held = sum(s["pushes_held"] for s in steps)
+    waited = sum(s["credit_wait_s"] > 0 for s in steps)
+    # the cap binds: pushes were held (gradient sends wait too when an owner lags by a
+    # step; in this lockstep run they may not)
+    assert held + waited > 0, (held, waited)
+    # in flight to one peer on one stream: at most one message, never more than a step sent
+    assert max(s["inflight_bytes_max"] for s in steps) <= max(s["bytes_sent"] for s in steps)
 
 
 @pytest.mark.slow
@@ -116,6 +136,16 @@ def test_sharded_checkpoint_equals_replicated_barrier(runs, ranks):
         assert report["owned_rows_max_over_fair"] <= 1.1, report
     for r in summary["ranks"]:
         assert r["resident_rows"] < n  # owned + cache, not the whole model
+
+    # Footprint reuse: the same rows recomputed at every phase start in both modes, and
+    # after a densification some rows carried their (or their parent's) footprint.
+    replicated = json.loads((runs[ranks, "replicated"] / "odin_run.json").read_text())
+    computed = {
+        mode: [(p["num_gaussians"], p["footprint_rows_computed"]) for p in s["ranks"][0]["phases"]]
+        for mode, s in (("replicated", replicated), ("sharded", summary))
+    }
+    assert computed["sharded"] == computed["replicated"], computed
+    assert any(0 < c < n_rows for n_rows, c in computed["sharded"][1:]), computed
 
 
 @pytest.mark.slow

@@ -40,8 +40,6 @@ TRAINING = [
     *quiet_flags(save_every=SAVED, keep_checkpoints=True),
     *schedule_flags(warmup=10, refine_every=8, densify_grad_thresh=0.0002),
     *("--pipeline.schedule-in-views", "False"),  # steps, not views: runs are compared step by step
-    # the same footprints in both modes (replicated carries unmoved ones, sharded recomputes)
-    *("--pipeline.footprint-reuse-shift-px", "0"),
 ]
 SHARDED = ["--pipeline.parallel", "sharded", "--pipeline.sync.mode", "quality-first"]
 BARRIER = ["--pipeline.sync.mode", "barrier"]

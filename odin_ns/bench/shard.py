@@ -44,8 +44,6 @@ MODES = {
 TRAINING = [
     *quiet_flags(save_every=100000),
     *schedule_flags(warmup=20, refine_every=15, densify_grad_thresh=0.0002),
-    # the same footprints in every mode (replicated carries unmoved ones, sharded recomputes)
-    *("--pipeline.footprint-reuse-shift-px", "0"),
 ]
 
 

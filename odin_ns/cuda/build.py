@@ -9,13 +9,14 @@ and tests can build and check each on its own:
   headers) is found; whether a GPU is present does not matter for compiling.
 
 Builds go to ``$ODIN_NS_EXT_DIR`` (default ``~/.cache/odin_ns/ext``), one folder per torch
-and Python version. ninja rebuilds only what changed, so loading an unchanged extension
+and Python version and per checkout (``ext_dir``). ninja rebuilds only what changed, so loading an unchanged extension
 costs one no-op ninja run plus ``dlopen``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import sys
@@ -60,10 +61,13 @@ def csrc_dir() -> Path:
 
 
 def ext_dir() -> Path:
-    """Build cache root: ``$ODIN_NS_EXT_DIR`` or ``~/.cache/odin_ns/ext``, per torch/Python."""
+    """Build cache root: ``$ODIN_NS_EXT_DIR`` or ``~/.cache/odin_ns/ext``, per torch/Python
+    and per checkout (a hash of the sources' folder): torch's build files name the source
+    paths, so two checkouts sharing one folder would rebuild each other's libraries."""
     root = os.environ.get("ODIN_NS_EXT_DIR") or Path.home() / ".cache" / "odin_ns" / "ext"
+    checkout = hashlib.sha1(str(csrc_dir()).encode()).hexdigest()[:8]
     tag = f"torch{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}"
-    return Path(root).expanduser() / tag.replace("+", "_")
+    return Path(root).expanduser() / f"{tag.replace('+', '_')}-{checkout}"
 
 
 def find_cxx_compiler() -> tuple[str | None, str]:

@@ -26,6 +26,7 @@ import contextlib
 import math
 from collections.abc import Iterator, Mapping
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from gsplat.strategy import DefaultStrategy, MCMCStrategy
@@ -34,6 +35,8 @@ from gsplat.strategy.ops import reset_opa
 from torch import Tensor
 
 from odin_ns.distributed.mcmc_noise import MCMCNoise
+
+_PARENT_KEY = "odin_parent_row"  # held in the strategy state only during a refine
 
 # (state key, how ranks combine it) in the fixed order every rank issues the collectives.
 _REDUCTIONS = (
@@ -136,25 +139,38 @@ class ReplicatedDensifier:
         step: int,
         params: torch.nn.ParameterDict,
         optimizers: Mapping[str, torch.optim.Optimizer],
-    ) -> None:
+    ) -> np.ndarray:
         """Sum the statistics across ranks and make step ``step``'s structural change.
 
         Call on every rank after the runtime has drained, at a step where ``is_structural``
         holds. The collectives are the same on every rank in the same order (a rank that
         rendered nothing contributes zeros), so no rank can wait on a collective its peers
         never issue.
+
+        Returns:
+            [N_after] int64: each row's parent row before the change (itself, the original
+            of a duplicate, the parent of a split child).
         """
         num_rows = params["means"].shape[0]
-        self.ensure_state(num_rows, params["means"].device)
+        device = params["means"].device
+        self.ensure_state(num_rows, device)
         if dist.is_initialized():
             for key, op in _REDUCTIONS:
                 if key in self.state:  # the same keys on every rank (ensure_state)
                     dist.all_reduce(self.state[key], op=op)
         refine, reset = self.is_refine_step(step), self.is_reset_step(step)
+        parents = torch.arange(num_rows, device=device)
         with seeded_global_rng(self.seed * 1_000_003 + step):
             if refine:
-                self.strategy._grow_gs(params, optimizers, self.state, step)
-                self.strategy._prune_gs(params, optimizers, self.state, step)
+                # gsplat's grow and prune carry every [N] tensor of the state with the rows
+                # (copied for duplicates and children, dropped when pruned): a row counter
+                # among them comes out as each row's parent.
+                self.state[_PARENT_KEY] = parents
+                try:
+                    self.strategy._grow_gs(params, optimizers, self.state, step)
+                    self.strategy._prune_gs(params, optimizers, self.state, step)
+                finally:
+                    parents = self.state.pop(_PARENT_KEY)
                 self.state["grad2d"].zero_()
                 self.state["count"].zero_()
                 if "radii" in self.state and self.state["radii"] is not None:
@@ -166,6 +182,7 @@ class ReplicatedDensifier:
                     state=self.state,
                     value=self.strategy.prune_opa * 2.0,
                 )
+        return parents.cpu().numpy().astype(np.int64)
 
 
 class MCMCDensifier:
@@ -224,7 +241,9 @@ class MCMCDensifier:
         """Relocate dead Gaussians and add new ones (up to ``cap_max``) at refine step ``step``.
 
         Call on every replica after the runtime has drained (single process: after the
-        optimizer step). Issues no collective: the inputs are replicated.
+        optimizer step). Issues no collective: the inputs are replicated. Returns None:
+        relocated rows have no parent whose footprint holds (the session matches rows by
+        geometry instead).
         """
         self.ensure_state(params["means"].shape[0], params["means"].device)
         if self.noise is not None:

@@ -90,6 +90,19 @@ class FootprintReference:
     def num_rows(self) -> int:
         return int(self.means.shape[0])
 
+    def take(self, rows: np.ndarray) -> FootprintReference:
+        """The per-Gaussian state of rows ``rows`` ([M] int64) with their footprint columns."""
+        index = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.means.device)
+        return FootprintReference(
+            self.footprints[:, rows],
+            self.means[index],
+            self.max_scale[index],
+            self.front[index],
+            self.behind[index],
+            self.focal,
+            self.near,
+        )
+
     def joined(
         self, other: FootprintReference, column: np.ndarray, footprints: sp.csr_matrix
     ) -> FootprintReference:
@@ -300,10 +313,10 @@ class PhaseController:
         max_phase_steps: re-plan at least this often.
         margin_px: pixels added around each projected footprint.
         reuse_shift_px: at a re-plan, a Gaussian keeps the footprint computed earlier if
-            it (or, after a structural step, its source row) moved less than this in every
-            view since (``screen_shifts``); the others' are computed again; 0 recomputes
-            every time. Footprints only restrict what is drawn (read set = write set =
-            plan), so reuse never affects exactness.
+            it (or, after a structural step, its source row: the parent of a duplicate or a
+            split child) moved less than this in every view since (``screen_shifts``); the
+            others' are computed again; 0 recomputes every time. Footprints only restrict
+            what is drawn (read set = write set = plan), so reuse never affects exactness.
         group: process group of the footprint gather (gloo: CPU tensors).
         views_per_rank: B, views each rank trains per step (``Plan.views`` is [T, R, B];
             a step's footprint is the union of its B views'; the plan balances each step's
@@ -376,63 +389,80 @@ class PhaseController:
         rows = self.plan.step_footprint(self.local_step(step), self.rank)
         return torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(device)
 
+    def _num_rows(self, model) -> int:
+        """N, the Gaussians the footprints cover (the sharded controller: every rank's)."""
+        return model.num_points
+
     def _footprints(self, model: OdinSplatfactoModel, cameras: Cameras) -> sp.csr_matrix:
-        """The phase's footprints: the previous ones if they still hold, else recomputed
-        (every rank the same decision: the bound is computed from replicated state)."""
+        """The phase's footprints: each Gaussian's earlier one where it still holds, the
+        others' computed now (every rank the same decision: ``_rows_that_hold``)."""
         ref, sources = self._reference, self._sources
         self._sources = None
+        n = self._num_rows(model)
         if ref is not None and self.reuse_shift_px > 0:
-            if sources is None:  # no structural change: every row is its own source
-                same = model.num_points == ref.means.shape[0]
-                sources = np.arange(model.num_points) if same else None
+            if sources is None and n == ref.num_rows:
+                sources = np.arange(n)  # no structural change: every row is its own source
             if sources is not None:
                 return self._carried_footprints(ref, sources, model, cameras)
-        footprints = self._computed_footprints(model, cameras)
-        if self.reuse_shift_px > 0:
-            with self.timer.section("reference"):
-                self._reference = footprint_reference(footprints, model, cameras)
-        self.computed_rows = model.num_points
+        footprints, self._reference = self._fresh_footprints(np.arange(n), model, cameras)
+        self.computed_rows = n
         return footprints
 
-    def _computed_footprints(self, model, cameras: Cameras) -> sp.csr_matrix:
-        """[V, M] footprints of ``model``'s M Gaussians in every view: each rank computes
-        its views' (r, r + R, ...), then one gather."""
+    def _fresh_footprints(
+        self, rows: np.ndarray, model, cameras: Cameras
+    ) -> tuple[sp.csr_matrix, FootprintReference | None]:
+        """[V, M] footprints of Gaussians ``rows`` ([M] sorted ids) in every view, and
+        their reference (None without reuse). Each rank computes its views' (r, r + R,
+        ...), then one gather: every rank holds every row."""
+        if rows.size == model.num_points:  # every row (sorted, unique): no copy
+            gaussians = model
+        else:
+            gaussians = GaussianRows.of(model, torch.from_numpy(rows).to(model.means.device))
         views = np.arange(self.rank, len(cameras), self.world_size)
         with self.timer.section("footprint_compute"):
-            local = local_footprints(model, cameras, views, self.margin_px)
+            local = local_footprints(gaussians, cameras, views, self.margin_px)
         with self.timer.section("gather"):
-            return gather_footprints(local, len(cameras), self.rank, self.world_size, self.group)
+            footprints = gather_footprints(
+                local, len(cameras), self.rank, self.world_size, self.group
+            )
+        reference = None
+        if self.reuse_shift_px > 0:
+            with self.timer.section("reference"):
+                reference = footprint_reference(footprints, gaussians, cameras)
+        return footprints, reference
+
+    def _rows_that_hold(self, ref: FootprintReference, sources: np.ndarray, model) -> np.ndarray:
+        """[N] bool: rows with a source (``sources`` [N] int64 into ``ref``'s rows, -1 for
+        none) that moved at most ``reuse_shift_px`` since its footprint was computed. Every
+        rank decides from its replica of every row."""
+        carried = np.flatnonzero(sources >= 0)
+        device = model.means.device
+        rows = GaussianRows.of(model, torch.from_numpy(carried).to(device))
+        with self.timer.section("reference"):
+            shifts = screen_shifts(ref, rows, torch.from_numpy(sources[carried]).to(device))
+        hold = np.zeros(sources.size, dtype=bool)
+        hold[carried] = (shifts <= self.reuse_shift_px).cpu().numpy()
+        return hold
 
     def _carried_footprints(
         self, ref: FootprintReference, sources: np.ndarray, model, cameras: Cameras
     ) -> sp.csr_matrix:
-        """Footprints that carry what still holds: a row with a source ([N] int64 into
-        ``ref``'s rows, -1 for none) that moved at most ``reuse_shift_px`` since its
-        footprint was computed keeps it; the other rows' are computed now."""
-        device = model.means.device
-        keep = sources >= 0
-        carried = np.flatnonzero(keep)
-        carried_rows = GaussianRows.of(model, torch.from_numpy(carried).to(device))
-        with self.timer.section("reference"):
-            src = torch.from_numpy(sources[carried]).to(device)
-            shifts = screen_shifts(ref, carried_rows, src)
-        still = (shifts <= self.reuse_shift_px).cpu().numpy()
-        keep[carried[~still]] = False
-        new = np.flatnonzero(~keep)
+        """Footprints that carry what still holds (``_rows_that_hold``: those rows keep
+        their source's footprint); the other rows' are computed now."""
+        hold = self._rows_that_hold(ref, sources, model)
+        new = np.flatnonzero(~hold)
         if new.size == 0 and np.array_equal(sources, np.arange(ref.num_rows)):
             self.reused += 1  # every footprint holds, in the same order: the same matrix
             self.computed_rows = 0
             return ref.footprints
-        new_rows = GaussianRows.of(model, torch.from_numpy(new).to(device))
-        if new.size:  # the same decision on every rank (replicated state): all gather, or none
-            fresh = self._computed_footprints(new_rows, cameras)  # [V, len(new)]
+        if new.size:  # the same decision on every rank: all compute and gather, or none
+            fresh, fresh_ref = self._fresh_footprints(new, model, cameras)  # [V, len(new)]
         else:
-            fresh = sp.csr_matrix((len(cameras), 0), dtype=bool)
-        column = np.where(keep, sources, 0)  # each row's column of [ref's rows | new rows]
+            fresh_ref = ref.take(np.empty(0, dtype=np.int64))
+            fresh = fresh_ref.footprints
+        column = np.where(hold, sources, 0)  # each row's column of [ref's rows | new rows]
         column[new] = ref.num_rows + np.arange(new.size)
         footprints = footprint_columns(ref.footprints, fresh, column)
-        with self.timer.section("reference"):
-            fresh_ref = footprint_reference(fresh, new_rows, cameras)
         self._reference = ref.joined(fresh_ref, column, footprints)
         if new.size == 0:
             self.reused += 1

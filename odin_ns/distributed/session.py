@@ -263,11 +263,18 @@ class DistributedSession:
         assert self.engine is not None
         self.engine.drain_and_apply_all()
         before = self.model.num_points
-        keys = geometry_keys(self.model) if self.phases.reuse_shift_px > 0 else None
-        self.densifier.apply(step, self.model.gauss_params, self.optimizers.optimizers)
-        # Rows whose footprint-relevant state the change kept carry their footprints into
-        # the next phase; only the new ones are computed there.
-        sources = None if keys is None else row_sources(keys, geometry_keys(self.model))
+        reuse = self.phases.reuse_shift_px > 0
+        keys = geometry_keys(self.model) if reuse else None
+        parents = self.densifier.apply(step, self.model.gauss_params, self.optimizers.optimizers)
+        # Each row's source (its parent: itself, the original of a duplicate, the parent of
+        # a split child; MCMC: the row with the same geometry) offers its footprint to the
+        # next phase, which keeps it where the row moved little (the sharded session passes
+        # the same parents, so both modes draw the same footprints).
+        sources = None
+        if reuse:
+            sources = (
+                parents if parents is not None else row_sources(keys, geometry_keys(self.model))
+            )
         self.phases.end_after(step, sources)
         change = {
             "step": step,

@@ -40,7 +40,14 @@ from nerfstudio.utils.rich_utils import CONSOLE
 
 from odin_ns.distributed.densify import ReplicatedDensifier
 from odin_ns.distributed.optimizer_binding import learning_rate_at, store_plain_float_learning_rates
-from odin_ns.distributed.phase import PhaseController, local_footprints
+from odin_ns.distributed.phase import (
+    FootprintReference,
+    GaussianRows,
+    PhaseController,
+    footprint_reference,
+    local_footprints,
+    screen_shifts,
+)
 from odin_ns.distributed.sharded_densify import (
     OwnedRows,
     all_reduce_statistics,
@@ -123,43 +130,99 @@ def _rows_of_columns(columns: list[torch.Tensor]) -> OwnedRows:
 
 
 class ShardedPhaseController(PhaseController):
-    """Phases whose footprints come from the owners' rows (each rank: all views x owned).
+    """Phases whose footprints come from the owners' rows.
 
-    Footprint reuse (``reuse_shift_px > 0``) decides as the replicated controller does: the
-    largest screen shift over every Gaussian, here the all-reduced max of each owner's.
+    Footprint reuse follows the replicated controller's per-Gaussian rule on the same
+    global reference (every rank holds the [N] reference rows, 6 floats each, indexed by
+    global id, so ownership changes leave it valid): each owner decides for its rows
+    (``_rows_that_hold``, one all-reduce of [N] flags), and computes the footprints (all
+    views) and reference rows of its rows that do not hold (``_fresh_footprints``, gathered
+    by global id). The first phase, where every rank still holds the whole model, is the
+    replicated controller's.
     """
 
     owned: np.ndarray | None = None  # [O] global ids of the model's first O rows
     num_rows: int = 0  # N
 
-    @torch.no_grad()
-    def _footprints(self, model, cameras) -> sp.csr_matrix:
-        if self.owned is None:  # the first phase: every rank still holds the whole model
-            return super()._footprints(model, cameras)
-        from odin_ns.distributed import phase
+    def _num_rows(self, model) -> int:
+        return model.num_points if self.owned is None else self.num_rows
 
-        o = self.owned.size
-        view = phase.GaussianRows.of(model, slice(0, o))  # the owned prefix of the table
-        ref = getattr(self, "_reference", None)
-        if ref is not None and self.reuse_shift_px > 0:
-            if ref.means.shape[0] != o:  # the first phase's reference: keep my rows only
-                ids = torch.from_numpy(self.owned).to(ref.means.device)
-                ref = phase.FootprintReference(
-                    ref.footprints, ref.means[ids], ref.max_scale[ids], ref.front[ids],
-                    ref.behind[ids], ref.focal, ref.near,
-                )  # fmt: skip
-            shift = torch.tensor([phase.max_screen_shift(ref, view)], dtype=torch.float64)
-            dist.all_reduce(shift, op=dist.ReduceOp.MAX, group=self.group)
-            if float(shift) <= self.reuse_shift_px:
-                self.reused += 1
-                return ref.footprints
-        local = local_footprints(view, cameras, np.arange(len(cameras)), self.margin_px)
-        footprints = gather_owned_footprints(
-            local, self.owned, self.num_rows, self.world_size, self.group
-        )
-        if self.reuse_shift_px > 0:
-            self._reference = phase.footprint_reference(footprints, view, cameras)
-        return footprints
+    @torch.no_grad()
+    def _rows_that_hold(self, ref, sources: np.ndarray, model) -> np.ndarray:
+        if self.owned is None:
+            return super()._rows_that_hold(ref, sources, model)
+        device = model.means.device
+        src = sources[self.owned]
+        mine = np.flatnonzero(src >= 0)  # table positions (= owned order) of my carried rows
+        rows = GaussianRows.of(model, torch.from_numpy(mine).to(device))
+        with self.timer.section("reference"):
+            shifts = screen_shifts(ref, rows, torch.from_numpy(src[mine]).to(device))
+        held = mine[(shifts <= self.reuse_shift_px).cpu().numpy()]
+        flags = torch.zeros(sources.size, dtype=torch.uint8)
+        flags[torch.from_numpy(self.owned[held])] = 1
+        with self.timer.section("gather"):
+            dist.all_reduce(flags, group=self.group)  # each row has one owner: 0 or 1
+        return flags.numpy() > 0
+
+    @torch.no_grad()
+    def _fresh_footprints(self, rows: np.ndarray, model, cameras):
+        if self.owned is None:
+            return super()._fresh_footprints(rows, model, cameras)
+        ids = np.intersect1d(rows, self.owned, assume_unique=True)  # my rows of ``rows``
+        device = model.means.device
+        local = torch.from_numpy(np.searchsorted(self.owned, ids)).to(device)
+        column = np.searchsorted(rows, ids)  # their columns of the [V, len(rows)] result
+        gaussians = GaussianRows.of(model, local)
+        views = np.arange(len(cameras))
+        with self.timer.section("footprint_compute"):
+            mine = local_footprints(gaussians, cameras, views, self.margin_px)
+        with self.timer.section("gather"):
+            footprints = gather_owned_footprints(
+                mine, column, rows.size, self.world_size, self.group
+            )
+        if self.reuse_shift_px <= 0:
+            return footprints, None
+        with self.timer.section("reference"):
+            part = footprint_reference(mine, gaussians, cameras)
+        with self.timer.section("gather"):
+            reference = gather_reference_rows(part, column, footprints, self.world_size, self.group)
+        return footprints, reference
+
+
+def gather_reference_rows(
+    part: FootprintReference,
+    column: np.ndarray,
+    footprints: sp.csr_matrix,
+    world_size: int,
+    group=None,
+) -> FootprintReference:
+    """The reference of ``footprints`` [V, M] from every rank's rows of it: ``part`` holds
+    rows ``column`` ([K] int64 into the M columns) of this rank. One all-gather of float64
+    [K, 7] (column, mean, largest scale, front, behind; every value exact in float64)."""
+    device = part.means.device
+    values = torch.cat(
+        [
+            torch.from_numpy(column.astype(np.float64))[:, None],
+            part.means.double().cpu(),
+            torch.stack([part.max_scale, part.front, part.behind], 1).double().cpu(),
+        ],
+        1,
+    )
+    size = torch.tensor([values.shape[0]], dtype=torch.int64)
+    sizes = [torch.zeros_like(size) for _ in range(world_size)]
+    dist.all_gather(sizes, size, group=group)
+    top = max(1, max(int(s) for s in sizes))
+    payload = torch.zeros(top, 7, dtype=torch.float64)
+    payload[: values.shape[0]] = values
+    parts = [torch.zeros_like(payload) for _ in range(world_size)]
+    dist.all_gather(parts, payload, group=group)
+    rows = torch.cat([p[: int(s)] for p, s in zip(parts, sizes, strict=True)])
+    out = torch.zeros(footprints.shape[1], 6, dtype=torch.float32)
+    out[rows[:, 0].long()] = rows[:, 1:].float()
+    out = out.to(device)
+    return FootprintReference(
+        footprints, out[:, :3].contiguous(), out[:, 3], out[:, 4], out[:, 5], part.focal, part.near
+    )
 
 
 def check_sharded_config(trainer_config, world_size: int) -> None:
@@ -312,6 +375,9 @@ class ShardedSession:
                 "footprint_rows": int(self._rows.numel()),
                 "bytes_sent": metrics.bytes_sent,
                 "bytes_recv": metrics.bytes_recv,
+                "credit_wait_s": metrics.credit_wait_s,
+                "pushes_held": metrics.pushes_held,
+                "inflight_bytes_max": metrics.inflight_bytes_max,
                 "resident_rows": self.model.num_points,
                 "owned_rows": self.layout.num_owned,
             }
@@ -423,8 +489,7 @@ class ShardedSession:
             rows, self.versions = self._migrate_rows(
                 rows, self.versions, self.owner, decision.owner
             )
-            self.owner = decision.owner
-            self.phases.forget_footprints()  # its reference holds the old owned rows
+            self.owner = decision.owner  # the footprint reference is by global id: it holds
         return rows, decision.report()
 
     def _check_resident_rows(self, caches: list[np.ndarray], step: int) -> None:
@@ -491,6 +556,7 @@ class ShardedSession:
             timeout_s=self.timeout_s,
             stop=stop,
             silence=self.silence,
+            max_inflight_bytes=int(self.pipeline.config.sync.max_inflight_bytes),
         )
 
     def _fill_cache(self, rows: OwnedRows, owned: np.ndarray, caches: list[np.ndarray]) -> dict:
@@ -533,6 +599,7 @@ class ShardedSession:
         all_reduce_statistics(state, self.group)
         rows = self._owned_rows()
         before = self.num_rows
+        sources = np.arange(before)  # each row's row before the change (footprint reuse)
         if self.densifier.is_refine_step(step):
             rows, owner, info = grow_and_prune(
                 self.model.strategy,
@@ -549,6 +616,7 @@ class ShardedSession:
             counts = stream_read_counts(plan) if plan is not None else None
             prefer = counts[:, info["parent"]] if counts is not None else None
             target = balance_new_rows(owner, info["is_new"], prefer)
+            sources = info["parent"]
             # new rows (zero moments) move; every version becomes ``step`` below anyway
             stamped = torch.full((rows.params["means"].shape[0],), step, dtype=torch.int64)
             rows, _ = self._migrate_rows(rows, stamped.to(self.model.means.device), owner, target)
@@ -569,7 +637,7 @@ class ShardedSession:
             ]
         self.moments = (rows.exp_avg, rows.exp_avg_sq)
         self.engine = None
-        self.phases.end_after(step)
+        self.phases.end_after(step, sources)
         if self.rank == 0 and self.num_rows != before:
             CONSOLE.log(f"step {step}: densification {before} -> {self.num_rows} Gaussians")
 

@@ -22,6 +22,14 @@ Per step ``t`` (all sizes and peers known from the plan, ``StepTables``):
 Gradients and pushes travel on two ``P2PTransport`` instances (two gloo groups), so each
 stream is FIFO per peer in the sender's order and neither blocks the other. Only
 point-to-point messages on the step path; phase starts use collectives.
+
+**Credits** (``max_inflight_bytes``): per peer and stream, the bytes sent but not yet taken
+by the peer stay under a cap (one message is always allowed, however large). A gradient
+message waits in ``after_backward`` (receiving and applying meanwhile); a push that does not
+fit is held, and the owner applies no later step until it is sent, so the held rows keep
+the values the reader must get (no copy). Neither wait can close a cycle: a peer posts its
+receives in each pair's FIFO order up to what its current step needs, and everything in
+flight ahead of a held message comes before it in that order.
 """
 
 from __future__ import annotations
@@ -182,6 +190,9 @@ class ShardedMetrics:
     bytes_sent: int = 0
     bytes_recv: int = 0
     rows_applied: int = 0
+    credit_wait_s: float = 0.0  # gradient sends waiting for credits (also in no wait_s)
+    pushes_held: int = 0  # pushes that waited for credits
+    inflight_bytes_max: int = 0  # most bytes in flight to one peer on one stream
 
 
 class ShardedEngine:
@@ -202,6 +213,8 @@ class ShardedEngine:
             (rank 0 evaluating, writing a checkpoint, a paused viewer); None: plain deadlines.
         stop: local steps >= stop never run (the end of training): nothing is pushed for
             them, so no send waits on a reader that will never post its receive.
+        max_inflight_bytes: credits (module docstring): the most bytes of one stream's
+            messages to one peer not yet taken by it; None: no bound.
     """
 
     def __init__(
@@ -218,6 +231,7 @@ class ShardedEngine:
         timeout_s: float = 120.0,
         stop: int | None = None,
         silence: PeerSilence | None = None,
+        max_inflight_bytes: int | None = None,
     ):
         self.groups = list(groups)
         self.layout = layout
@@ -230,6 +244,7 @@ class ShardedEngine:
         self.versions = versions  # [O] int64 (parameters' device)
         self.timeout_s = float(timeout_s)
         self.silence = silence
+        self.max_inflight_bytes = max_inflight_bytes
         self.device = self.groups[0].param.device
         self.dims = [g.row_dim for g in self.groups]
         self.width = sum(self.dims) + 1  # gradient rows: groups' columns, then visible flag
@@ -251,6 +266,7 @@ class ShardedEngine:
         self.push_posted = dict.fromkeys(self.inn, 0)  # per owner: pushes posted (count)
         self.push_sent = dict.fromkeys(self.out, 0)  # per reader: pushes sent (count)
         self.push_recv = dict.fromkeys(self.inn, 0)  # per owner: pushes received (count)
+        self._held: set[tuple[int, int]] = set()  # (reader, push index) held for credits
 
     # ------------------------------------------------------------ keys and posting
     def _key(self, kind: int, t: int) -> int:
@@ -318,7 +334,12 @@ class ShardedEngine:
 
     @torch.no_grad()
     def _apply_ready(self) -> None:
-        while self.applied + 1 < self.num_steps and self._ready(self.applied + 1):
+        self._flush_pushes(self.applied)  # held ones, if credits came back
+        while (
+            self.applied + 1 < self.num_steps
+            and not self._holding_pushes()
+            and self._ready(self.applied + 1)
+        ):
             s = self.applied + 1
             tic = time.perf_counter()
             st = self.steps[s]
@@ -353,17 +374,42 @@ class ShardedEngine:
 
     @torch.no_grad()
     def _flush_pushes(self, s: int) -> None:
-        """Send every push whose last update (local step <= s) is now applied."""
+        """Send every push whose last update (local step <= s) is now applied, while the
+        reader has credits; the rest stay held (``_holding_pushes``)."""
         for q, pushes in self.out.items():
             k = self.push_sent[q]
             while k < len(pushes) and pushes[k].ready <= s:
+                if not self._has_credits(self.push_tx, q, pushes[k].rows.size * self.pwidth * 4):
+                    if (q, k) not in self._held:
+                        self._held.add((q, k))
+                        self._cur.pushes_held += 1
+                    break
                 rows = torch.from_numpy(pushes[k].rows).to(self.device)
                 columns = [g.param.detach().reshape(g.param.shape[0], -1) for g in self.groups]
                 buf = ops.pack_rows(rows, columns)
                 self.push_tx.send(q, self._key(PUSH, k), self._tag(PUSH, k), buf)
                 self._cur.bytes_sent += buf.numel() * buf.element_size()
+                self._note_inflight(self.push_tx, q)
                 k += 1
             self.push_sent[q] = k
+
+    def _holding_pushes(self) -> bool:
+        """Whether a push of an applied step waits for credits: until it is sent, no later
+        step may change its rows."""
+        return any(
+            self.push_sent[q] < len(pushes) and pushes[self.push_sent[q]].ready <= self.applied
+            for q, pushes in self.out.items()
+        )
+
+    def _has_credits(self, tx: Transport, peer: int, nbytes: int) -> bool:
+        if self.max_inflight_bytes is None:
+            return True
+        inflight, _ = tx.inflight_bytes(peer)
+        return inflight == 0 or inflight + nbytes <= self.max_inflight_bytes
+
+    def _note_inflight(self, tx: Transport, peer: int) -> None:
+        inflight, _ = tx.inflight_bytes(peer)
+        self._cur.inflight_bytes_max = max(self._cur.inflight_bytes_max, inflight)
 
     def _wait(self, done, what: str, t: int) -> None:
         """Receive and apply until ``done()``; times out after ``timeout_s`` in which no
@@ -422,8 +468,19 @@ class ShardedEngine:
         st = self.steps[t]
         for o, rows in st.grad_out.items():
             buf = ops.pack_rows(torch.from_numpy(rows).to(self.device), columns)
+            nbytes = buf.numel() * buf.element_size()
+            if not self._has_credits(self.grads_tx, o, nbytes):
+                tic = time.perf_counter()
+                self._wait(
+                    lambda o=o, n=nbytes: self._has_credits(self.grads_tx, o, n),
+                    f"after_backward({self.offset + t}) waiting for credits to rank {o} "
+                    f"(max_inflight_bytes {self.max_inflight_bytes})",
+                    t,
+                )
+                self._cur.credit_wait_s += time.perf_counter() - tic
             self.grads_tx.send(o, self._key(GRAD, t), self._tag(GRAD, t), buf)
-            self._cur.bytes_sent += buf.numel() * buf.element_size()
+            self._cur.bytes_sent += nbytes
+            self._note_inflight(self.grads_tx, o)
         if st.own_rows.size:
             own = ops.pack_rows(torch.from_numpy(st.own_rows).to(self.device), columns)
             self.parts.setdefault(t, {})[self.rank] = own
@@ -456,6 +513,9 @@ class ShardedEngine:
             "bytes_sent": int(sum(m.bytes_sent for m in ms)),
             "bytes_recv": int(sum(m.bytes_recv for m in ms)),
             "rows_applied": int(sum(m.rows_applied for m in ms)),
+            "credit_wait_s_total": float(sum(m.credit_wait_s for m in ms)),
+            "pushes_held": int(sum(m.pushes_held for m in ms)),
+            "inflight_bytes_max": max((m.inflight_bytes_max for m in ms), default=0),
         }
 
 
