@@ -358,6 +358,13 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"none of {requested} exists in this engine (MODES = {known})")
 
     orders = rotated_orders(modes, args.repeats)
+    if args.repeats > 1 and args.repeats % len(modes):
+        # A run's position in its round can cost it (seen: the first run of a round slower
+        # on a drifting machine); only whole rotations give every mode every position.
+        CONSOLE.print(
+            f"[yellow]--repeats {args.repeats} is not a multiple of {len(modes)} modes: "
+            "positions in the round are not balanced across modes"
+        )
     rounds: list[dict[str, dict]] = []
     run_dirs: dict[str, list[str]] = {m: [] for m in modes}
     summaries0: dict[str, dict] = {}
