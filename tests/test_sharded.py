@@ -94,18 +94,12 @@ def runs(street_scene, tmp_path_factory):
 
 @pytest.mark.slow
 def test_credits_bound_inflight_bytes(runs):
-    """With max_inflight_bytes 1 (the 3-rank run), a rank sends a gradient or push message
-    to a peer only once the peer took the previous one: held pushes stop the owner's
-    applies, gradient sends wait (applying meanwhile), and the result is still replicated
-    barrier's bitwise."""
-    # (bitwise: test_sharded_checkpoint_equals_replicated_barrier[3], the capped run)
+    """With max_inflight_bytes 1 (the 3-rank run; its checkpoint is replicated barrier's
+    bitwise, below), a rank has at most one message in flight to a peer on a stream."""
+    # Whether the cap binds in this lockstep run depends on timing; tests/test_sharded_credits.py
+    # makes both paths bind.
     summary = json.loads((runs[3, "sharded"] / "odin_run.json").read_text())
     steps = [s for r in summary["ranks"] for s in r["steps"]]
-    held = sum(s["pushes_held"] for s in steps)
-    waited = sum(s["credit_wait_s"] > 0 for s in steps)
-    # the cap binds: pushes were held (gradient sends wait too when an owner lags by a
-    # step; in this lockstep run they may not)
-    assert held + waited > 0, (held, waited)
     # in flight to one peer on one stream: at most one message, never more than a step sent
     assert max(s["inflight_bytes_max"] for s in steps) <= max(s["bytes_sent"] for s in steps)
 

@@ -25,16 +25,22 @@ point-to-point messages on the step path; phase starts use collectives.
 
 **Credits** (``max_inflight_bytes``): per peer and stream, the bytes sent but not yet taken
 by the peer stay under a cap (one message is always allowed, however large). A gradient
-message waits in ``after_backward`` (receiving and applying meanwhile); a push that does not
-fit is held, and the owner applies no later step until it is sent, so the held rows keep
-the values the reader must get (no copy). Neither wait can close a cycle: a peer posts its
-receives in each pair's FIFO order up to what its current step needs, and everything in
-flight ahead of a held message comes before it in that order.
+message waits in ``after_backward``, receiving, applying and pushing meanwhile. A push that
+does not fit is packed (its rows' values at its ready step) and queued behind the pair's
+earlier ones, and goes when the reader takes what is in flight; the owner keeps applying.
+So no rank's progress waits on credits except a gradient send, and that waits only on an
+owner at least two steps behind (its receives for the sender's earlier steps are not
+posted yet): the rank furthest behind never waits on credits, and its peers' pushes to it
+go out as it posts their receives (each pair's FIFO order), so it always advances. Holding
+a push unsent and stopping the owner's applies instead would need no copy, but can
+deadlock with three ranks: the owner stops for a reader that waits on a third rank that
+waits on the owner.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -191,7 +197,8 @@ class ShardedMetrics:
     bytes_recv: int = 0
     rows_applied: int = 0
     credit_wait_s: float = 0.0  # gradient sends waiting for credits (also in no wait_s)
-    pushes_held: int = 0  # pushes that waited for credits
+    pushes_deferred: int = 0  # pushes queued (packed) for credits
+    deferred_bytes_max: int = 0  # most bytes of packed pushes queued for credits
     inflight_bytes_max: int = 0  # most bytes in flight to one peer on one stream
 
 
@@ -266,7 +273,7 @@ class ShardedEngine:
         self.push_posted = dict.fromkeys(self.inn, 0)  # per owner: pushes posted (count)
         self.push_sent = dict.fromkeys(self.out, 0)  # per reader: pushes sent (count)
         self.push_recv = dict.fromkeys(self.inn, 0)  # per owner: pushes received (count)
-        self._held: set[tuple[int, int]] = set()  # (reader, push index) held for credits
+        self._deferred = {q: deque() for q in self.out}  # per reader: (k, packed push) queue
 
     # ------------------------------------------------------------ keys and posting
     def _key(self, kind: int, t: int) -> int:
@@ -334,12 +341,8 @@ class ShardedEngine:
 
     @torch.no_grad()
     def _apply_ready(self) -> None:
-        self._flush_pushes(self.applied)  # held ones, if credits came back
-        while (
-            self.applied + 1 < self.num_steps
-            and not self._holding_pushes()
-            and self._ready(self.applied + 1)
-        ):
+        self._send_deferred()  # queued pushes, if credits came back
+        while self.applied + 1 < self.num_steps and self._ready(self.applied + 1):
             s = self.applied + 1
             tic = time.perf_counter()
             st = self.steps[s]
@@ -374,32 +377,37 @@ class ShardedEngine:
 
     @torch.no_grad()
     def _flush_pushes(self, s: int) -> None:
-        """Send every push whose last update (local step <= s) is now applied, while the
-        reader has credits; the rest stay held (``_holding_pushes``)."""
+        """Send every push whose last update (local step <= s) is now applied: at once while
+        the reader has credits, else packed now (the rows change at the next apply) and
+        queued behind the pair's earlier pushes (``_send_deferred``)."""
         for q, pushes in self.out.items():
             k = self.push_sent[q]
             while k < len(pushes) and pushes[k].ready <= s:
-                if not self._has_credits(self.push_tx, q, pushes[k].rows.size * self.pwidth * 4):
-                    if (q, k) not in self._held:
-                        self._held.add((q, k))
-                        self._cur.pushes_held += 1
-                    break
                 rows = torch.from_numpy(pushes[k].rows).to(self.device)
                 columns = [g.param.detach().reshape(g.param.shape[0], -1) for g in self.groups]
                 buf = ops.pack_rows(rows, columns)
-                self.push_tx.send(q, self._key(PUSH, k), self._tag(PUSH, k), buf)
-                self._cur.bytes_sent += buf.numel() * buf.element_size()
-                self._note_inflight(self.push_tx, q)
+                queue = self._deferred[q]
+                if queue or not self._has_credits(self.push_tx, q, buf.numel() * 4):
+                    queue.append((k, buf))
+                    self._cur.pushes_deferred += 1
+                    queued = sum(b.numel() * b.element_size() for _, b in queue)
+                    self._cur.deferred_bytes_max = max(self._cur.deferred_bytes_max, queued)
+                else:
+                    self._send_push(q, k, buf)
                 k += 1
             self.push_sent[q] = k
 
-    def _holding_pushes(self) -> bool:
-        """Whether a push of an applied step waits for credits: until it is sent, no later
-        step may change its rows."""
-        return any(
-            self.push_sent[q] < len(pushes) and pushes[self.push_sent[q]].ready <= self.applied
-            for q, pushes in self.out.items()
-        )
+    def _send_deferred(self) -> None:
+        """Send queued pushes, oldest first, while their readers have credits."""
+        for q, queue in self._deferred.items():
+            while queue and self._has_credits(self.push_tx, q, queue[0][1].numel() * 4):
+                k, buf = queue.popleft()
+                self._send_push(q, k, buf)
+
+    def _send_push(self, q: int, k: int, buf: Tensor) -> None:
+        self.push_tx.send(q, self._key(PUSH, k), self._tag(PUSH, k), buf)
+        self._cur.bytes_sent += buf.numel() * buf.element_size()
+        self._note_inflight(self.push_tx, q)
 
     def _has_credits(self, tx: Transport, peer: int, nbytes: int) -> bool:
         if self.max_inflight_bytes is None:
@@ -500,7 +508,8 @@ class ShardedEngine:
         self._wait(lambda: self.applied >= last, "drain", last)
 
         def sent() -> bool:
-            return self.grads_tx.oldest_unsent() is None and self.push_tx.oldest_unsent() is None
+            idle = self.grads_tx.oldest_unsent() is None and self.push_tx.oldest_unsent() is None
+            return idle and not any(self._deferred.values())
 
         self._wait(sent, "drain (sends)", last)
 
@@ -514,7 +523,8 @@ class ShardedEngine:
             "bytes_recv": int(sum(m.bytes_recv for m in ms)),
             "rows_applied": int(sum(m.rows_applied for m in ms)),
             "credit_wait_s_total": float(sum(m.credit_wait_s for m in ms)),
-            "pushes_held": int(sum(m.pushes_held for m in ms)),
+            "pushes_deferred": int(sum(m.pushes_deferred for m in ms)),
+            "deferred_bytes_max": max((m.deferred_bytes_max for m in ms), default=0),
             "inflight_bytes_max": max((m.inflight_bytes_max for m in ms), default=0),
         }
 

@@ -1,0 +1,148 @@
+"""Credits in the sharded engine (``max_inflight_bytes``), on an in-process loopback.
+
+Two ranks in threads run ``ShardedEngine`` over a hand-made plan in which both credit paths
+must bind: rank 1 runs ahead of a slow rank 0 and sends it a gradient row every step (its
+sends wait for rank 0 to take the previous one), and one of rank 1's applies readies three
+pushes to rank 0 at once (the later two are packed and queued). With a 1-byte cap the
+owners' rows end bitwise equal to an uncapped run's, and no more than one message is ever
+in flight to a peer on a stream.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from harness.toy import ListPlan, LoopbackHub, LoopbackTransport, toy_groups
+
+from odin_ns.runtime import ParamGroupState
+from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, phase_read_sets
+
+N, T = 64, 10
+OWNER = np.repeat([0, 1], N // 2).astype(np.int64)  # rank 0 owns 0..31, rank 1 owns 32..63
+
+
+def _footprints() -> list[list[list[int]]]:
+    """Rank 0: its rows 0..7, and rank 1's rows 48, 49, 50 at steps 5, 6, 7 (all written
+    last by rank 1 at step 4: three pushes ready at once). Rank 1: its rows 56..63, rank 0's
+    row 16 + t (a gradient message to rank 0 every step, never read again: no push), and
+    48..50 at step 4."""
+    steps = []
+    for t in range(T):
+        r0 = list(range(8)) + {5: [48], 6: [49], 7: [50]}.get(t, [])
+        r1 = list(range(56, 64)) + [16 + t] + ([48, 49, 50] if t == 4 else [])
+        steps.append([r0, r1])
+    return steps
+
+
+class CountingLoopback(LoopbackTransport):
+    """A loopback end whose unreceived sends count as in flight (the hub's mail)."""
+
+    def inflight_bytes(self, peer: int) -> tuple[int, int | None]:
+        with self.hub.lock:
+            mail = [
+                buf
+                for (src, dst, _), (_, buf) in self.hub.mail.items()
+                if src == self.rank and dst == peer
+            ]
+        return sum(b.numel() * b.element_size() for b in mail), None
+
+
+def _hub() -> LoopbackHub:
+    hub = LoopbackHub(2)
+    hub.ports = [CountingLoopback(hub, r) for r in range(2)]
+    return hub
+
+
+def _rank(rank, plan, hubs, cap, out) -> None:
+    full = toy_groups(N, seed=3)  # every rank starts from the same whole model
+    reads = phase_read_sets(plan, 2)[rank]
+    layout = ShardLayout(OWNER, rank, reads[OWNER[reads] != rank])
+    o = layout.num_owned
+    groups = [
+        ParamGroupState(
+            g.name,
+            g.param[torch.from_numpy(layout.gids)].clone(),
+            torch.zeros_like(g.param[:o]),
+            torch.zeros_like(g.param[:o]),
+            lr_at=g.lr_at,
+            betas=g.betas,
+            eps=g.eps,
+        )
+        for g in full
+    ]
+    engine = ShardedEngine(
+        groups,
+        layout,
+        plan,
+        rank,
+        2,
+        hubs[0].transport(rank),
+        hubs[1].transport(rank),
+        step_offset=0,
+        versions=torch.full((o,), -1, dtype=torch.int64),
+        timeout_s=30.0,
+        max_inflight_bytes=cap,
+    )
+    for t in range(T):
+        engine.before_step(t)
+        rows = torch.from_numpy(engine.steps[t].reads)
+        gen = torch.Generator().manual_seed(100 * rank + t)
+        grads = []
+        for g in groups:  # a quadratic pull of the rows read towards a per-step target
+            grad = torch.zeros_like(g.param)
+            grad[rows] = g.param[rows] - torch.randn(
+                rows.numel(), *g.param.shape[1:], generator=gen
+            )
+            grads.append(grad)
+        visible = torch.zeros(layout.num_local, dtype=torch.bool)
+        visible[rows] = True
+        if rank == 0:
+            time.sleep(0.02)  # the slow rank: rank 1 runs ahead of it
+        engine.after_backward(t, grads, visible)
+    engine.drain()
+    out[rank] = (layout.owned, [g.param[:o].clone() for g in groups], engine.metrics)
+
+
+def _run(cap: int | None) -> tuple[list[torch.Tensor], list]:
+    plan = ListPlan(_footprints())
+    plan.num_steps = T
+    dense = np.zeros((plan.views.size, N), dtype=bool)  # [views, N]: the phase's read sets
+    for t, step in enumerate(_footprints()):
+        for r, f in enumerate(step):
+            dense[plan.views[t, r, 0], f] = True
+    plan.footprints = sp.csr_matrix(dense)
+    hubs = [_hub(), _hub()]
+    out: dict = {}
+    threads = [threading.Thread(target=_rank, args=(r, plan, hubs, cap, out)) for r in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert sorted(out) == [0, 1], "a rank did not finish"
+    params = []
+    for gi in range(len(out[0][1])):
+        whole = torch.zeros(N, *out[0][1][gi].shape[1:])
+        for owned, tables, _ in out.values():
+            whole[torch.from_numpy(owned)] = tables[gi]
+        params.append(whole)
+    return params, [out[r][2] for r in range(2)]
+
+
+def test_credits_bind_on_both_streams_and_change_no_bit():
+    free, _ = _run(cap=None)
+    capped, metrics = _run(cap=1)
+    for a, b in zip(free, capped, strict=True):
+        assert torch.equal(a, b)
+    rank1 = metrics[1]
+    assert sum(m.credit_wait_s for m in rank1) > 0  # gradient sends to the slow rank waited
+    assert sum(m.pushes_deferred for m in rank1) >= 2  # the pushes ready at step 4
+    assert max(m.deferred_bytes_max for m in rank1) > 0
+    # one message at most in flight to a peer on a stream: here each is one row (a gradient
+    # row has the visible flag too)
+    width = sum(int(np.prod(p.shape[1:])) for p in free)
+    for m in (x for ms in metrics for x in ms):
+        assert m.inflight_bytes_max <= 4 * (width + 1), m
