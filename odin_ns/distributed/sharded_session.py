@@ -80,29 +80,30 @@ from odin_ns.schedule.ownership import (
 )
 
 
+def all_gather_rows(rows: torch.Tensor, world_size: int, group=None) -> torch.Tensor:
+    """Every rank's ``rows`` ([K_r, C] CPU tensor, K_r may differ and be 0) concatenated in
+    rank order: one all-gather of the counts, one of the rows padded to the largest."""
+    count = torch.tensor([rows.shape[0]], dtype=torch.int64)
+    counts = [torch.zeros_like(count) for _ in range(world_size)]
+    dist.all_gather(counts, count, group=group)
+    payload = torch.zeros(max(1, max(int(k) for k in counts)), rows.shape[1], dtype=rows.dtype)
+    payload[: rows.shape[0]] = rows
+    parts = [torch.zeros_like(payload) for _ in range(world_size)]
+    dist.all_gather(parts, payload, group=group)
+    return torch.cat([p[: int(k)] for p, k in zip(parts, counts, strict=True)])
+
+
 def gather_owned_footprints(
     local: sp.csr_matrix, owned: np.ndarray, num_prims: int, world_size: int, group=None
 ) -> sp.csr_matrix:
     """[V, N] footprints from every rank's [V, O_r] footprints over its owned rows.
 
-    ``owned``: [O_r] global ids of this rank's columns. Two all-gathers of int64 tensors.
+    ``owned``: [O_r] global ids of this rank's columns. Two all-gathers of int64 tensors
+    (``all_gather_rows`` of the (view, id) pairs).
     """
     coo = local.tocoo()
-    pairs = np.stack([coo.row.astype(np.int64), owned[coo.col]]).reshape(-1)
-    size = torch.tensor([pairs.size], dtype=torch.int64)
-    sizes = [torch.zeros_like(size) for _ in range(world_size)]
-    dist.all_gather(sizes, size, group=group)
-    top = max(int(s) for s in sizes)
-    payload = torch.zeros(top, dtype=torch.int64)
-    payload[: pairs.size] = torch.from_numpy(pairs)
-    parts = [torch.zeros_like(payload) for _ in range(world_size)]
-    dist.all_gather(parts, payload, group=group)
-    rows, cols = [], []
-    for part, s in zip(parts, sizes, strict=True):
-        p = part[: int(s)].numpy().reshape(2, -1)
-        rows.append(p[0])
-        cols.append(p[1])
-    r, c = np.concatenate(rows), np.concatenate(cols)
+    pairs = torch.from_numpy(np.stack([coo.row.astype(np.int64), owned[coo.col]], 1))  # [K, 2]
+    r, c = all_gather_rows(pairs, world_size, group).numpy().T
     out = sp.csr_matrix((np.ones(r.size, dtype=bool), (r, c)), shape=(local.shape[0], num_prims))
     out.sum_duplicates()
     out.sort_indices()
@@ -197,7 +198,7 @@ def gather_reference_rows(
     group=None,
 ) -> FootprintReference:
     """The reference of ``footprints`` [V, M] from every rank's rows of it: ``part`` holds
-    rows ``column`` ([K] int64 into the M columns) of this rank. One all-gather of float64
+    rows ``column`` ([K] int64 into the M columns) of this rank. ``all_gather_rows`` of float64
     [K, 7] (column, mean, largest scale, front, behind; every value exact in float64)."""
     device = part.means.device
     values = torch.cat(
@@ -208,15 +209,7 @@ def gather_reference_rows(
         ],
         1,
     )
-    size = torch.tensor([values.shape[0]], dtype=torch.int64)
-    sizes = [torch.zeros_like(size) for _ in range(world_size)]
-    dist.all_gather(sizes, size, group=group)
-    top = max(1, max(int(s) for s in sizes))
-    payload = torch.zeros(top, 7, dtype=torch.float64)
-    payload[: values.shape[0]] = values
-    parts = [torch.zeros_like(payload) for _ in range(world_size)]
-    dist.all_gather(parts, payload, group=group)
-    rows = torch.cat([p[: int(s)] for p, s in zip(parts, sizes, strict=True)])
+    rows = all_gather_rows(values, world_size, group)
     out = torch.zeros(footprints.shape[1], 6, dtype=torch.float32)
     out[rows[:, 0].long()] = rows[:, 1:].float()
     out = out.to(device)

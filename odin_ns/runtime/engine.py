@@ -52,7 +52,7 @@ from odin_ns.runtime.exchange import DenseExchange, SparseExchange
 from odin_ns.runtime.gates import make_gate
 from odin_ns.runtime.liveness import Liveness, PeerSilence, StoreLiveness
 from odin_ns.runtime.recorder import ReadRecord, ReadRecorder
-from odin_ns.runtime.transport import P2PTransport, Transport
+from odin_ns.runtime.transport import P2PTransport, Transport, has_credits
 from odin_ns.runtime.update_log import ApplyHook, UpdateLog
 
 
@@ -486,7 +486,7 @@ class PrimitiveSyncEngine:
                 if q == self._rank:
                     continue
                 inflight, oldest = self._inflight(q)
-                if inflight and inflight + nbytes > cap:
+                if not has_credits(inflight, nbytes, cap):
                     held[q] = inflight
                     return q, oldest
             return None

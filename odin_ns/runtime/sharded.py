@@ -52,7 +52,7 @@ from odin_ns.cuda import ops
 from odin_ns.runtime.config import ParamGroupState
 from odin_ns.runtime.errors import SyncTimeout
 from odin_ns.runtime.liveness import PeerSilence
-from odin_ns.runtime.transport import Transport
+from odin_ns.runtime.transport import Transport, has_credits
 
 GRAD, PUSH = 0, 1
 
@@ -412,8 +412,7 @@ class ShardedEngine:
     def _has_credits(self, tx: Transport, peer: int, nbytes: int) -> bool:
         if self.max_inflight_bytes is None:
             return True
-        inflight, _ = tx.inflight_bytes(peer)
-        return inflight == 0 or inflight + nbytes <= self.max_inflight_bytes
+        return has_credits(tx.inflight_bytes(peer)[0], nbytes, self.max_inflight_bytes)
 
     def _note_inflight(self, tx: Transport, peer: int) -> None:
         inflight, _ = tx.inflight_bytes(peer)

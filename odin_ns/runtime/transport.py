@@ -36,6 +36,13 @@ from odin_ns.runtime.errors import PeerFailure, SyncError
 ALL_PEERS = -1  # Arrival.peer of an all-reduced (summed over every rank) buffer
 
 
+def has_credits(inflight: int, nbytes: int, cap: int) -> bool:
+    """The credit rule: ``nbytes`` more may go to a peer with ``inflight`` bytes not yet
+    taken if they fit under ``cap``, or if nothing is in flight (one message always goes,
+    however large)."""
+    return inflight == 0 or inflight + nbytes <= cap
+
+
 @dataclass
 class Arrival:
     """A received publication: ``buf`` is peer ``peer``'s [M, D + 1] buffer for ``step``
