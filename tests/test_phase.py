@@ -1,5 +1,5 @@
-"""Phase starts: the gathered footprints equal the footprints of every view computed at once,
-and the footprint-reuse bound is a true bound on how far a footprint moves on screen."""
+"""Phase starts: the gathered footprints equal the footprints of every Gaussian computed at
+once, and the footprint-reuse bound is a true bound on how far a footprint moves on screen."""
 
 from __future__ import annotations
 
@@ -13,34 +13,37 @@ from harness.toy import spawn_ranks
 
 from odin_ns.distributed.phase import (
     footprint_reference,
-    gather_footprints,
+    gather_footprint_columns,
     max_screen_shift,
 )
 
 
-def _random_csr(views: np.ndarray, num_prims: int, seed: int) -> sp.csr_matrix:
-    """Deterministic footprints of ``views``: row v depends only on (seed, v)."""
-    rows = []
-    for v in views:
-        rng = np.random.default_rng([seed, int(v)])
-        ids = np.unique(rng.integers(0, num_prims, size=int(rng.integers(0, 40))))
-        rows.append(np.isin(np.arange(num_prims), ids))
-    return sp.csr_matrix(np.array(rows, dtype=bool).reshape(len(views), num_prims))
+def _random_csr(num_views: int, num_prims: int, seed: int) -> sp.csr_matrix:
+    """Deterministic random footprints [num_views, num_prims] (some views empty)."""
+    rng = np.random.default_rng(seed)
+    dense = rng.random((num_views, num_prims)) < 0.15
+    dense[1] = False
+    return sp.csr_matrix(dense)
 
 
 def gather_rank(rank: int, world_size: int, num_views: int, num_prims: int) -> bool:
-    views = np.arange(rank, num_views, world_size)
-    gathered = gather_footprints(_random_csr(views, num_prims, 3), num_views, rank, world_size)
-    expected = _random_csr(np.arange(num_views), num_prims, 3)
-    return (
-        gathered.shape == expected.shape
-        and gathered.has_canonical_format
-        and (gathered != expected).nnz == 0
-    )
+    expected = _random_csr(num_views, num_prims, 3)
+    # the replicated split (one range per rank, in rank order) and the owners' (interleaved)
+    contiguous = np.array_split(np.arange(num_prims), world_size)[rank]
+    interleaved = np.arange(rank, num_prims, world_size)
+    ok = True
+    for columns in (contiguous, interleaved):
+        gathered = gather_footprint_columns(expected[:, columns], columns, num_prims, world_size)
+        ok &= bool(
+            gathered.shape == expected.shape
+            and gathered.has_canonical_format
+            and (gathered != expected).nnz == 0
+        )
+    return ok
 
 
-def test_gathered_footprints_equal_all_views_at_once(tmp_path):
-    # 3 ranks over 7 views: uneven shares, and a rank may hold empty rows.
+def test_gathered_footprints_equal_all_columns_at_once(tmp_path):
+    # 3 ranks over 50 primitives: uneven shares, and a view with no primitive.
     codes, results, errors, _ = spawn_ranks(gather_rank, 3, tmp_path, args=(7, 50))
     assert codes == [0, 0, 0], errors
     assert results == [True, True, True]

@@ -3,8 +3,8 @@
 A phase is a run of steps with a fixed primitive set. It starts at the first step, after
 every structural step (refine / opacity reset), and at least every ``max_phase_steps``
 steps (fresh footprints, since Gaussians move). At a phase start every rank computes the
-footprints of every R-th training view, the ranks gather them (as tensors), and every rank
-builds the same plan (``odin_ns.schedule.build_plan``), continuing the previous phase's
+footprints, in every training view, of its R-th of the Gaussians whose footprints are due,
+the ranks gather them (as tensors), and every rank builds the same plan (``odin_ns.schedule.build_plan``), continuing the previous phase's
 epoch so that each view is still trained once per epoch.
 """
 
@@ -45,7 +45,7 @@ class PhaseRecord:
     # The split of phase_start_s (seconds; footprint_seconds = compute + gather + reference
     # + the carrying bookkeeping):
     drain_s: float = 0.0  # drain and rendezvous (waits for the slowest rank's last step)
-    footprint_compute_s: float = 0.0  # compute_footprints of this rank's views
+    footprint_compute_s: float = 0.0  # compute_footprints of this rank's share of the rows
     gather_s: float = 0.0  # the footprint all-gathers (waits for the slowest rank's share)
     reference_s: float = 0.0  # footprint_reference and the per-Gaussian shift bounds
     stats_s: float = 0.0  # the record's predicted conflict (plan_conflict)
@@ -261,46 +261,77 @@ def local_footprints(
     )
 
 
-def gather_footprints(
-    local: sp.csr_matrix, num_views: int, rank: int, world_size: int, group=None
-) -> sp.csr_matrix:
-    """All ranks' footprints as one [V, N] CSR; rank r holds views r, r + R, r + 2R, ...
-
-    Two all-gathers of int64 CPU tensors (sizes, then the padded row lengths and column
-    ids), no pickling: cost is the footprints' size, not Python objects.
-    """
-    num_prims = local.shape[1]
-    lengths = torch.from_numpy(np.diff(local.indptr).astype(np.int64))
-    indices = torch.from_numpy(local.indices.astype(np.int64))
-    size = torch.tensor([lengths.numel(), indices.numel()], dtype=torch.int64)
-    sizes = [torch.zeros_like(size) for _ in range(world_size)]
-    dist.all_gather(sizes, size, group=group)
-    max_views = max(int(s[0]) for s in sizes)
-    max_nnz = max(int(s[1]) for s in sizes)
-    payload = torch.zeros(max_views + max_nnz, dtype=torch.int64)
-    payload[: lengths.numel()] = lengths
-    payload[max_views : max_views + indices.numel()] = indices
+def all_gather_rows(rows: Tensor, world_size: int, group=None) -> Tensor:
+    """Every rank's ``rows`` ([K_r, C] CPU tensor, K_r may differ and be 0) concatenated in
+    rank order: one all-gather of the counts, one of the rows padded to the largest."""
+    count = torch.tensor([rows.shape[0]], dtype=torch.int64)
+    counts = [torch.zeros_like(count) for _ in range(world_size)]
+    dist.all_gather(counts, count, group=group)
+    payload = torch.zeros(max(1, max(int(k) for k in counts)), rows.shape[1], dtype=rows.dtype)
+    payload[: rows.shape[0]] = rows
     parts = [torch.zeros_like(payload) for _ in range(world_size)]
     dist.all_gather(parts, payload, group=group)
+    return torch.cat([p[: int(k)] for p, k in zip(parts, counts, strict=True)])
 
-    row_lengths = np.zeros(num_views, dtype=np.int64)
-    columns: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * num_views
-    for q, (part, s) in enumerate(zip(parts, sizes, strict=True)):
-        n_views, nnz = int(s[0]), int(s[1])
-        lens = part[:n_views].numpy()
-        cols = part[max_views : max_views + nnz].numpy()
-        offsets = np.concatenate([[0], np.cumsum(lens)])
-        for i, view in enumerate(range(q, num_views, world_size)):
-            row_lengths[view] = lens[i]
-            columns[view] = cols[offsets[i] : offsets[i + 1]]
-    indptr = np.concatenate([[0], np.cumsum(row_lengths)])
-    data = np.ones(int(indptr[-1]), dtype=bool)
-    out = sp.csr_matrix(
-        (data, np.concatenate(columns) if num_views else np.empty(0, np.int64), indptr),
-        shape=(num_views, num_prims),
+
+def gather_footprint_columns(
+    local: sp.csr_matrix, columns: np.ndarray, num_columns: int, world_size: int, group=None
+) -> sp.csr_matrix:
+    """[V, M] footprints (canonical CSR) from every rank's [V, K_r] footprints of its
+    columns ``columns`` ([K_r] sorted int64 into the M; the ranks' columns are disjoint).
+
+    One ``all_gather_rows`` of int64 [V + nnz_r, 1] per rank (the row lengths, then the
+    column ids), no pickling. Stacked in rank order, each view's ids come out sorted when
+    every rank's columns are one range after the previous rank's (the replicated split);
+    otherwise (owners' rows) they are sorted once.
+    """
+    num_views = local.shape[0]
+    lengths = np.diff(local.indptr).astype(np.int64)
+    ids = np.asarray(columns, dtype=np.int64)[local.indices]
+    payload = torch.from_numpy(np.concatenate([lengths, ids]))[:, None]
+    parts = all_gather_rows(payload, world_size, group)[:, 0].numpy()
+    row_of, col_of, at = [], [], 0
+    for _ in range(world_size):
+        lens = parts[at : at + num_views]
+        nnz = int(lens.sum())
+        row_of.append(np.repeat(np.arange(num_views), lens))
+        col_of.append(parts[at + num_views : at + num_views + nnz])
+        at += num_views + nnz
+    rows, cols = np.concatenate(row_of), np.concatenate(col_of)
+    out = sp.csr_matrix(  # COO -> CSR keeps each row's entries in rank order
+        sp.coo_matrix((np.ones(rows.size, dtype=bool), (rows, cols)), (num_views, num_columns))
     )
-    out.sum_duplicates()  # canonical format (already sorted and unique: a no-op check)
+    out.sort_indices()  # a check (no work) when already sorted
+    out.sum_duplicates()  # canonical: the ranks' columns are disjoint, so a check as well
     return out
+
+
+def gather_reference_rows(
+    part: FootprintReference,
+    columns: np.ndarray,
+    footprints: sp.csr_matrix,
+    world_size: int,
+    group=None,
+) -> FootprintReference:
+    """The reference of ``footprints`` [V, M] from every rank's rows of it: ``part`` holds
+    rows ``columns`` ([K] int64 into the M columns) of this rank. ``all_gather_rows`` of
+    float64 [K, 7] (column, mean, largest scale, front, behind; every value exact)."""
+    device = part.means.device
+    values = torch.cat(
+        [
+            torch.from_numpy(np.asarray(columns, dtype=np.float64))[:, None],
+            part.means.double().cpu(),
+            torch.stack([part.max_scale, part.front, part.behind], 1).double().cpu(),
+        ],
+        1,
+    )
+    rows = all_gather_rows(values, world_size, group)
+    out = torch.zeros(footprints.shape[1], 6, dtype=torch.float32)
+    out[rows[:, 0].long()] = rows[:, 1:].float()
+    out = out.to(device)
+    return FootprintReference(
+        footprints, out[:, :3].contiguous(), out[:, 3], out[:, 4], out[:, 5], part.focal, part.near
+    )
 
 
 class PhaseController:
@@ -408,41 +439,57 @@ class PhaseController:
         self.computed_rows = n
         return footprints
 
+    def _share(self, rows: np.ndarray) -> np.ndarray:
+        """Positions in ``rows`` ([M] sorted global ids) whose footprints and reference this
+        rank computes: every rank holds every row, so one contiguous R-th of them (the
+        sharded controller: the rows it owns)."""
+        return np.array_split(np.arange(rows.size), self.world_size)[self.rank]
+
+    def _gaussians(self, model, ids: np.ndarray) -> GaussianRows:
+        """The model's Gaussians of global ids ``ids`` ([K] sorted) as ``GaussianRows``."""
+        return GaussianRows.of(model, torch.from_numpy(ids).to(model.means.device))
+
     def _fresh_footprints(
         self, rows: np.ndarray, model, cameras: Cameras
     ) -> tuple[sp.csr_matrix, FootprintReference | None]:
         """[V, M] footprints of Gaussians ``rows`` ([M] sorted ids) in every view, and
-        their reference (None without reuse). Each rank computes its views' (r, r + R,
-        ...), then one gather: every rank holds every row."""
-        if rows.size == model.num_points:  # every row (sorted, unique): no copy
-            gaussians = model
-        else:
-            gaussians = GaussianRows.of(model, torch.from_numpy(rows).to(model.means.device))
-        views = np.arange(self.rank, len(cameras), self.world_size)
+        their reference (None without reuse). Each rank computes its share of the rows
+        (``_share``) in every view, then one gather: every rank holds every footprint. A
+        row split, not a view split, so no rank repeats another's per-Gaussian work (the
+        kd-tree, covariances, the reference)."""
+        share = self._share(rows)
+        gaussians = self._gaussians(model, rows[share])
         with self.timer.section("footprint_compute"):
-            local = local_footprints(gaussians, cameras, views, self.margin_px)
+            mine = local_footprints(gaussians, cameras, np.arange(len(cameras)), self.margin_px)
         with self.timer.section("gather"):
-            footprints = gather_footprints(
-                local, len(cameras), self.rank, self.world_size, self.group
+            footprints = gather_footprint_columns(
+                mine, share, rows.size, self.world_size, self.group
             )
-        reference = None
-        if self.reuse_shift_px > 0:
-            with self.timer.section("reference"):
-                reference = footprint_reference(footprints, gaussians, cameras)
+        if self.reuse_shift_px <= 0:
+            return footprints, None
+        with self.timer.section("reference"):
+            part = footprint_reference(mine, gaussians, cameras)
+        with self.timer.section("gather"):
+            reference = gather_reference_rows(part, share, footprints, self.world_size, self.group)
         return footprints, reference
 
     def _rows_that_hold(self, ref: FootprintReference, sources: np.ndarray, model) -> np.ndarray:
         """[N] bool: rows with a source (``sources`` [N] int64 into ``ref``'s rows, -1 for
-        none) that moved at most ``reuse_shift_px`` since its footprint was computed. Every
-        rank decides from its replica of every row."""
-        carried = np.flatnonzero(sources >= 0)
+        none) that moved at most ``reuse_shift_px`` since its footprint was computed. Each
+        rank decides for its share of the rows (``_share``), then one all-reduce of [N]
+        uint8 flags: every rank the same decision."""
+        share = self._share(np.arange(sources.size))
+        mine = share[sources[share] >= 0]
         device = model.means.device
-        rows = GaussianRows.of(model, torch.from_numpy(carried).to(device))
         with self.timer.section("reference"):
-            shifts = screen_shifts(ref, rows, torch.from_numpy(sources[carried]).to(device))
-        hold = np.zeros(sources.size, dtype=bool)
-        hold[carried] = (shifts <= self.reuse_shift_px).cpu().numpy()
-        return hold
+            shifts = screen_shifts(
+                ref, self._gaussians(model, mine), torch.from_numpy(sources[mine]).to(device)
+            )
+        flags = torch.zeros(sources.size, dtype=torch.uint8)
+        flags[torch.from_numpy(mine[(shifts <= self.reuse_shift_px).cpu().numpy()])] = 1
+        with self.timer.section("gather"):
+            dist.all_reduce(flags, group=self.group)  # the shares are disjoint: 0 or 1
+        return flags.numpy() > 0
 
     def _carried_footprints(
         self, ref: FootprintReference, sources: np.ndarray, model, cameras: Cameras

@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 import torch.distributed as dist
 from nerfstudio.engine.optimizers import Optimizers
@@ -40,14 +39,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 
 from odin_ns.distributed.densify import ReplicatedDensifier
 from odin_ns.distributed.optimizer_binding import learning_rate_at, store_plain_float_learning_rates
-from odin_ns.distributed.phase import (
-    FootprintReference,
-    GaussianRows,
-    PhaseController,
-    footprint_reference,
-    local_footprints,
-    screen_shifts,
-)
+from odin_ns.distributed.phase import GaussianRows, PhaseController
 from odin_ns.distributed.sharded_densify import (
     OwnedRows,
     all_reduce_statistics,
@@ -80,36 +72,6 @@ from odin_ns.schedule.ownership import (
 )
 
 
-def all_gather_rows(rows: torch.Tensor, world_size: int, group=None) -> torch.Tensor:
-    """Every rank's ``rows`` ([K_r, C] CPU tensor, K_r may differ and be 0) concatenated in
-    rank order: one all-gather of the counts, one of the rows padded to the largest."""
-    count = torch.tensor([rows.shape[0]], dtype=torch.int64)
-    counts = [torch.zeros_like(count) for _ in range(world_size)]
-    dist.all_gather(counts, count, group=group)
-    payload = torch.zeros(max(1, max(int(k) for k in counts)), rows.shape[1], dtype=rows.dtype)
-    payload[: rows.shape[0]] = rows
-    parts = [torch.zeros_like(payload) for _ in range(world_size)]
-    dist.all_gather(parts, payload, group=group)
-    return torch.cat([p[: int(k)] for p, k in zip(parts, counts, strict=True)])
-
-
-def gather_owned_footprints(
-    local: sp.csr_matrix, owned: np.ndarray, num_prims: int, world_size: int, group=None
-) -> sp.csr_matrix:
-    """[V, N] footprints from every rank's [V, O_r] footprints over its owned rows.
-
-    ``owned``: [O_r] global ids of this rank's columns. Two all-gathers of int64 tensors
-    (``all_gather_rows`` of the (view, id) pairs).
-    """
-    coo = local.tocoo()
-    pairs = torch.from_numpy(np.stack([coo.row.astype(np.int64), owned[coo.col]], 1))  # [K, 2]
-    r, c = all_gather_rows(pairs, world_size, group).numpy().T
-    out = sp.csr_matrix((np.ones(r.size, dtype=bool), (r, c)), shape=(local.shape[0], num_prims))
-    out.sum_duplicates()
-    out.sort_indices()
-    return out
-
-
 def _row_columns(rows: OwnedRows) -> list[torch.Tensor]:
     """Per-row tensors of ``rows`` in a fixed order: parameters, exp_avg, exp_avg_sq, each
     in ``GAUSSIAN_GROUPS`` order ([O, ...] each)."""
@@ -133,13 +95,12 @@ def _rows_of_columns(columns: list[torch.Tensor]) -> OwnedRows:
 class ShardedPhaseController(PhaseController):
     """Phases whose footprints come from the owners' rows.
 
-    Footprint reuse follows the replicated controller's per-Gaussian rule on the same
-    global reference (every rank holds the [N] reference rows, 6 floats each, indexed by
-    global id, so ownership changes leave it valid): each owner decides for its rows
-    (``_rows_that_hold``, one all-reduce of [N] flags), and computes the footprints (all
-    views) and reference rows of its rows that do not hold (``_fresh_footprints``, gathered
-    by global id). The first phase, where every rank still holds the whole model, is the
-    replicated controller's.
+    The replicated controller's rules on the same global reference (every rank holds the
+    [N] reference rows, 6 floats each, indexed by global id, so ownership changes leave it
+    valid); only a rank's share differs: each owner decides whether its rows' footprints
+    hold and computes those of its rows that do not (all views), gathered by global id.
+    The first phase, where every rank still holds the whole model, is the replicated
+    controller's.
     """
 
     owned: np.ndarray | None = None  # [O] global ids of the model's first O rows
@@ -148,74 +109,16 @@ class ShardedPhaseController(PhaseController):
     def _num_rows(self, model) -> int:
         return model.num_points if self.owned is None else self.num_rows
 
-    @torch.no_grad()
-    def _rows_that_hold(self, ref, sources: np.ndarray, model) -> np.ndarray:
+    def _share(self, rows: np.ndarray) -> np.ndarray:
         if self.owned is None:
-            return super()._rows_that_hold(ref, sources, model)
-        device = model.means.device
-        src = sources[self.owned]
-        mine = np.flatnonzero(src >= 0)  # table positions (= owned order) of my carried rows
-        rows = GaussianRows.of(model, torch.from_numpy(mine).to(device))
-        with self.timer.section("reference"):
-            shifts = screen_shifts(ref, rows, torch.from_numpy(src[mine]).to(device))
-        held = mine[(shifts <= self.reuse_shift_px).cpu().numpy()]
-        flags = torch.zeros(sources.size, dtype=torch.uint8)
-        flags[torch.from_numpy(self.owned[held])] = 1
-        with self.timer.section("gather"):
-            dist.all_reduce(flags, group=self.group)  # each row has one owner: 0 or 1
-        return flags.numpy() > 0
+            return super()._share(rows)
+        return np.intersect1d(rows, self.owned, assume_unique=True, return_indices=True)[1]
 
-    @torch.no_grad()
-    def _fresh_footprints(self, rows: np.ndarray, model, cameras):
+    def _gaussians(self, model, ids: np.ndarray) -> GaussianRows:
         if self.owned is None:
-            return super()._fresh_footprints(rows, model, cameras)
-        ids = np.intersect1d(rows, self.owned, assume_unique=True)  # my rows of ``rows``
-        device = model.means.device
-        local = torch.from_numpy(np.searchsorted(self.owned, ids)).to(device)
-        column = np.searchsorted(rows, ids)  # their columns of the [V, len(rows)] result
-        gaussians = GaussianRows.of(model, local)
-        views = np.arange(len(cameras))
-        with self.timer.section("footprint_compute"):
-            mine = local_footprints(gaussians, cameras, views, self.margin_px)
-        with self.timer.section("gather"):
-            footprints = gather_owned_footprints(
-                mine, column, rows.size, self.world_size, self.group
-            )
-        if self.reuse_shift_px <= 0:
-            return footprints, None
-        with self.timer.section("reference"):
-            part = footprint_reference(mine, gaussians, cameras)
-        with self.timer.section("gather"):
-            reference = gather_reference_rows(part, column, footprints, self.world_size, self.group)
-        return footprints, reference
-
-
-def gather_reference_rows(
-    part: FootprintReference,
-    column: np.ndarray,
-    footprints: sp.csr_matrix,
-    world_size: int,
-    group=None,
-) -> FootprintReference:
-    """The reference of ``footprints`` [V, M] from every rank's rows of it: ``part`` holds
-    rows ``column`` ([K] int64 into the M columns) of this rank. ``all_gather_rows`` of float64
-    [K, 7] (column, mean, largest scale, front, behind; every value exact in float64)."""
-    device = part.means.device
-    values = torch.cat(
-        [
-            torch.from_numpy(column.astype(np.float64))[:, None],
-            part.means.double().cpu(),
-            torch.stack([part.max_scale, part.front, part.behind], 1).double().cpu(),
-        ],
-        1,
-    )
-    rows = all_gather_rows(values, world_size, group)
-    out = torch.zeros(footprints.shape[1], 6, dtype=torch.float32)
-    out[rows[:, 0].long()] = rows[:, 1:].float()
-    out = out.to(device)
-    return FootprintReference(
-        footprints, out[:, :3].contiguous(), out[:, 3], out[:, 4], out[:, 5], part.focal, part.near
-    )
+            return super()._gaussians(model, ids)
+        table = torch.from_numpy(np.searchsorted(self.owned, ids))  # owned rows lead the table
+        return GaussianRows.of(model, table.to(model.means.device))
 
 
 def check_sharded_config(trainer_config, world_size: int) -> None:
