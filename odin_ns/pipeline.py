@@ -62,9 +62,10 @@ class OdinPipelineConfig(VanillaPipelineConfig):
     max_phase_steps: int = 100
     """Re-plan at least this often, even without a structural change."""
     footprint_reuse_shift_px: float = 4.0
-    """At such a re-plan, keep the phase's footprints if no Gaussian's footprint moved or grew
-    more than this many pixels in any view (0: always recompute). Footprints only restrict
-    what is drawn, so this never affects exactness, only how stale the restriction is."""
+    """At a re-plan (and after a structural step, from each row's parent), a Gaussian keeps
+    its footprint unless it may have come more than this many pixels into a view whose
+    footprint it is not in (0: always recompute). Footprints only restrict what is drawn,
+    so this never affects exactness, only how stale the restriction is."""
     run_summary_path: Path | None = None
     """Where the run's odin_run.json goes (set when the config is saved); ns-viewer reads it."""
     snapshot_every: int = 5

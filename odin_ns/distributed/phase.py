@@ -47,7 +47,7 @@ class PhaseRecord:
     drain_s: float = 0.0  # drain and rendezvous (waits for the slowest rank's last step)
     footprint_compute_s: float = 0.0  # compute_footprints of this rank's share of the rows
     gather_s: float = 0.0  # the footprint all-gathers (waits for the slowest rank's share)
-    reference_s: float = 0.0  # footprint_reference and the per-Gaussian shift bounds
+    reference_s: float = 0.0  # footprint_reference (the slacks) and the hold checks
     stats_s: float = 0.0  # the record's predicted conflict (plan_conflict)
     exchange_s: float = 0.0  # telemetry exchange and plan-hash check (one all-gather)
     bind_s: float = 0.0  # plan views to the data manager, optimizer groups, engine rebind
@@ -72,19 +72,16 @@ class SectionTimer:
 class FootprintReference:
     """What a phase start's footprints were computed from, to tell when they still hold.
 
-    Per Gaussian (all [N]): ``means`` [N, 3], ``max_scale`` (largest activated scale),
-    ``front`` (smallest depth over the views it is in front of, inf if none) and ``behind``
-    (smallest distance behind the near plane over the other views, inf if none);
-    ``focal``: the largest focal length of any view, pixels.
+    Per Gaussian (all [N]): ``means`` [N, 3], ``max_scale`` (largest activated scale) and
+    ``slack``: how far it may move, in world units of ``motion`` (mean shift plus 3x
+    largest-scale growth), before it can reach more than the reuse threshold into a view
+    whose footprint it is not in (``footprint_slack``); inf when it is in every view's.
     """
 
     footprints: sp.csr_matrix
     means: Tensor
     max_scale: Tensor
-    front: Tensor
-    behind: Tensor
-    focal: float
-    near: float
+    slack: Tensor
 
     @property
     def num_rows(self) -> int:
@@ -94,13 +91,7 @@ class FootprintReference:
         """The per-Gaussian state of rows ``rows`` ([M] int64) with their footprint columns."""
         index = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.means.device)
         return FootprintReference(
-            self.footprints[:, rows],
-            self.means[index],
-            self.max_scale[index],
-            self.front[index],
-            self.behind[index],
-            self.focal,
-            self.near,
+            self.footprints[:, rows], self.means[index], self.max_scale[index], self.slack[index]
         )
 
     def joined(
@@ -117,10 +108,7 @@ class FootprintReference:
             footprints,
             rows(self.means, other.means),
             rows(self.max_scale, other.max_scale),
-            rows(self.front, other.front),
-            rows(self.behind, other.behind),
-            max(self.focal, other.focal),
-            self.near,
+            rows(self.slack, other.slack),
         )
 
 
@@ -176,60 +164,104 @@ def row_sources(before: np.ndarray, after: np.ndarray) -> np.ndarray:
 
 
 @torch.no_grad()
-def footprint_reference(
-    footprints: sp.csr_matrix, model: OdinSplatfactoModel, cameras: Cameras, near: float = 0.01
-) -> FootprintReference:
+def footprint_slack(
+    footprints: sp.csr_matrix,
+    model: OdinSplatfactoModel | GaussianRows,
+    cameras: Cameras,
+    margin_px: float,
+    tol_px: float,
+    near: float = 0.01,
+) -> Tensor:
+    """[N] world-unit slack of each Gaussian's footprint row of ``footprints`` [V, N].
+
+    A view whose footprint holds the Gaussian keeps holding it, whatever it does (a
+    footprint is a superset of what is drawn), so only the other views bound its motion.
+    In such a view, a Gaussian in front of the camera (depth z, projected centre at
+    max(|x|, |y|) / z = a, largest scale s) whose 3-sigma disc, at the radius bound
+    ``3 sqrt(s^2 j2 / z^2 + 0.4) + 1`` (``compute_footprints``' bound, j2 the view's
+    Jacobian bound) grown by ``margin_px``, misses the image by d >= 0 pixels, can come
+    at most ``tol_px`` into it after a ``motion`` M if, to first order,
+
+        M * (f sqrt(1 + a^2) + sqrt(j2) (1 + 3 s / z)) / (z - M) <= d + tol_px
+
+    (centre motion plus radius growth: a move of M brings it closer by at most M, and its
+    scale grows by at most M / 3), i.e. M <= (d + tol_px) z / (K + d + tol_px), with
+    f = max(fx, fy) and K the bracket, and z - M > ``near``. A Gaussian behind a view
+    (z <= ``near``) may move less than ``near - z``. The slack is the smallest of these.
+    """
     device = model.means.device
-    means = model.means.detach()
-    front = torch.full((means.shape[0],), float("inf"), device=device)
-    behind = torch.full_like(front, float("inf"))
-    viewmats = get_viewmat(cameras.camera_to_worlds.to(device))  # [V, 4, 4]
-    for viewmat in viewmats:  # one view at a time: memory O(N), not O(V N)
-        z = means @ viewmat[2, :3] + viewmat[2, 3]  # [N] camera-space depth
-        front = torch.where(z > near, torch.minimum(front, z), front)
-        behind = torch.where(z <= near, torch.minimum(behind, near - z), behind)
-    Ks = cameras.get_intrinsics_matrices()
-    return FootprintReference(
-        footprints=footprints,
-        means=means.clone(),
-        max_scale=torch.exp(model.scales.detach()).amax(dim=1),
-        front=front,
-        behind=behind,
-        focal=float(torch.maximum(Ks[:, 0, 0], Ks[:, 1, 1]).max()),
-        near=near,
-    )
+    means = model.means.detach().float()
+    smax = torch.exp(model.scales.detach()).amax(dim=1).float()
+    num_views, num = footprints.shape
+    coo = footprints.tocoo()
+    inside = torch.zeros(num_views, num, dtype=torch.bool, device=device)
+    inside[
+        torch.from_numpy(coo.row.astype(np.int64)), torch.from_numpy(coo.col.astype(np.int64))
+    ] = True
+    viewmats = get_viewmat(cameras.camera_to_worlds.to(device)).float()  # [V, 4, 4]
+    Ks = cameras.get_intrinsics_matrices().to(device).float()
+    widths = cameras.width.reshape(-1).float()
+    heights = cameras.height.reshape(-1).float()
+    slack = torch.full((num,), float("inf"), device=device)
+    shrink = 1.0 - 1e-6  # strictly before the near plane
+    for v in range(num_views):  # one view at a time: memory O(N), not O(V N)
+        fx, fy, cx, cy = (float(Ks[v, i, j]) for i, j in ((0, 0), (1, 1), (0, 2), (1, 2)))
+        width, height = float(widths[v]), float(heights[v])
+        lim_x = max((width - cx) / fx, cx / fx) + 0.3 * (0.5 * width / fx)
+        lim_y = max((height - cy) / fy, cy / fy) + 0.3 * (0.5 * height / fy)
+        j2 = fx**2 * (1 + lim_x**2) + fy**2 * (1 + lim_y**2)
+        cam = means @ viewmats[v, :3, :3].T + viewmats[v, :3, 3]  # [N, 3]
+        x, y, z = cam.unbind(1)
+        front = z > near
+        zs = torch.where(front, z, torch.ones_like(z))
+        radius = 3.0 * torch.sqrt(smax**2 * (j2 / zs**2) + 0.4) + 1.01 + margin_px
+        miss_u = ((fx * x / zs + cx) - 0.5 * width).abs() - 0.5 * width - radius
+        miss_v = ((fy * y / zs + cy) - 0.5 * height).abs() - 0.5 * height - radius
+        d = torch.maximum(miss_u, miss_v).clamp(min=0.0) + tol_px
+        a = torch.maximum(x.abs(), y.abs()) / zs
+        k = max(fx, fy) * torch.sqrt(1.0 + a**2) + j2**0.5 * (1.0 + 3.0 * smax / zs)
+        bound = torch.minimum(d * zs / (k + d), (zs - near) * shrink)
+        bound = torch.where(front, bound, (near - z) * shrink)
+        bound = bound.masked_fill(inside[v], float("inf"))
+        slack = torch.minimum(slack, bound)
+    return slack
 
 
 @torch.no_grad()
-def max_screen_shift(ref: FootprintReference, model: OdinSplatfactoModel | GaussianRows) -> float:
-    """Upper bound, in pixels, on how far any Gaussian's 3-sigma footprint has moved or
-    grown in any view since ``ref``, to first order: ``focal * (|dm| + 3 ds) / depth``.
-
-    Infinite when a Gaussian may have crossed a view's near plane (in either direction),
-    or when the primitive set changed.
-    """
-    if model.num_points != ref.means.shape[0]:
-        return float("inf")
-    bound = screen_shifts(ref, model)
-    return float(bound.max()) if bound.numel() else 0.0
-
-
-def screen_shifts(
-    ref: FootprintReference,
+def footprint_reference(
+    footprints: sp.csr_matrix,
     model: OdinSplatfactoModel | GaussianRows,
-    rows: Tensor | None = None,
+    cameras: Cameras,
+    margin_px: float,
+    tol_px: float,
+) -> FootprintReference:
+    """The reference of ``footprints`` [V, N], the footprints of ``model``'s Gaussians."""
+    return FootprintReference(
+        footprints=footprints,
+        means=model.means.detach().clone(),
+        max_scale=torch.exp(model.scales.detach()).amax(dim=1),
+        slack=footprint_slack(footprints, model, cameras, margin_px, tol_px),
+    )
+
+
+def motion(
+    ref: FootprintReference, model: OdinSplatfactoModel | GaussianRows, rows: Tensor | None = None
 ) -> Tensor:
-    """[M] per-Gaussian bound of ``max_screen_shift``: ``model``'s row i against ``ref``'s
-    row ``rows[i]`` (None: the same rows); inf for a Gaussian that may have crossed a view's
-    near plane, 0 for one in front of no view."""
+    """[M] world-unit motion of ``model``'s row i since ``ref``'s row ``rows[i]`` (None: the
+    same rows): mean shift plus 3x growth of the largest scale (shrinking counts 0)."""
     pick = (lambda t: t) if rows is None else (lambda t: t[rows])
-    shift = (model.means.detach() - pick(ref.means)).norm(dim=1)  # [M]
+    shift = (model.means.detach() - pick(ref.means)).norm(dim=1)
     growth = (torch.exp(model.scales.detach()).amax(dim=1) - pick(ref.max_scale)).clamp(min=0.0)
-    move = shift + 3.0 * growth  # [M] world units
-    front = pick(ref.front)
-    bound = ref.focal * move / front
-    crossed = (move >= pick(ref.behind)) | (front - move < ref.near)
-    return torch.where(crossed, torch.full_like(bound, float("inf")), bound)
+    return shift + 3.0 * growth
+
+
+def footprints_hold(
+    ref: FootprintReference, model: OdinSplatfactoModel | GaussianRows, rows: Tensor | None = None
+) -> Tensor:
+    """[M] bool: ``model``'s row i still has the footprint of ``ref``'s row ``rows[i]``
+    (None: the same rows), within the reference's threshold: it moved within its slack."""
+    slack = ref.slack if rows is None else ref.slack[rows]
+    return motion(ref, model, rows) <= slack
 
 
 def footprint_columns(
@@ -315,23 +347,21 @@ def gather_reference_rows(
 ) -> FootprintReference:
     """The reference of ``footprints`` [V, M] from every rank's rows of it: ``part`` holds
     rows ``columns`` ([K] int64 into the M columns) of this rank. ``all_gather_rows`` of
-    float64 [K, 7] (column, mean, largest scale, front, behind; every value exact)."""
+    float64 [K, 6] (column, mean, largest scale, slack; every value exact)."""
     device = part.means.device
     values = torch.cat(
         [
             torch.from_numpy(np.asarray(columns, dtype=np.float64))[:, None],
             part.means.double().cpu(),
-            torch.stack([part.max_scale, part.front, part.behind], 1).double().cpu(),
+            torch.stack([part.max_scale, part.slack], 1).double().cpu(),
         ],
         1,
     )
     rows = all_gather_rows(values, world_size, group)
-    out = torch.zeros(footprints.shape[1], 6, dtype=torch.float32)
+    out = torch.zeros(footprints.shape[1], 5, dtype=torch.float32)
     out[rows[:, 0].long()] = rows[:, 1:].float()
     out = out.to(device)
-    return FootprintReference(
-        footprints, out[:, :3].contiguous(), out[:, 3], out[:, 4], out[:, 5], part.focal, part.near
-    )
+    return FootprintReference(footprints, out[:, :3].contiguous(), out[:, 3], out[:, 4])
 
 
 class PhaseController:
@@ -345,9 +375,10 @@ class PhaseController:
         margin_px: pixels added around each projected footprint.
         reuse_shift_px: at a re-plan, a Gaussian keeps the footprint computed earlier if
             it (or, after a structural step, its source row: the parent of a duplicate or a
-            split child) moved less than this in every view since (``screen_shifts``); the
-            others' are computed again; 0 recomputes every time. Footprints only restrict
-            what is drawn (read set = write set = plan), so reuse never affects exactness.
+            split child) cannot have come more than this many pixels into a view whose
+            footprint it is not in (``footprints_hold``); the others' are computed again; 0
+            recomputes every time. Footprints only restrict what is drawn (read set = write
+            set = plan), so reuse never affects exactness.
         group: process group of the footprint gather (gloo: CPU tensors).
         views_per_rank: B, views each rank trains per step (``Plan.views`` is [T, R, B];
             a step's footprint is the union of its B views'; the plan balances each step's
@@ -468,25 +499,27 @@ class PhaseController:
         if self.reuse_shift_px <= 0:
             return footprints, None
         with self.timer.section("reference"):
-            part = footprint_reference(mine, gaussians, cameras)
+            part = footprint_reference(
+                mine, gaussians, cameras, self.margin_px, self.reuse_shift_px
+            )
         with self.timer.section("gather"):
             reference = gather_reference_rows(part, share, footprints, self.world_size, self.group)
         return footprints, reference
 
     def _rows_that_hold(self, ref: FootprintReference, sources: np.ndarray, model) -> np.ndarray:
         """[N] bool: rows with a source (``sources`` [N] int64 into ``ref``'s rows, -1 for
-        none) that moved at most ``reuse_shift_px`` since its footprint was computed. Each
+        none) whose source's footprint still holds for them (``footprints_hold``). Each
         rank decides for its share of the rows (``_share``), then one all-reduce of [N]
         uint8 flags: every rank the same decision."""
         share = self._share(np.arange(sources.size))
         mine = share[sources[share] >= 0]
         device = model.means.device
         with self.timer.section("reference"):
-            shifts = screen_shifts(
+            held = footprints_hold(
                 ref, self._gaussians(model, mine), torch.from_numpy(sources[mine]).to(device)
             )
         flags = torch.zeros(sources.size, dtype=torch.uint8)
-        flags[torch.from_numpy(mine[(shifts <= self.reuse_shift_px).cpu().numpy()])] = 1
+        flags[torch.from_numpy(mine[held.cpu().numpy()])] = 1
         with self.timer.section("gather"):
             dist.all_reduce(flags, group=self.group)  # the shares are disjoint: 0 or 1
         return flags.numpy() > 0
