@@ -188,42 +188,49 @@ def footprint_slack(
     scale grows by at most M / 3), i.e. M <= (d + tol_px) z / (K + d + tol_px), with
     f = max(fx, fy) and K the bracket, and z - M > ``near``. A Gaussian behind a view
     (z <= ``near``) may move less than ``near - z``. The slack is the smallest of these.
+
+    Cost: O(V N) time, blocks of views of at most ~1M (view, Gaussian) pairs, like the
+    nearest-depth reference it replaced; fine for hundreds of views, not for city captures of
+    thousands (there it belongs in ``compute_footprints``' culling, whose boxes bound d).
     """
     device = model.means.device
     means = model.means.detach().float()
     smax = torch.exp(model.scales.detach()).amax(dim=1).float()
     num_views, num = footprints.shape
-    coo = footprints.tocoo()
-    inside = torch.zeros(num_views, num, dtype=torch.bool, device=device)
-    inside[
-        torch.from_numpy(coo.row.astype(np.int64)), torch.from_numpy(coo.col.astype(np.int64))
-    ] = True
+    indptr, indices = footprints.indptr, torch.from_numpy(footprints.indices.astype(np.int64))
     viewmats = get_viewmat(cameras.camera_to_worlds.to(device)).float()  # [V, 4, 4]
     Ks = cameras.get_intrinsics_matrices().to(device).float()
-    widths = cameras.width.reshape(-1).float()
-    heights = cameras.height.reshape(-1).float()
+    fx, fy, cx, cy = Ks[:, 0, 0], Ks[:, 1, 1], Ks[:, 0, 2], Ks[:, 1, 2]  # [V] each
+    width = cameras.width.reshape(-1).to(device).float()
+    height = cameras.height.reshape(-1).to(device).float()
+    lim_x = torch.maximum((width - cx) / fx, cx / fx) + 0.3 * (0.5 * width / fx)
+    lim_y = torch.maximum((height - cy) / fy, cy / fy) + 0.3 * (0.5 * height / fy)
+    j2 = fx**2 * (1 + lim_x**2) + fy**2 * (1 + lim_y**2)  # [V] Jacobian bound
+    consts = torch.stack([fx, fy, cx, cy, width, height, j2, torch.maximum(fx, fy)], 1)  # [V, 8]
     slack = torch.full((num,), float("inf"), device=device)
     shrink = 1.0 - 1e-6  # strictly before the near plane
-    for v in range(num_views):  # one view at a time: memory O(N), not O(V N)
-        fx, fy, cx, cy = (float(Ks[v, i, j]) for i, j in ((0, 0), (1, 1), (0, 2), (1, 2)))
-        width, height = float(widths[v]), float(heights[v])
-        lim_x = max((width - cx) / fx, cx / fx) + 0.3 * (0.5 * width / fx)
-        lim_y = max((height - cy) / fy, cy / fy) + 0.3 * (0.5 * height / fy)
-        j2 = fx**2 * (1 + lim_x**2) + fy**2 * (1 + lim_y**2)
-        cam = means @ viewmats[v, :3, :3].T + viewmats[v, :3, 3]  # [N, 3]
-        x, y, z = cam.unbind(1)
+    block = max(1, (1 << 20) // max(1, num))  # views per block: [block, N] at most ~1M pairs
+    for v0 in range(0, num_views, block):
+        v1 = min(num_views, v0 + block)
+        # [B, 1] each: the block's view constants, broadcast over the N rows
+        bfx, bfy, bcx, bcy, bw, bh, bj2, bf = (c[:, None] for c in consts[v0:v1].unbind(1))
+        cam = means @ viewmats[v0:v1, :3, :3].transpose(1, 2) + viewmats[v0:v1, None, :3, 3]
+        x, y, z = cam.unbind(-1)  # [B, N] camera coordinates
         front = z > near
         zs = torch.where(front, z, torch.ones_like(z))
-        radius = 3.0 * torch.sqrt(smax**2 * (j2 / zs**2) + 0.4) + 1.01 + margin_px
-        miss_u = ((fx * x / zs + cx) - 0.5 * width).abs() - 0.5 * width - radius
-        miss_v = ((fy * y / zs + cy) - 0.5 * height).abs() - 0.5 * height - radius
+        radius = 3.0 * torch.sqrt(smax**2 * (bj2 / zs**2) + 0.4) + 1.01 + margin_px
+        miss_u = ((bfx * x / zs + bcx) - 0.5 * bw).abs() - 0.5 * bw - radius
+        miss_v = ((bfy * y / zs + bcy) - 0.5 * bh).abs() - 0.5 * bh - radius
         d = torch.maximum(miss_u, miss_v).clamp(min=0.0) + tol_px
         a = torch.maximum(x.abs(), y.abs()) / zs
-        k = max(fx, fy) * torch.sqrt(1.0 + a**2) + j2**0.5 * (1.0 + 3.0 * smax / zs)
+        k = bf * torch.sqrt(1.0 + a**2) + bj2.sqrt() * (1.0 + 3.0 * smax / zs)
         bound = torch.minimum(d * zs / (k + d), (zs - near) * shrink)
         bound = torch.where(front, bound, (near - z) * shrink)
-        bound = bound.masked_fill(inside[v], float("inf"))
-        slack = torch.minimum(slack, bound)
+        lengths = torch.from_numpy(np.diff(indptr[v0 : v1 + 1]).astype(np.int64))
+        in_view = torch.repeat_interleave(torch.arange(v1 - v0), lengths)  # the block's pairs
+        in_row = indices[indptr[v0] : indptr[v1]]
+        bound[in_view.to(device), in_row.to(device)] = float("inf")  # views that hold it
+        slack = torch.minimum(slack, bound.amin(dim=0))
     return slack
 
 
