@@ -4,8 +4,9 @@ A phase is a run of steps with a fixed primitive set. It starts at the first ste
 every structural step (refine / opacity reset), and at least every ``max_phase_steps``
 steps (fresh footprints, since Gaussians move). At a phase start every rank computes the
 footprints, in every training view, of its R-th of the Gaussians whose footprints are due,
-the ranks gather them (as tensors), and every rank builds the same plan (``odin_ns.schedule.build_plan``), continuing the previous phase's
-epoch so that each view is still trained once per epoch.
+the ranks gather them (as tensors), and every rank builds the same plan
+(``odin_ns.schedule.build_plan``), continuing the previous phase's epoch so that each view
+is still trained once per epoch.
 """
 
 from __future__ import annotations

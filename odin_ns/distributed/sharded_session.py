@@ -96,7 +96,7 @@ class ShardedPhaseController(PhaseController):
     """Phases whose footprints come from the owners' rows.
 
     The replicated controller's rules on the same global reference (every rank holds the
-    [N] reference rows, 6 floats each, indexed by global id, so ownership changes leave it
+    [N] reference rows, 5 floats each, indexed by global id, so ownership changes leave it
     valid); only a rank's share differs: each owner decides whether its rows' footprints
     hold and computes those of its rows that do not (all views), gathered by global id.
     The first phase, where every rank still holds the whole model, is the replicated
