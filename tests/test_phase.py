@@ -1,5 +1,6 @@
-"""Phase starts: the gathered footprints equal the footprints of every Gaussian computed at
-once, and the footprint-reuse bound is a true bound on how far a footprint moves on screen."""
+"""Phase starts: the gathered footprints (and the values sent with them) equal the footprints
+of every Gaussian computed at once, and the footprint-reuse bound is a true bound on how far
+a footprint moves on screen."""
 
 from __future__ import annotations
 
@@ -27,13 +28,25 @@ def gather_rank(rank: int, world_size: int, num_views: int, num_prims: int) -> b
     # the replicated split (one range per rank, in rank order) and the owners' (interleaved)
     contiguous = np.array_split(np.arange(num_prims), world_size)[rank]
     interleaved = np.arange(rank, num_prims, world_size)
+    # per-column values sent with them: [M, 2] float64 with bits a float32 cast would lose
+    expected_values = torch.from_numpy(np.random.default_rng(4).random((num_prims, 2)))
     ok = True
     for columns in (contiguous, interleaved):
-        gathered = gather_footprint_columns(expected[:, columns], columns, num_prims, world_size)
+        gathered, values = gather_footprint_columns(
+            expected[:, columns],
+            columns,
+            num_prims,
+            world_size,
+            values=expected_values[torch.from_numpy(columns)],
+        )
+        alone, none = gather_footprint_columns(expected[:, columns], columns, num_prims, world_size)
         ok &= bool(
             gathered.shape == expected.shape
             and gathered.has_canonical_format
             and (gathered != expected).nnz == 0
+            and torch.equal(values, expected_values)
+            and none is None
+            and (alone != expected).nnz == 0
         )
     return ok
 

@@ -13,6 +13,7 @@ from gsplat.cuda._torch_impl import (
     _world_to_cam,
 )
 
+import odin_ns.schedule.plan as plan_module
 from odin_ns.bench.schedule import make_city
 from odin_ns.bench.simulate import simulate
 from odin_ns.schedule import (
@@ -335,7 +336,12 @@ def brute_force_dependency(plan):
 
 @pytest.mark.parametrize(("strategy", "assignment"), KINDS)
 @pytest.mark.parametrize("views_per_rank", [1, 2])
-def test_dependency_table_equals_brute_force(strategy, assignment, views_per_rank):
+@pytest.mark.parametrize("relabel", [False, True])  # the pass's two row orders (large scenes)
+def test_dependency_table_equals_brute_force(
+    strategy, assignment, views_per_rank, relabel, monkeypatch
+):
+    if relabel:
+        monkeypatch.setattr(plan_module, "RELABEL_ABOVE_BYTES", 0)
     F = random_footprints(37, 400, 0.02, seed=8)
     F = sp.csr_matrix(F.toarray() * (np.arange(37)[:, None] % 9 != 0))  # some empty views
     opts = PlanOptions(assignment=assignment)

@@ -211,15 +211,26 @@ def footprint_slack(
     slack = torch.full((num,), float("inf"), device=device)
     shrink = 1.0 - 1e-6  # strictly before the near plane
     block = max(1, (1 << 20) // max(1, num))  # views per block: [block, N] at most ~1M pairs
+    means_t = means.T.contiguous()  # [3, N]
+    smax2 = smax**2
     for v0 in range(0, num_views, block):
         v1 = min(num_views, v0 + block)
         # [B, 1] each: the block's view constants, broadcast over the N rows
         bfx, bfy, bcx, bcy, bw, bh, bj2, bf = (c[:, None] for c in consts[v0:v1].unbind(1))
-        cam = means @ viewmats[v0:v1, :3, :3].transpose(1, 2) + viewmats[v0:v1, None, :3, 3]
-        x, y, z = cam.unbind(-1)  # [B, N] camera coordinates
+        # [B, N] camera coordinates, written out elementwise: every value is the same
+        # operations whatever the block's shape (a matrix product's rounding may depend on
+        # it, and ranks compute different row sets), 5x faster than a batched product
+        rot, trans = viewmats[v0:v1, :3, :3], viewmats[v0:v1, :3, 3:]
+        x, y, z = (
+            rot[:, j, 0:1] * means_t[0]
+            + rot[:, j, 1:2] * means_t[1]
+            + rot[:, j, 2:3] * means_t[2]
+            + trans[:, j]
+            for j in range(3)
+        )
         front = z > near
         zs = torch.where(front, z, torch.ones_like(z))
-        radius = 3.0 * torch.sqrt(smax**2 * (bj2 / zs**2) + 0.4) + 1.01 + margin_px
+        radius = 3.0 * torch.sqrt(smax2 * (bj2 / zs**2) + 0.4) + 1.01 + margin_px
         miss_u = ((bfx * x / zs + bcx) - 0.5 * bw).abs() - 0.5 * bw - radius
         miss_v = ((bfy * y / zs + bcy) - 0.5 * bh).abs() - 0.5 * bh - radius
         d = torch.maximum(miss_u, miss_v).clamp(min=0.0) + tol_px
@@ -315,60 +326,66 @@ def all_gather_rows(rows: Tensor, world_size: int, group=None) -> Tensor:
 
 
 def gather_footprint_columns(
-    local: sp.csr_matrix, columns: np.ndarray, num_columns: int, world_size: int, group=None
-) -> sp.csr_matrix:
+    local: sp.csr_matrix,
+    columns: np.ndarray,
+    num_columns: int,
+    world_size: int,
+    group=None,
+    values: Tensor | None = None,
+) -> tuple[sp.csr_matrix, Tensor | None]:
     """[V, M] footprints (canonical CSR) from every rank's [V, K_r] footprints of its
-    columns ``columns`` ([K_r] sorted int64 into the M; the ranks' columns are disjoint).
+    columns ``columns`` ([K_r] sorted int64 into the M; the ranks' columns are disjoint),
+    and with them, in the same collective, per-column ``values`` ([K_r, C] float64: row i
+    belongs to column ``columns[i]``), returned as [M, C] float64 in column order (zeros
+    for a column no rank sent; None without ``values``).
 
-    One ``all_gather_rows`` of int64 [V + nnz_r, 1] per rank (the row lengths, then the
-    column ids), no pickling. Stacked in rank order, each view's ids come out sorted when
-    every rank's columns are one range after the previous rank's (the replicated split);
-    otherwise (owners' rows) they are sorted once.
+    One ``all_gather_rows`` of int64 per rank: K_r, the columns, the V row lengths, the
+    column ids, then the values' bits (exact), no pickling. Stacked in rank order, each
+    view's ids come out sorted when every rank's columns are one range after the previous
+    rank's (the replicated split); otherwise (owners' rows) they are sorted once.
     """
     num_views = local.shape[0]
-    lengths = np.diff(local.indptr).astype(np.int64)
-    ids = np.asarray(columns, dtype=np.int64)[local.indices]
-    payload = torch.from_numpy(np.concatenate([lengths, ids]))[:, None]
-    parts = all_gather_rows(payload, world_size, group)[:, 0].numpy()
+    columns = np.asarray(columns, dtype=np.int64)
+    width = 0 if values is None else int(values.shape[1])
+    bits = np.zeros(0, dtype=np.int64)
+    if values is not None:
+        bits = values.detach().double().cpu().contiguous().numpy().view(np.int64).reshape(-1)
+    payload = np.concatenate(
+        [[columns.size], columns, np.diff(local.indptr), columns[local.indices], bits]
+    ).astype(np.int64)
+    parts = all_gather_rows(torch.from_numpy(payload)[:, None], world_size, group)[:, 0].numpy()
     row_of, col_of, at = [], [], 0
+    gathered = np.zeros((num_columns, width), dtype=np.float64)
     for _ in range(world_size):
-        lens = parts[at : at + num_views]
+        k = int(parts[at])
+        cols, at = parts[at + 1 : at + 1 + k], at + 1 + k
+        lens, at = parts[at : at + num_views], at + num_views
         nnz = int(lens.sum())
         row_of.append(np.repeat(np.arange(num_views), lens))
-        col_of.append(parts[at + num_views : at + num_views + nnz])
-        at += num_views + nnz
+        col_of.append(parts[at : at + nnz])
+        at += nnz
+        gathered[cols] = parts[at : at + k * width].view(np.float64).reshape(k, width)
+        at += k * width
     rows, cols = np.concatenate(row_of), np.concatenate(col_of)
     out = sp.csr_matrix(  # COO -> CSR keeps each row's entries in rank order
         sp.coo_matrix((np.ones(rows.size, dtype=bool), (rows, cols)), (num_views, num_columns))
     )
     out.sort_indices()  # a check (no work) when already sorted
     out.sum_duplicates()  # canonical: the ranks' columns are disjoint, so a check as well
-    return out
+    return out, (None if values is None else torch.from_numpy(gathered))
 
 
-def gather_reference_rows(
-    part: FootprintReference,
-    columns: np.ndarray,
-    footprints: sp.csr_matrix,
-    world_size: int,
-    group=None,
+def reference_values(ref: FootprintReference) -> Tensor:
+    """[K, 5] float64 of ``ref``'s rows: mean (3), largest scale, slack (every value exact)."""
+    return torch.cat([ref.means, torch.stack([ref.max_scale, ref.slack], 1)], 1).double().cpu()
+
+
+def reference_of_values(
+    footprints: sp.csr_matrix, values: Tensor, device: torch.device | str
 ) -> FootprintReference:
-    """The reference of ``footprints`` [V, M] from every rank's rows of it: ``part`` holds
-    rows ``columns`` ([K] int64 into the M columns) of this rank. ``all_gather_rows`` of
-    float64 [K, 6] (column, mean, largest scale, slack; every value exact)."""
-    device = part.means.device
-    values = torch.cat(
-        [
-            torch.from_numpy(np.asarray(columns, dtype=np.float64))[:, None],
-            part.means.double().cpu(),
-            torch.stack([part.max_scale, part.slack], 1).double().cpu(),
-        ],
-        1,
-    )
-    rows = all_gather_rows(values, world_size, group)
-    out = torch.zeros(footprints.shape[1], 5, dtype=torch.float32)
-    out[rows[:, 0].long()] = rows[:, 1:].float()
-    out = out.to(device)
+    """The reference of ``footprints`` [V, M] whose rows are ``values`` [M, 5]
+    (``reference_values``' layout)."""
+    out = values.float().to(device)
     return FootprintReference(footprints, out[:, :3].contiguous(), out[:, 3], out[:, 4])
 
 
@@ -500,19 +517,24 @@ class PhaseController:
         gaussians = self._gaussians(model, rows[share])
         with self.timer.section("footprint_compute"):
             mine = local_footprints(gaussians, cameras, np.arange(len(cameras)), self.margin_px)
-        with self.timer.section("gather"):
-            footprints = gather_footprint_columns(
-                mine, share, rows.size, self.world_size, self.group
+        part = None
+        if self.reuse_shift_px > 0:
+            with self.timer.section("reference"):
+                part = footprint_reference(
+                    mine, gaussians, cameras, self.margin_px, self.reuse_shift_px
+                )
+        with self.timer.section("gather"):  # the footprints and their reference, at once
+            footprints, values = gather_footprint_columns(
+                mine,
+                share,
+                rows.size,
+                self.world_size,
+                self.group,
+                values=None if part is None else reference_values(part),
             )
-        if self.reuse_shift_px <= 0:
+        if values is None:
             return footprints, None
-        with self.timer.section("reference"):
-            part = footprint_reference(
-                mine, gaussians, cameras, self.margin_px, self.reuse_shift_px
-            )
-        with self.timer.section("gather"):
-            reference = gather_reference_rows(part, share, footprints, self.world_size, self.group)
-        return footprints, reference
+        return footprints, reference_of_values(footprints, values, model.means.device)
 
     def _rows_that_hold(self, ref: FootprintReference, sources: np.ndarray, model) -> np.ndarray:
         """[N] bool: rows with a source (``sources`` [N] int64 into ``ref``'s rows, -1 for
