@@ -170,6 +170,7 @@ class OdinTrainer(Trainer):
             self.optimizers,
             checkpoint_every=self.config.steps_per_save,
             resumed_phase=phase,
+            live_panels=self.config.is_viewer_enabled() or self.config.is_viewer_legacy_enabled(),
         )
 
     @property

@@ -1,6 +1,7 @@
 """Batches of views: B views per rank, batch scaling of Adam, schedules read in views.
 
-- B = 2 quality-first equals barrier bitwise (two real 2-rank ``odin-ns-train`` runs);
+- B = 2 quality-first, replicated and sharded, equals barrier bitwise (three real 2-rank
+  ``odin-ns-train`` runs);
 - schedule in views: the conversion of every step-based setting, refine / reset / lr decay
   at the same view counts for 1, 2 and 4 views per step, and a real 2-rank run of V views
   that takes V / 2 optimizer steps and refines where the conversion says;
@@ -199,10 +200,23 @@ def _final_params(run_dir: Path) -> dict[str, torch.Tensor]:
     return {k: v for k, v in state.items() if "gauss_params" in k}
 
 
+def _final_moments(run_dir: Path) -> dict[tuple[str, str], torch.Tensor]:
+    ckpt = sorted((run_dir / "nerfstudio_models").glob("step-*.ckpt"))[-1]
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["optimizers"]
+    return {
+        (name, moment): opt["state"][0][moment]
+        for name, opt in state.items()
+        if opt["state"]
+        for moment in ("exp_avg", "exp_avg_sq")
+    }
+
+
 @pytest.mark.slow
 def test_two_views_per_rank_quality_first_equals_barrier(street_scene, tmp_path):
-    """B = 2, 2 ranks, 30 optimizer steps (120 views) across a densification: quality-first
-    ends bitwise equal to barrier. The two runs go side by side (timing never matters)."""
+    """B = 2, 2 ranks, 30 optimizer steps (120 views) across a densification: quality-first,
+    replicated and sharded, ends bitwise equal to barrier (parameters; the sharded run's
+    merged checkpoint also its Adam moments). The runs go side by side (timing never
+    matters)."""
     extra = [
         "--max-num-iterations",
         "120",
@@ -213,15 +227,29 @@ def test_two_views_per_rank_quality_first_equals_barrier(street_scene, tmp_path)
         "--pipeline.model.refine-every",
         "40",
     ]
-    procs = {
-        mode: _run(street_scene, tmp_path, mode, [*extra, "--pipeline.sync.mode", mode], port)
-        for mode, port in (("barrier", free_port()), ("quality-first", free_port()))
+    variants = {
+        "barrier": ["--pipeline.sync.mode", "barrier"],
+        "quality-first": ["--pipeline.sync.mode", "quality-first"],
+        "sharded": ["--pipeline.sync.mode", "quality-first", "--pipeline.parallel", "sharded"],
     }
-    runs = {mode: _wait(p, tmp_path, mode) for mode, p in procs.items()}
-    barrier, quality = _final_params(runs["barrier"]), _final_params(runs["quality-first"])
-    assert barrier.keys() == quality.keys()
-    for key in barrier:
-        assert torch.equal(quality[key], barrier[key]), key
+    procs = {
+        name: _run(street_scene, tmp_path, name, [*extra, *flags], free_port())
+        for name, flags in variants.items()
+    }
+    runs = {name: _wait(p, tmp_path, name) for name, p in procs.items()}
+    barrier = _final_params(runs["barrier"])
+    for name in ("quality-first", "sharded"):
+        params = _final_params(runs[name])
+        assert barrier.keys() == params.keys()
+        for key in barrier:
+            assert torch.equal(params[key], barrier[key]), (name, key)
+    moments = {name: _final_moments(runs[name]) for name in ("barrier", "sharded")}
+    assert moments["barrier"].keys() == moments["sharded"].keys()
+    for key, value in moments["barrier"].items():
+        assert torch.equal(moments["sharded"][key], value), key
+    sharded = json.loads((runs["sharded"] / "odin_run.json").read_text())["ranks"]
+    assert {p["views_per_rank"] for p in sharded[0]["phases"]} == {2}
+    assert len({p["num_gaussians"] for p in sharded[0]["phases"]}) > 1
     summary = json.loads((runs["quality-first"] / "odin_run.json").read_text())
     ranks = summary["ranks"]
     assert ranks[0]["replica_hash"] == ranks[1]["replica_hash"]

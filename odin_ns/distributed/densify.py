@@ -57,6 +57,8 @@ class ReplicatedDensifier:
             ``(seed, s)`` on every replica.
     """
 
+    returns_parents = True  # ``apply`` says where each row came from
+
     def __init__(self, strategy: DefaultStrategy, state: dict, seed: int):
         self.strategy = strategy
         self.state = state
@@ -200,6 +202,8 @@ class MCMCDensifier:
             noise up to s - 1, then relocation and sampling, then every row (new ones too)
             gets noise s, gsplat's order (optimizer step, relocate, add, inject noise).
     """
+
+    returns_parents = False  # ``apply`` returns None: rows are matched by geometry
 
     def __init__(
         self, strategy: MCMCStrategy, state: dict, seed: int, noise: MCMCNoise | None = None

@@ -58,6 +58,9 @@ class DistributedSession:
         checkpoint_every: the trainer's ``steps_per_save``; a checkpoint step ends a phase,
             so a resumed run re-plans exactly where the uninterrupted run does.
         resumed_phase: a checkpoint's ``PhaseController.resume_state`` (same world size).
+        live_panels: the run shows rank 0's live viewer panels (the viewer is on), so every
+            phase start ships the peers' recent steps to rank 0; without them the steps
+            travel only at the end (``finish``), for the run's final snapshot.
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class DistributedSession:
         optimizers: Optimizers,
         checkpoint_every: int = 0,
         resumed_phase: dict | None = None,
+        live_panels: bool = True,
     ):
         config = pipeline.config
         self.pipeline = pipeline
@@ -78,6 +82,7 @@ class DistributedSession:
         self.rank = pipeline.rank
         self.world_size = pipeline.world_size
         self.snapshot_every = config.snapshot_every
+        self.live_panels = bool(live_panels)
         self.telemetry: SyncTelemetry = pipeline.telemetry
         self.group = runtime_process_group()
         seed = int(self.datamanager.config.train_cameras_sampling_seed)
@@ -204,6 +209,7 @@ class DistributedSession:
             panels.requested_settings() if panels is not None else {},
             self._engine_counters(),
             plan_check=(str(plan.plan_hash), self.model.num_points),
+            with_steps=self.live_panels,
         )
         if len(set(checks)) != 1:
             raise RuntimeError(
@@ -264,7 +270,8 @@ class DistributedSession:
         self.engine.drain_and_apply_all()
         before = self.model.num_points
         reuse = self.phases.reuse_shift_px > 0
-        keys = geometry_keys(self.model) if reuse else None
+        by_geometry = reuse and not self.densifier.returns_parents
+        keys = geometry_keys(self.model) if by_geometry else None
         parents = self.densifier.apply(step, self.model.gauss_params, self.optimizers.optimizers)
         # Each row's source (its parent: itself, the original of a duplicate, the parent of
         # a split child; MCMC: the row with the same geometry) offers its footprint to the
@@ -272,9 +279,7 @@ class DistributedSession:
         # the same parents, so both modes draw the same footprints).
         sources = None
         if reuse:
-            sources = (
-                parents if parents is not None else row_sources(keys, geometry_keys(self.model))
-            )
+            sources = parents if not by_geometry else row_sources(keys, geometry_keys(self.model))
         self.phases.end_after(step, sources)
         change = {
             "step": step,

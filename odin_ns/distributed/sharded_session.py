@@ -131,8 +131,6 @@ def check_sharded_config(trainer_config, world_size: int) -> None:
             "odin-ns-train --nproc-per-node N); one process holds the whole model anyway"
         )
     check_dense_parameters(config.model)
-    if int(getattr(config, "views_per_rank", 1)) != 1:
-        raise OdinInputError("--pipeline.parallel sharded trains one view per rank per step")
     if config.sync.mode not in ("quality-first", "barrier"):
         raise OdinInputError(
             f"--pipeline.parallel sharded runs quality-first (exact); sync mode "
@@ -210,6 +208,7 @@ class ShardedSession:
             max_phase_steps=config.max_phase_steps,
             margin_px=config.footprint_margin_px,
             group=self.group,
+            views_per_rank=int(getattr(config, "views_per_rank", 1)),
             **(reuse if reuse["reuse_shift_px"] > 0 else {}),
         )
         self.densifier = ReplicatedDensifier(self.model.strategy, self.model.strategy_state, 0)
@@ -338,7 +337,7 @@ class ShardedSession:
             resumed=self._resumed_phase,
         )
         self._resumed_phase = None
-        self.datamanager.set_plan_views(plan.views[:, self.rank, 0], start_step=step)
+        self.datamanager.set_plan_views(plan.views[:, self.rank, :], start_step=step)
         device = self.model.means.device
         if first:
             n = self.model.num_points

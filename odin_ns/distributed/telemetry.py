@@ -77,15 +77,25 @@ class SyncTelemetry:
 
     # ------------------------------------------------------------ exchange
     def exchange_at_phase_start(
-        self, request: dict, engine: dict, plan_check: tuple | None = None
+        self,
+        request: dict,
+        engine: dict,
+        plan_check: tuple | None = None,
+        with_steps: bool = True,
     ) -> tuple[dict, list]:
         """All-gather (every rank, at a drain point): peers' new steps and engine counters
         go to rank 0; every rank gets rank 0's panel request ({} or {"tau", "K"}) and every
-        rank's ``plan_check`` (the session compares them: one collective for both)."""
-        new = [_plain(r) for r in self.steps[self._sent_upto :]]
-        self._sent_upto = len(self.steps)
+        rank's ``plan_check`` (the session compares them: one collective for both).
+
+        ``with_steps`` False (no live panels to show them): the steps stay here until an
+        exchange that ships them (the last window of them), so rank 0's view at that
+        exchange is the same; only their pickling leaves this phase start."""
+        new = []
+        if with_steps:
+            new = [_plain(r) for r in self.steps[self._sent_upto :][-self.window :]]
+            self._sent_upto = len(self.steps)
         parts: list = [None] * self.world_size
-        dist.all_gather_object(parts, (new[-self.window :], engine, request, plan_check))
+        dist.all_gather_object(parts, (new, engine, request, plan_check))
         if self.rank == 0:
             for q, (steps, counters, _, _) in enumerate(parts):
                 self._peer_steps[q].extend(steps)
