@@ -11,7 +11,7 @@ SRC := odin_ns method_configs viewer_ext tests
 # Ranks and tests share few cores: OpenMP workers must not spin while waiting.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: venv test lint demo bench clean
+.PHONY: venv test lint demo bench bench-phase-ab clean
 
 # Large wheels (open3d is 400 MB) can lose their connection part-way: pip resumes a
 # broken download (one install here needed 21 resumes for its last 30 MB), and a failed
@@ -54,6 +54,16 @@ demo: venv
 	$(BIN)/ns-eval --load-config $(DEMO_OUT)/street/odin-splatfacto/demo/config.yml \
 		--output-path $(DEMO_OUT)/eval.json
 	$(PY) -m odin_ns.report_eval $(DEMO_OUT)/eval.json
+
+# Phase-start cost of two code versions, interleaved (ABBA), e.g. before and after a change:
+#   git worktree add --detach ../before COMMIT
+#   ln -s ../method_configs ../before/odin_ns/method_configs  # its own copies, as the
+#   ln -s ../viewer_ext ../before/odin_ns/viewer_ext          # install maps this clone's
+#   make bench-phase-ab A=../before B=.
+bench-phase-ab: venv
+	$(PY) -m odin_ns.data.synthetic --out $(DEMO_DIR) --layout street
+	$(PY) -m odin_ns.bench.phase_ab --a $(A) --b $(B) --data $(abspath $(DEMO_DIR)) \
+		--rounds 3 --out bench/phase_start_ab_street.json
 
 bench: venv
 	$(PY) -m odin_ns.bench.raster --out bench/raster.json

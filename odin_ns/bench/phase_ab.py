@@ -1,0 +1,227 @@
+"""Phase-start cost of two code versions, interleaved: did a change make phase starts cheaper?
+
+    python -m odin_ns.bench.phase_ab --a DIR_A --b DIR_B --data demo_data/street \
+        --rounds 3 --out bench/phase_start_ab.json [-- more bench.sync options]
+
+``DIR_A`` and ``DIR_B`` are checkouts of the two versions (``git worktree add --detach DIR
+COMMIT``, with links ``odin_ns/method_configs -> ../method_configs`` and ``odin_ns/viewer_ext
+-> ../viewer_ext``, so that it imports its own copies rather than the installed clone's:
+``make bench-phase-ab`` says how); a relative ``--data`` must resolve from each. Every run is one ``python -m odin_ns.bench.sync
+--modes barrier --repeats 1 --no-eval`` from its checkout (``PYTHONPATH`` = the checkout,
+its own extension folder under ``--work``), with the current interpreter. Round i runs A
+then B when i is even, B then A when odd (ABBA ...), so the machine's drift lands on both
+alike. Per version: the median phase-start share of the run (and min / max), its seconds,
+the median of each part of the split (``PhaseRecord``), views per second; the same-round
+ratio B / A of the share. Writes JSON and a PNG (share per run; median split per version).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+
+CONSOLE = Console()
+SPLIT = (
+    "drain_s",
+    "footprint_compute_s",
+    "gather_s",
+    "reference_s",
+    "plan_seconds",
+    "stats_s",
+    "exchange_s",
+    "bind_s",
+    "other_s",
+)
+
+
+def round_orders(rounds: int) -> list[tuple[str, str]]:
+    """ABBA...: round i runs ("a", "b") when i is even, ("b", "a") when odd."""
+    return [("a", "b") if i % 2 == 0 else ("b", "a") for i in range(rounds)]
+
+
+def commit_of(checkout: Path) -> str:
+    """The checkout's short commit (and "+dirty" with uncommitted changes), or "unknown"."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def checkout_env(checkout: Path, work: Path) -> dict[str, str]:
+    """The environment of a run from ``checkout``: its code first on the path, its own
+    extension folder (two versions never share a library)."""
+    env = dict(os.environ, PYTHONPATH=str(checkout))
+    env["ODIN_NS_EXT_DIR"] = str(work / "ext" / checkout.name)
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return env
+
+
+def build_extension(checkout: Path, work: Path) -> None:
+    """Build ``checkout``'s extension before any timed run (the CPU library only on a
+    machine without a GPU: CPU ranks use nothing else)."""
+    import torch
+
+    cmd = [sys.executable, "-m", "odin_ns.cuda", "build"]
+    cmd += [] if torch.cuda.is_available() else ["--cpu-only"]
+    env = checkout_env(checkout, work)
+    proc = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench.phase_ab: building {checkout}'s extension failed: {proc.stderr}")
+
+
+def run_once(checkout: Path, args: argparse.Namespace, name: str, extra: list[str]) -> dict:
+    """One barrier run of ``bench.sync`` from ``checkout``; its phase-start figures."""
+    out = args.work / f"{name}.json"
+    cmd = [sys.executable, "-m", "odin_ns.bench.sync", "--data", str(args.data)]
+    cmd += ["--ranks", str(args.ranks), "--steps", str(args.steps), "--repeats", "1"]
+    cmd += ["--modes", "barrier", "--no-eval", "--work-dir", str(args.work / name)]
+    cmd += ["--out", str(out)]
+    if args.downscale_factor:
+        cmd += ["--downscale-factor", str(args.downscale_factor)]
+    if extra:
+        cmd += ["--", *extra]
+    env = checkout_env(checkout, args.work)
+    log = args.work / f"{name}.log"
+    with open(log, "w") as f:
+        code = subprocess.run(cmd, cwd=checkout, env=env, stdout=f, stderr=subprocess.STDOUT)
+    if code.returncode != 0:
+        raise SystemExit(f"bench.phase_ab: run {name} failed (exit {code.returncode}), see {log}")
+    result = json.loads(out.read_text())
+    mode = result["modes"]["barrier"]
+    split = result["phase_start_split_barrier"]
+    return {
+        "phase_start_share": float(result["phase_start_share_barrier"]),
+        "phase_start_seconds": float(mode["phase_start_seconds"]),
+        "views_per_second": float(mode["views_per_second"]),
+        "phase_starts": int(mode["phase_starts"]),
+        **{key: float(split.get(key, 0.0)) for key in SPLIT},
+    }
+
+
+def summarize(runs: list[dict], label: str) -> dict:
+    """Median (and min / max) over the version's runs."""
+    out: dict = {"code": label}
+    for key in ("phase_start_share", "phase_start_seconds", "views_per_second", *SPLIT):
+        values = np.array([r[key] for r in runs], dtype=np.float64)
+        out[key] = float(np.median(values))
+        out[f"{key}_min"], out[f"{key}_max"] = float(values.min()), float(values.max())
+    return out
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 4))
+    for k, key in enumerate(("a", "b")):
+        shares = [100 * r["phase_start_share"] for r in result["runs"] if r["version"] == key]
+        ax0.scatter(np.full(len(shares), k), shares, s=30, label=result[key]["code"])
+        ax0.hlines(100 * result[key]["phase_start_share"], k - 0.2, k + 0.2, color="k")
+    ax0.set_xticks([0, 1], [result["a"]["code"], result["b"]["code"]])
+    ax0.set_ylabel("phase starts, % of the run")
+    ax0.set_title("each run (line: median)")
+    bottom = np.zeros(2)
+    for key in SPLIT:
+        values = np.array([result["a"][key], result["b"][key]])
+        ax1.bar([0, 1], values, bottom=bottom, label=key.removesuffix("_s"))
+        bottom += values
+    ax1.set_xticks([0, 1], [result["a"]["code"], result["b"]["code"]])
+    ax1.set_ylabel("seconds per run (median of each part)")
+    ax1.set_title("where the phase starts' time goes")
+    ax1.legend(fontsize=7, loc="upper right")
+    fig.suptitle(result["what"][:110], fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--a", type=Path, required=True, help="checkout of version A (before)")
+    parser.add_argument("--b", type=Path, required=True, help="checkout of version B (after)")
+    parser.add_argument("--data", type=Path, required=True, help="scene, as seen from a checkout")
+    parser.add_argument("--downscale-factor", type=int, default=0)
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/odin_phase_ab"))
+    parser.add_argument("--out", type=Path, default=Path("bench/phase_start_ab.json"))
+    args = parser.parse_args(argv)
+    checkouts = {"a": args.a.resolve(), "b": args.b.resolve()}
+    for key, path in checkouts.items():
+        if not (path / "odin_ns" / "bench" / "sync.py").is_file():
+            raise SystemExit(f"bench.phase_ab: --{key} {path} is not an odin-ns checkout")
+        if not (path / args.data).exists():  # an absolute --data is itself
+            raise SystemExit(f"bench.phase_ab: --data {args.data} does not exist under {path}")
+    if args.rounds < 1:
+        raise SystemExit(f"bench.phase_ab: --rounds must be >= 1, got {args.rounds}")
+    args.work.mkdir(parents=True, exist_ok=True)
+    labels = {key: commit_of(path) for key, path in checkouts.items()}
+    for path in checkouts.values():  # versions that load the extension lazily would
+        build_extension(path, args.work)  # otherwise compile it inside their first run
+    runs = []
+    orders = round_orders(args.rounds)
+    with CONSOLE.status("phase-start A/B") as status:
+        for i, order in enumerate(orders):
+            for key in order:
+                status.update(f"round {i + 1}/{args.rounds}: {labels[key]} ({key})")
+                figures = run_once(checkouts[key], args, f"{key}_{i}", extra)
+                runs.append({"version": key, "round": i, **figures})
+                CONSOLE.log(
+                    f"round {i} {labels[key]}: phase starts "
+                    f"{100 * figures['phase_start_share']:.2f}% of the run, "
+                    f"{figures['views_per_second']:.1f} views/s"
+                )
+    share = {(r["round"], r["version"]): r["phase_start_share"] for r in runs}
+    ratios = [share[i, "b"] / share[i, "a"] for i in range(args.rounds)]
+    result = {
+        "what": (
+            f"phase-start cost of a {args.steps}-step barrier run on {args.ranks} ranks, "
+            f"{args.data}, versions {labels['a']} (a) and {labels['b']} (b) alternated "
+            "(ABBA), one bench.sync run each from its own checkout"
+        ),
+        "orders": ["".join(o) for o in orders],
+        "a": summarize([r for r in runs if r["version"] == "a"], labels["a"]),
+        "b": summarize([r for r in runs if r["version"] == "b"], labels["b"]),
+        "share_ratio_b_vs_a": float(np.median(ratios)),
+        "share_ratio_b_vs_a_min": float(min(ratios)),
+        "share_ratio_b_vs_a_max": float(max(ratios)),
+        "runs": runs,
+        "extra_options": extra,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    plot(result, args.out.with_suffix(".png"))
+    CONSOLE.print(
+        f"phase starts: {labels['a']} {100 * result['a']['phase_start_share']:.2f}% -> "
+        f"{labels['b']} {100 * result['b']['phase_start_share']:.2f}% of the run (median; "
+        f"same-round ratio {result['share_ratio_b_vs_a']:.3f}); wrote {args.out}"
+    )
+
+
+if __name__ == "__main__":
+    main()
