@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +48,8 @@ def round_orders(rounds: int) -> list[tuple[str, str]]:
 
 
 def commit_of(checkout: Path) -> str:
-    """The checkout's short commit (and "+dirty" with uncommitted changes), or "unknown"."""
+    """The checkout's short commit (and "+dirty" with uncommitted changes outside
+    ``bench/``, where benchmarks write their results), or "unknown"."""
     try:
         head = subprocess.run(
             ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
@@ -56,7 +58,8 @@ def commit_of(checkout: Path) -> str:
             check=True,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"],
+            ["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"]
+            + ["--", ".", ":(exclude)bench"],
             capture_output=True,
             text=True,
             check=True,
@@ -149,8 +152,8 @@ def plot(result: dict, path: Path) -> None:
     ax1.set_xticks([0, 1], [result["a"]["code"], result["b"]["code"]])
     ax1.set_ylabel("seconds per run (median of each part)")
     ax1.set_title("where the phase starts' time goes")
-    ax1.legend(fontsize=7, loc="upper right")
-    fig.suptitle(result["what"][:110], fontsize=8)
+    ax1.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(textwrap.fill(result["what"], 140), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
