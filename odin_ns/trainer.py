@@ -149,7 +149,7 @@ class OdinTrainer(Trainer):
         """Build (if needed) and load the primitive-sync extension for the model's device
         now, in set-up: the first footprint and sync ops would otherwise load it inside the
         first phase start (an import of setuptools, a compiler probe and the build lock:
-        0.1-0.3 s on the CPU machine, once per process). A failed build falls back to the
+        0.05-0.3 s on the CPU machine, once per process). A failed build falls back to the
         torch references, as the ops always do; rank 0 says which is used."""
         tic = time.perf_counter()
         status = ext_ops.status(self.pipeline.model.means.device.type)
@@ -170,8 +170,13 @@ class OdinTrainer(Trainer):
             self.optimizers,
             checkpoint_every=self.config.steps_per_save,
             resumed_phase=phase,
-            live_panels=self.config.is_viewer_enabled() or self.config.is_viewer_legacy_enabled(),
+            live_panels=self.viewer_on,
         )
+
+    @property
+    def viewer_on(self) -> bool:
+        """Whether the run shows nerfstudio's viewer (its panels, and what they read)."""
+        return self.config.is_viewer_enabled() or self.config.is_viewer_legacy_enabled()
 
     @property
     def sharded(self) -> bool:

@@ -28,18 +28,10 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
+from odin_ns.bench.sync import PHASE_START_SPLIT
+
 CONSOLE = Console()
-SPLIT = (
-    "drain_s",
-    "footprint_compute_s",
-    "gather_s",
-    "reference_s",
-    "plan_seconds",
-    "stats_s",
-    "exchange_s",
-    "bind_s",
-    "other_s",
-)
+SPLIT = (*PHASE_START_SPLIT, "other_s")  # bench.sync's split of a run's phase starts
 
 
 def round_orders(rounds: int) -> list[tuple[str, str]]:

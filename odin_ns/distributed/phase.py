@@ -25,6 +25,7 @@ from torch import Tensor
 
 from odin_ns.model import OdinSplatfactoModel, get_viewmat
 from odin_ns.schedule import Plan, build_plan, compute_footprints, plan_conflict
+from odin_ns.schedule.footprint import jacobian_bound
 
 
 @dataclass
@@ -204,9 +205,7 @@ def footprint_slack(
     fx, fy, cx, cy = Ks[:, 0, 0], Ks[:, 1, 1], Ks[:, 0, 2], Ks[:, 1, 2]  # [V] each
     width = cameras.width.reshape(-1).to(device).float()
     height = cameras.height.reshape(-1).to(device).float()
-    lim_x = torch.maximum((width - cx) / fx, cx / fx) + 0.3 * (0.5 * width / fx)
-    lim_y = torch.maximum((height - cy) / fy, cy / fy) + 0.3 * (0.5 * height / fy)
-    j2 = fx**2 * (1 + lim_x**2) + fy**2 * (1 + lim_y**2)  # [V] Jacobian bound
+    j2 = jacobian_bound(fx, fy, cx, cy, width, height)[2]  # [V], compute_footprints' bound
     consts = torch.stack([fx, fy, cx, cy, width, height, j2, torch.maximum(fx, fy)], 1)  # [V, 8]
     slack = torch.full((num,), float("inf"), device=device)
     shrink = 1.0 - 1e-6  # strictly before the near plane

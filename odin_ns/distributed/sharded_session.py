@@ -807,5 +807,5 @@ def open_session(trainer, resumed_phase: dict | None = None) -> ShardedSession:
         stop_step=trainer._start_step + trainer.config.max_num_iterations,
         ownership=trainer.pipeline.config.ownership,
         resumed_phase=resumed_phase,
-        viewer_copy=trainer.config.is_viewer_enabled() or trainer.config.is_viewer_legacy_enabled(),
+        viewer_copy=trainer.viewer_on,
     )

@@ -64,18 +64,24 @@ def _per_view(x: int | Sequence[int] | np.ndarray | Tensor, num_views: int, name
     return t
 
 
-def _view_table(viewmats: Tensor, Ks: Tensor, width: Tensor, height: Tensor) -> Tensor:
-    """Per-view constants [V, 21] (float64): R(9), t(3), fx, fy, cx, cy, W, H, Lx, Ly, J2.
-
-    Lx, Ly bound |x/z|, |y/z| after gsplat's clamp; J2 / z^2 bounds ||J||_F^2.
-    """
-    vm = viewmats.double()
-    K = Ks.double()
-    fx, fy, cx, cy = K[:, 0, 0], K[:, 1, 1], K[:, 0, 2], K[:, 1, 2]
+def jacobian_bound(
+    fx: Tensor, fy: Tensor, cx: Tensor, cy: Tensor, width: Tensor, height: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(Lx, Ly, J2), each [V] in the inputs' dtype: Lx, Ly bound |x/z|, |y/z| after gsplat's
+    clamp; J2 / z^2 bounds ||J||_F^2 (the radius bound ``3 sqrt(s^2 J2 / z^2 + 0.4) + 1``)."""
     tan_x, tan_y = 0.5 * width / fx, 0.5 * height / fy
     lim_x = torch.maximum((width - cx) / fx, cx / fx) + 0.3 * tan_x
     lim_y = torch.maximum((height - cy) / fy, cy / fy) + 0.3 * tan_y
-    j2 = fx**2 * (1 + lim_x**2) + fy**2 * (1 + lim_y**2)
+    return lim_x, lim_y, fx**2 * (1 + lim_x**2) + fy**2 * (1 + lim_y**2)
+
+
+def _view_table(viewmats: Tensor, Ks: Tensor, width: Tensor, height: Tensor) -> Tensor:
+    """Per-view constants [V, 21] (float64): R(9), t(3), fx, fy, cx, cy, W, H, Lx, Ly, J2
+    (``jacobian_bound``)."""
+    vm = viewmats.double()
+    K = Ks.double()
+    fx, fy, cx, cy = K[:, 0, 0], K[:, 1, 1], K[:, 0, 2], K[:, 1, 2]
+    lim_x, lim_y, j2 = jacobian_bound(fx, fy, cx, cy, width, height)
     cols = [vm[:, :3, :3].reshape(-1, 9), vm[:, :3, 3]]
     cols += [c[:, None] for c in (fx, fy, cx, cy, width, height, lim_x, lim_y, j2)]
     return torch.cat(cols, dim=1)
