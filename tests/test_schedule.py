@@ -16,6 +16,7 @@ from gsplat.cuda._torch_impl import (
 import odin_ns.schedule.plan as plan_module
 from odin_ns.bench.schedule import make_city
 from odin_ns.bench.simulate import simulate
+from odin_ns.cuda import ops
 from odin_ns.schedule import (
     PlanOptions,
     build_plan,
@@ -26,6 +27,7 @@ from odin_ns.schedule import (
     partition_views,
     plan_conflict,
 )
+from odin_ns.schedule.locality import view_overlaps, view_overlaps_reference
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -197,6 +199,80 @@ def test_footprints_bad_input():
     assert empty.shape == (3, 0) and empty.nnz == 0
 
 
+def require_plan_kernels() -> None:
+    if any(ops.host_op(name) is None for name in ops.HOST_OPS):
+        pytest.skip("the CPU library is not built (python -m odin_ns.cuda build)")
+
+
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize(("num_ranks", "views_per_rank"), [(1, 1), (2, 1), (4, 1), (3, 3)])
+def test_compiled_plan_kernels_equal_their_twins(index_dtype, num_ranks, views_per_rank):
+    require_plan_kernels()
+    F = random_footprints(41, 900, 0.05, seed=11)
+    F = sp.csr_matrix(F.toarray() * (np.arange(41)[:, None] % 7 != 0))  # some empty views
+    F.indptr, F.indices = F.indptr.astype(index_dtype), F.indices.astype(index_dtype)
+    plan = build_plan(F, num_ranks, 23, views_per_rank, strategy="random", seed=4)
+    for window in (1, 4):
+        got = plan_module.dependency_pass(F, plan.views, window)
+        want = plan_module.dependency_pass_reference(F, plan.views, window)
+        assert (got[0] >= 0).any() or num_ranks == 1
+        for a, b in zip(got, want, strict=True):
+            assert a.dtype == b.dtype
+            np.testing.assert_array_equal(a, b)
+    got = view_overlaps(F)
+    want = view_overlaps_reference(F)
+    assert got.dtype == want.dtype == np.float32
+    for attr in ("indptr", "indices", "data"):
+        np.testing.assert_array_equal(getattr(got, attr), getattr(want, attr))
+    dense = F.toarray().astype(np.int64)
+    np.testing.assert_array_equal(got.toarray(), dense @ dense.T)
+
+
+def city_footprints() -> sp.csr_matrix:
+    s = make_city(300, 8000, seed=2)
+    return compute_footprints(
+        s.means, s.scales, s.quats, s.opacities, s.viewmats, s.Ks, s.width, s.height
+    )
+
+
+def object_footprints() -> sp.csr_matrix:
+    means, scales, quats, opac, viewmats, Ks = object_scene(n=3000, v=40, seed=4)
+    return compute_footprints(means, scales, quats, opac, viewmats, Ks, 64, 48)
+
+
+@pytest.mark.parametrize(
+    ("scene", "assignment"), [(city_footprints, "locality"), (object_footprints, "balance")]
+)
+def test_plan_is_the_same_with_and_without_the_compiled_kernels(scene, assignment, monkeypatch):
+    require_plan_kernels()
+    F = scene()
+    with_kernels = build_plan(F, 3, 30, seed=5)
+    monkeypatch.setattr(ops, "host_op", lambda name: None)
+    without = build_plan(F, 3, 30, seed=5)
+    assert with_kernels.assignment == without.assignment == assignment
+    assert with_kernels.plan_hash == without.plan_hash
+    for a, b in zip(with_kernels.groups, without.groups, strict=True):
+        np.testing.assert_array_equal(a, b)
+    for name in ("views", "dependency", "dependency_rows", "message_rows", "conflict"):
+        np.testing.assert_array_equal(getattr(with_kernels, name), getattr(without, name))
+
+
+def test_compiled_plan_kernels_bad_input():
+    require_plan_kernels()
+    F = random_footprints(5, 50, 0.3, seed=1)
+    indptr, indices = torch.from_numpy(F.indptr), torch.from_numpy(F.indices)
+    views = torch.zeros(2, 2, 1, dtype=torch.int64)
+    deps = ops.host_op("plan_dependencies")
+    with pytest.raises(ValueError, match="primitive ids must be in"):
+        deps(indptr, indices, views, 10, 4)  # ids up to 49 in 10 columns
+    with pytest.raises(ValueError, match="view 7 outside"):
+        deps(indptr, indices, torch.full((2, 2, 1), 7, dtype=torch.int64), 50, 4)
+    with pytest.raises(ValueError, match="int32 or both torch.int64"):
+        deps(indptr.long(), indices.int(), views, 50, 4)
+    with pytest.raises(ValueError, match="primitive ids must be in"):
+        ops.host_op("view_overlaps")(indptr, indices, 10)
+
+
 # ----------------------------------------------------------------------------- locality
 
 
@@ -336,11 +412,16 @@ def brute_force_dependency(plan):
 
 @pytest.mark.parametrize(("strategy", "assignment"), KINDS)
 @pytest.mark.parametrize("views_per_rank", [1, 2])
-@pytest.mark.parametrize("relabel", [False, True])  # the pass's two row orders (large scenes)
+# The compiled pass, and its numpy twin in both row orders (the relabelled one: large scenes).
+@pytest.mark.parametrize("impl", ["compiled", "reference", "reference-relabelled"])
 def test_dependency_table_equals_brute_force(
-    strategy, assignment, views_per_rank, relabel, monkeypatch
+    strategy, assignment, views_per_rank, impl, monkeypatch
 ):
-    if relabel:
+    if impl == "compiled":
+        require_plan_kernels()
+    else:
+        monkeypatch.setattr(ops, "host_op", lambda name: None)
+    if impl == "reference-relabelled":
         monkeypatch.setattr(plan_module, "RELABEL_ABOVE_BYTES", 0)
     F = random_footprints(37, 400, 0.02, seed=8)
     F = sp.csr_matrix(F.toarray() * (np.arange(37)[:, None] % 9 != 0))  # some empty views

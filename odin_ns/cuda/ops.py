@@ -1,5 +1,8 @@
 """Dispatcher: each op runs the compiled kernel for its tensors' device, else the reference.
 
+Host ops of the ahead-of-time plan (``HOST_OPS``, CPU library only) are served by
+``host_op``: the compiled kernel, or None, and the caller runs its numpy / scipy twin.
+
 The extension builds lazily, on the first call for a device type (CPU library for CPU
 tensors; CPU + CUDA libraries for CUDA tensors), and at most once per process. A failed
 build never raises here: it warns once and the torch reference is used (same results).
@@ -29,6 +32,9 @@ OPS = (
     "validate_reads",
 )
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
+# Host kernels of odin_ns.schedule; their twins: plan.dependency_pass_reference and
+# locality.view_overlaps_reference.
+HOST_OPS = ("plan_dependencies", "view_overlaps")
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,17 @@ def implementation(name: str, device: torch.device | str) -> Callable:
         if fn is not None:
             return fn
     return getattr(reference, name)
+
+
+def host_op(name: str) -> Callable | None:
+    """The compiled host kernel ``name`` (one of ``HOST_OPS``), or None when the CPU library
+    is not built, is disabled (``ODIN_NS_EXT=0``) or predates the op: the caller then runs
+    the kernel's numpy / scipy twin (same results)."""
+    if name not in HOST_OPS:
+        raise ValueError(f"unknown host op {name!r}; host ops are {HOST_OPS}")
+    if not status("cpu").compiled or not has_kernel(name, "cpu"):
+        return None
+    return getattr(torch.ops.odin, name)
 
 
 @torch.no_grad()

@@ -20,7 +20,13 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
+import torch
 from scipy.sparse import csgraph
+
+from odin_ns.cuda import ops
+
+# Views up to which the overlaps are dense [V, V] counts (the compiled kernel; 32 MiB).
+DENSE_OVERLAP_MAX_VIEWS = 2048
 
 
 def _sample_columns(deg: np.ndarray, max_work: float, seed: int) -> np.ndarray | None:
@@ -40,28 +46,65 @@ def _sample_columns(deg: np.ndarray, max_work: float, seed: int) -> np.ndarray |
     return rng.random(deg.shape[0]) < prob
 
 
+def view_overlaps_reference(F: sp.csr_matrix) -> sp.csr_matrix:
+    """[V, V] float32 ``|F_a & F_b|`` (diagonal ``|F_a|``) of a [V, N] 0/1 CSR matrix (sorted
+    unique rows), nonzeros only, sorted indices: the sparse product ``F @ F.T``."""
+    F = sp.csr_matrix(F, dtype=np.float32)
+    P = (F @ F.T).tocsr()
+    P.sort_indices()
+    return P
+
+
+def view_overlaps(F: sp.csr_matrix) -> sp.csr_matrix:
+    """``view_overlaps_reference``; up to ``DENSE_OVERLAP_MAX_VIEWS`` views by the compiled
+    kernel (``torch.ops.odin.view_overlaps``: dense [V, V] counts from the primitives' view
+    lists; 24 views x 117k primitives, 4 views each: 14 ms -> 4 ms) when the CPU library is
+    built."""
+    num_views, n = F.shape
+    kernel = ops.host_op("view_overlaps") if num_views <= DENSE_OVERLAP_MAX_VIEWS else None
+    if kernel is None:
+        return view_overlaps_reference(F)
+    indptr, indices = F.indptr, F.indices
+    if indptr.dtype != indices.dtype:
+        indptr, indices = indptr.astype(np.int64), indices.astype(np.int64)
+    counts = kernel(torch.from_numpy(indptr), torch.from_numpy(indices), int(n)).numpy()
+    return sp.csr_matrix(counts.astype(np.float32))
+
+
+def exact_overlaps(footprints: sp.csr_matrix, max_work: float = 3e7) -> sp.csr_matrix | None:
+    """``view_overlaps`` of ``footprints`` ([V, N] bool CSR, canonical) when its work
+    ``sum_p deg(p)^2`` is at most ``max_work`` (``locality_graph`` then samples nothing and
+    can take them), else None."""
+    deg = np.bincount(footprints.indices, minlength=footprints.shape[1])
+    if float(np.dot(deg.astype(np.float64), deg)) > max_work:
+        return None
+    return view_overlaps(footprints)
+
+
 def locality_graph(
     footprints: sp.csr_matrix,  # [V, N] bool
     k: int = 16,
     max_work: float = 3e7,
     seed: int = 0,
+    overlaps: sp.csr_matrix | None = None,  # exact_overlaps(footprints, max_work), if not None
 ) -> sp.csr_matrix:
     """Symmetric [V, V] float32 graph of Jaccard weights, top-``k`` neighbours per view.
 
     Views that share no (sampled) primitive with anyone are isolated rows.
     """
-    F = sp.csr_matrix(footprints, dtype=np.float32, copy=True)
-    num_views, n = F.shape
-    if num_views == 0 or F.nnz == 0:
+    num_views = footprints.shape[0]
+    if num_views == 0 or footprints.nnz == 0:
         return sp.csr_matrix((num_views, num_views), dtype=np.float32)
-    F.data[:] = 1.0
-    deg = np.bincount(F.indices, minlength=n)
-    keep = _sample_columns(deg, max_work, seed)
-    if keep is not None:
-        F.data = keep[F.indices].astype(np.float32)
-        F.eliminate_zeros()
-    size = np.diff(F.indptr).astype(np.float32)
-    P = (F @ F.T).tocsr()
+    if overlaps is None:
+        F = sp.csr_matrix(footprints, dtype=np.float32, copy=True)
+        F.data[:] = 1.0
+        keep = _sample_columns(np.bincount(F.indices, minlength=F.shape[1]), max_work, seed)
+        if keep is not None:
+            F.data = keep[F.indices].astype(np.float32)
+            F.eliminate_zeros()
+        overlaps = view_overlaps(F)
+    P = overlaps
+    size = P.diagonal().astype(np.float32)  # |F_a| (of the sampled primitives)
     rows = np.repeat(np.arange(num_views), np.diff(P.indptr))
     cols, shared = P.indices, P.data
     off = rows != cols
