@@ -8,10 +8,12 @@ import math
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import scipy.sparse as sp
 import torch
 from harness.toy import spawn_ranks
 
+from odin_ns.cuda import ops
 from odin_ns.distributed.phase import gather_footprint_columns
 
 
@@ -58,6 +60,47 @@ def test_gathered_footprints_equal_all_columns_at_once(tmp_path):
     assert results == [True, True, True]
 
 
+def require_slack_kernel() -> None:
+    if ops.host_op("footprint_slack") is None:
+        pytest.skip("the CPU library is not built (python -m odin_ns.cuda build)")
+
+
+def test_compiled_slack_equals_its_twin_whatever_rows_a_rank_holds():
+    """The kernel against ``footprint_slack_reference``: the same views bind (the same
+    infinities), values within 2 ulp (torch's vectorised square root is not always
+    correctly rounded, the kernel's is), and each row's slack bitwise the same whichever
+    share of the rows it is computed in (ranks compute their own shares)."""
+    require_slack_kernel()
+    from odin_ns.distributed.phase import (
+        GaussianRows,
+        footprint_slack,
+        footprint_slack_reference,
+        local_footprints,
+    )
+
+    cameras = _cameras(12)
+    model = _gaussians(900, seed=6)
+    rows = GaussianRows(model.means, model.scales, model.quats, model.opacities)
+    footprints = local_footprints(rows, cameras, np.arange(12), 4.0)
+    got = footprint_slack(footprints, rows, cameras, 4.0, 2.0)
+    want = footprint_slack_reference(footprints, rows, cameras, 4.0, 2.0)
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    assert 0 < int(torch.isfinite(got).sum()) < 900
+    finite = torch.isfinite(want)
+    torch.testing.assert_close(got[finite], want[finite], rtol=2.5e-7, atol=0.0)
+    for share in (np.arange(0, 900, 3), np.arange(450, 900)):
+        ids = torch.from_numpy(share)
+        part = GaussianRows.of(rows, ids)
+        mine = footprint_slack(footprints[:, share], part, cameras, 4.0, 2.0)
+        assert torch.equal(mine, got[ids])
+    with pytest.raises(ValueError, match="consts must be"):
+        ops.host_op("footprint_slack")(
+            rows.means, rows.scales[:, 0], torch.eye(4).expand(12, 4, 4), torch.zeros(12, 7),
+            torch.from_numpy(footprints.indptr), torch.from_numpy(footprints.indices),
+            4.0, 2.0, 0.01,
+        )  # fmt: skip
+
+
 def _cameras(num_views: int, focal: float = 100.0):
     """Cameras on a circle of radius 4 looking at the origin (nerfstudio / OpenGL poses)."""
     from nerfstudio.cameras.cameras import Cameras
@@ -82,11 +125,17 @@ def _cameras(num_views: int, focal: float = 100.0):
     )
 
 
-def test_slack_bounds_how_far_a_gaussian_comes_into_a_view():
+@pytest.mark.parametrize("impl", ["compiled", "reference"])
+def test_slack_bounds_how_far_a_gaussian_comes_into_a_view(impl, monkeypatch):
     """A Gaussian that moves within its slack (any direction) is, in every view whose
     footprint it was not in, at most ``tol`` pixels into that footprint's margin: the
     footprints with the margin less ``tol`` (and half a pixel for the first-order terms)
-    are inside the reference's. One that moves much further does not hold."""
+    are inside the reference's. One that moves much further does not hold. For the
+    compiled kernel and its torch twin."""
+    if impl == "compiled":
+        require_slack_kernel()
+    else:
+        monkeypatch.setattr(ops, "host_op", lambda name: None)
     from odin_ns.distributed.phase import (
         footprint_reference,
         footprint_slack,

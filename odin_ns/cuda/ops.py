@@ -1,6 +1,6 @@
 """Dispatcher: each op runs the compiled kernel for its tensors' device, else the reference.
 
-Host ops of the ahead-of-time plan (``HOST_OPS``, CPU library only) are served by
+Host ops of phase starts (``HOST_OPS``: the plan's and the footprint slack's, CPU library only) are served by
 ``host_op``: the compiled kernel, or None, and the caller runs its numpy / scipy twin.
 
 The extension builds lazily, on the first call for a device type (CPU library for CPU
@@ -32,9 +32,9 @@ OPS = (
     "validate_reads",
 )
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
-# Host kernels of odin_ns.schedule; their twins: plan.dependency_pass_reference and
-# locality.view_overlaps_reference.
-HOST_OPS = ("plan_dependencies", "view_overlaps")
+# Host kernels of phase starts; their twins: schedule.plan.dependency_pass_reference,
+# schedule.locality.view_overlaps_reference, distributed.phase.footprint_slack_reference.
+HOST_OPS = ("plan_dependencies", "view_overlaps", "footprint_slack")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
-// Host kernels of the ahead-of-time plan (odin_ns.schedule): torch.ops.odin.plan_dependencies
-// and torch.ops.odin.view_overlaps. Their specifications are the numpy / scipy twins in
-// odin_ns/schedule/plan.py (dependency_pass_reference) and odin_ns/schedule/locality.py
-// (view_overlaps_reference); tests/test_schedule.py checks them equal on random plans.
+// Host kernels of phase starts: torch.ops.odin.plan_dependencies and view_overlaps (the
+// ahead-of-time plan, odin_ns.schedule) and footprint_slack (footprint reuse,
+// odin_ns.distributed.phase). Their specifications are the numpy / scipy / torch twins:
+// plan.dependency_pass_reference and locality.view_overlaps_reference (checked equal on
+// random plans in tests/test_schedule.py), phase.footprint_slack_reference (bitwise equal,
+// tests/test_phase.py).
 //
 // Footprints are CSR [V, N] (indptr [V + 1], indices [nnz], each row sorted and unique),
 // int32 or int64 like scipy's; views is [T, R, B] int64.
@@ -10,6 +12,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <tuple>
 #include <vector>
 
@@ -235,6 +239,92 @@ at::Tensor view_overlaps_cpu(const at::Tensor& indptr_in, const at::Tensor& indi
                             num_cols);
 }
 
+// ---- footprint_slack --------------------------------------------------------------------
+
+// phase.footprint_slack_reference, one (view, Gaussian) pair at a time: the same float32
+// operations in the same order (no contraction: -ffp-contract=off), so the same bits.
+at::Tensor footprint_slack_cpu(const at::Tensor& means_in, const at::Tensor& smax_in,
+                               const at::Tensor& viewmats_in, const at::Tensor& consts_in,
+                               const at::Tensor& indptr_in, const at::Tensor& indices_in,
+                               double margin_px, double tol_px, double near) {
+  const char* op = "footprint_slack";
+  TORCH_CHECK_VALUE(means_in.device().is_cpu(), op, ": inputs must be host tensors");
+  check_dtype(means_in, at::kFloat, op, "means");
+  check_dtype(smax_in, at::kFloat, op, "smax");
+  check_dtype(viewmats_in, at::kFloat, op, "viewmats");
+  check_dtype(consts_in, at::kFloat, op, "consts");
+  const int64_t N = means_in.size(0);
+  TORCH_CHECK_VALUE(means_in.dim() == 2 && means_in.size(1) == 3, op,
+                    ": means must be [N, 3], got ", means_in.sizes());
+  check_shape_1d(smax_in, N, op, "smax");
+  const int64_t V = viewmats_in.size(0);
+  TORCH_CHECK_VALUE(viewmats_in.dim() == 3 && viewmats_in.size(1) == 4 &&
+                        viewmats_in.size(2) == 4, op, ": viewmats must be [V, 4, 4], got ",
+                    viewmats_in.sizes());
+  TORCH_CHECK_VALUE(consts_in.dim() == 2 && consts_in.size(0) == V && consts_in.size(1) == 8,
+                    op, ": consts must be [V, 8], got ", consts_in.sizes());
+  check_csr(indptr_in, indices_in, N, op);
+  TORCH_CHECK_VALUE(indptr_in.size(0) == V + 1, op, ": indptr must have V + 1 = ", V + 1,
+                    " entries, got ", indptr_in.size(0));
+  const auto means = means_in.contiguous();
+  const auto smax = smax_in.contiguous();
+  const auto viewmats = viewmats_in.contiguous();
+  const auto consts = consts_in.contiguous();
+  const auto indptr = indptr_in.to(at::kLong).contiguous();
+  const auto indices = indices_in.to(at::kLong).contiguous();
+  const int64_t* ip = indptr.data_ptr<int64_t>();
+  const int64_t* ix = indices.data_ptr<int64_t>();
+  check_columns(ix, ip[V], N, op);
+  const float* m = means.data_ptr<float>();
+  const float* sm = smax.data_ptr<float>();
+  const float* vm = viewmats.data_ptr<float>();
+  const float* cs = consts.data_ptr<float>();
+  const float margin = static_cast<float>(margin_px);
+  const float tol = static_cast<float>(tol_px);
+  const float nearf = static_cast<float>(near);
+  const float shrink = static_cast<float>(1.0 - 1e-6);
+  const float inf = std::numeric_limits<float>::infinity();
+  auto out = at::full({N}, inf, at::kFloat);
+  float* slack = out.data_ptr<float>();
+  at::parallel_for(0, N, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t v = 0; v < V; ++v) {
+      const float* R = vm + v * 16;  // row-major [4, 4]: rotation R[j * 4 + k], t = R[j * 4 + 3]
+      const float* c = cs + v * 8;  // fx, fy, cx, cy, width, height, j2, max(fx, fy)
+      const float fx = c[0], fy = c[1], cx = c[2], cy = c[3], w = c[4], h = c[5], j2 = c[6];
+      const float f = c[7];
+      const float sqrt_j2 = std::sqrt(j2);
+      // the view's footprint rows from `begin` on (sorted): membership by a moving pointer
+      const int64_t* held = std::lower_bound(ix + ip[v], ix + ip[v + 1], begin);
+      const int64_t* held_end = ix + ip[v + 1];
+      for (int64_t i = begin; i < end; ++i) {
+        if (held < held_end && *held == i) {
+          ++held;  // a view whose footprint holds the Gaussian keeps holding it
+          continue;
+        }
+        const float mx = m[3 * i], my = m[3 * i + 1], mz = m[3 * i + 2];
+        const float x = R[0] * mx + R[1] * my + R[2] * mz + R[3];
+        const float y = R[4] * mx + R[5] * my + R[6] * mz + R[7];
+        const float z = R[8] * mx + R[9] * my + R[10] * mz + R[11];
+        const bool front = z > nearf;
+        const float zs = front ? z : 1.0f;
+        const float s = sm[i];
+        const float radius = 3.0f * std::sqrt(s * s * (j2 / (zs * zs)) + 0.4f) + 1.01f + margin;
+        const float miss_u = std::abs(fx * x / zs + cx - 0.5f * w) - 0.5f * w - radius;
+        const float miss_v = std::abs(fy * y / zs + cy - 0.5f * h) - 0.5f * h - radius;
+        const float d = std::max(std::max(miss_u, miss_v), 0.0f) + tol;
+        const float a = std::max(std::abs(x), std::abs(y)) / zs;
+        const float k = f * std::sqrt(1.0f + a * a) + sqrt_j2 * (1.0f + 3.0f * s / zs);
+        float bound = std::min(d * zs / (k + d), (zs - nearf) * shrink);
+        if (!front) {
+          bound = (nearf - z) * shrink;
+        }
+        slack[i] = std::min(slack[i], bound);
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(odin, m) {
@@ -242,11 +332,15 @@ TORCH_LIBRARY_FRAGMENT(odin, m) {
       "plan_dependencies(Tensor indptr, Tensor indices, Tensor views, int num_cols, "
       "int window) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("view_overlaps(Tensor indptr, Tensor indices, int num_cols) -> Tensor");
+  m.def(
+      "footprint_slack(Tensor means, Tensor smax, Tensor viewmats, Tensor consts, "
+      "Tensor indptr, Tensor indices, float margin_px, float tol_px, float near) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(odin, CPU, m) {
   m.impl("plan_dependencies", &plan_dependencies_cpu);
   m.impl("view_overlaps", &view_overlaps_cpu);
+  m.impl("footprint_slack", &footprint_slack_cpu);
 }
 
 }  // namespace odin
