@@ -76,9 +76,14 @@ def runs(street_scene, tmp_path_factory):
     out = tmp_path_factory.mktemp("shard")
     sharded = ["--pipeline.sync.mode", "quality-first", "--pipeline.parallel", "sharded"]
     barrier = ["--pipeline.sync.mode", "barrier"]
+    sharded_tf = ["--pipeline.sync.mode", "throughput-first", "--pipeline.parallel", "sharded"]
     return {
         (2, "replicated"): _train(street_scene, out, 2, "rep2", [*barrier, *EVAL]),
         (2, "sharded"): _train(street_scene, out, 2, "shard2", [*sharded, *EVAL, *_live_viewer()]),
+        # throughput-first with tau = 0 admits nothing: it reads what quality-first reads
+        (2, "sharded-tf"): _train(
+            street_scene, out, 2, "shard2tf", [*sharded_tf, "--pipeline.sync.tau", "0"]
+        ),
         (3, "replicated"): _train(street_scene, out, 3, "rep3", barrier),
         # random ownership: most reads are remote, so pushes and gradient rows carry the run;
         # credits of one message: every send waits until the peer took the previous one
@@ -140,6 +145,22 @@ def test_sharded_checkpoint_equals_replicated_barrier(runs, ranks):
     }
     assert computed["sharded"] == computed["replicated"], computed
     assert any(0 < c < n_rows for n_rows, c in computed["sharded"][1:]), computed
+
+
+@pytest.mark.slow
+def test_sharded_throughput_first_tau_zero_equals_replicated_barrier(runs):
+    """Throughput-first in sharded mode (pushes carry the rows' evidence, every pending
+    source is decided) with tau = 0: bitwise replicated barrier's checkpoint."""
+    rep, shard = _checkpoint(runs[2, "replicated"]), _checkpoint(runs[2, "sharded-tf"])
+    keys = [k for k in rep["pipeline"] if "gauss_params" in k]
+    for key in keys:
+        assert torch.equal(shard["pipeline"][key], rep["pipeline"][key]), key
+    summary = json.loads((runs[2, "sharded-tf"] / "odin_run.json").read_text())
+    for r in summary["ranks"]:
+        engine = r["engine"]
+        assert engine["mode"] == "throughput-first" and engine["admitted"] == 0, engine
+        assert engine["phases"] == len(r["phases"]) and engine["steps"] == len(r["steps"])
+        assert engine["decisions"] == sum(engine["fallbacks"].values())
 
 
 @pytest.mark.slow
@@ -288,7 +309,7 @@ def _launch_line(args: list[str], tmp_path: Path) -> tuple[int, str]:
         (2, ["--pipeline.model.camera-optimizer.mode", "SO3xR3"], "dense parameters"),
         (2, ["--pipeline.model.use-bilateral-grid", "True"], "dense parameters"),
         (2, ["--pipeline.eval-copy-max-rows", "-1"], "eval-copy-max-rows must be >= 0"),
-        (2, ["--pipeline.sync.mode", "throughput-first"], "not supported in sharded mode"),
+        (2, ["--pipeline.sync.mode", "ddp"], "is a replicated baseline"),
     ],
 )
 def test_bad_input_is_one_line_before_training(street_scene, tmp_path, ranks, extra, needle):

@@ -64,6 +64,7 @@ from odin_ns.runtime.liveness import (
     wait_for_rendezvous,
 )
 from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, phase_read_sets
+from odin_ns.runtime.sharded_admission import merge_admission_summaries
 from odin_ns.schedule.ownership import (
     assign_ownership,
     ownership_report,
@@ -131,10 +132,11 @@ def check_sharded_config(trainer_config, world_size: int) -> None:
             "odin-ns-train --nproc-per-node N); one process holds the whole model anyway"
         )
     check_dense_parameters(config.model)
-    if config.sync.mode not in ("quality-first", "barrier"):
+    if config.sync.mode not in ("quality-first", "barrier", "throughput-first"):
         raise OdinInputError(
-            f"--pipeline.parallel sharded runs quality-first (exact); sync mode "
-            f"'{config.sync.mode}' is not supported in sharded mode yet"
+            f"--pipeline.parallel sharded runs quality-first or throughput-first; sync mode "
+            f"'{config.sync.mode}' is a replicated baseline (use --pipeline.parallel "
+            "replicated)"
         )
     check_row_cap_option(getattr(config, "max_rows_per_rank", 0))
     cap = int(getattr(config, "eval_copy_max_rows", 0))
@@ -220,6 +222,7 @@ class ShardedSession:
         self.versions: torch.Tensor | None = None  # [O] int64
         self.engine: ShardedEngine | None = None
         self.records: list[dict] = []  # per step
+        self.engine_summaries: list[dict] = []  # per phase (one engine each), once drained
         self.phase_records: list[dict] = []
         self.reports: list[dict] = []
         self._rows: torch.Tensor | None = None
@@ -321,6 +324,7 @@ class ShardedSession:
         tic = time.perf_counter()
         if self.engine is not None:
             self.engine.drain()
+            self.engine_summaries.append(self.engine.summary())
             self.rendezvous(f"phase start at step {step}")  # before the collectives below
         first = self.owner is None
         at_checkpoint = self.checkpoint_every > 0 and step > 1
@@ -453,6 +457,7 @@ class ShardedSession:
             stop=stop,
             silence=self.silence,
             max_inflight_bytes=int(self.pipeline.config.sync.max_inflight_bytes),
+            sync=self.pipeline.config.sync,
         )
 
     def _fill_cache(self, rows: OwnedRows, owned: np.ndarray, caches: list[np.ndarray]) -> dict:
@@ -532,6 +537,7 @@ class ShardedSession:
                 self.model.gauss_params[name]
             ]
         self.moments = (rows.exp_avg, rows.exp_avg_sq)
+        self.engine_summaries.append(self.engine.summary())
         self.engine = None
         self.phases.end_after(step, sources)
         if self.rank == 0 and self.num_rows != before:
@@ -762,7 +768,9 @@ class ShardedSession:
         self.drain()
         mine = {
             "rank": self.rank,
-            "engine": self.engine.summary() if self.engine is not None else {},
+            "engine": merge_engine_summaries(
+                self.engine_summaries + ([self.engine.summary()] if self.engine else [])
+            ),
             "steps": self.records,
             "phases": self.phase_records,
             "ownership": self.reports,
@@ -789,6 +797,23 @@ class ShardedSession:
         self.grads_tx.close()
         self.push_tx.close()
         self.liveness.close()
+
+
+def merge_engine_summaries(parts: list[dict]) -> dict:
+    """One rank's run totals from its phases' ``ShardedEngine.summary`` (sums; largest
+    maxima; throughput-first's admission keys merged by ``merge_admission_summaries``)."""
+    if not parts:
+        return {}
+    out = {"phases": len(parts), "mode": parts[-1]["mode"]}
+    for key in ("steps", "wait_s_total", "apply_s_total", "bytes_sent", "bytes_recv",
+                "rows_applied", "credit_wait_s_total", "pushes_deferred"):  # fmt: skip
+        out[key] = sum(p[key] for p in parts)
+    for key in ("deferred_bytes_max", "inflight_bytes_max"):
+        out[key] = max(p[key] for p in parts)
+    admission = [p for p in parts if "admitted" in p]
+    if admission:
+        out.update(merge_admission_summaries(admission))
+    return out
 
 
 def open_session(trainer, resumed_phase: dict | None = None) -> ShardedSession:

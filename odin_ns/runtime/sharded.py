@@ -49,9 +49,10 @@ import torch
 from torch import Tensor
 
 from odin_ns.cuda import ops
-from odin_ns.runtime.config import ParamGroupState
+from odin_ns.runtime.config import ParamGroupState, SyncConfig
 from odin_ns.runtime.errors import SyncTimeout
 from odin_ns.runtime.liveness import PeerSilence
+from odin_ns.runtime.sharded_admission import PendingSource, ShardedAdmission
 from odin_ns.runtime.transport import Transport, has_credits
 
 GRAD, PUSH = 0, 1
@@ -115,6 +116,7 @@ class Step:
     union: np.ndarray  # [U] sorted owned local ids anyone writes at this step
     positions: dict[int, np.ndarray]  # writer q -> [M_q] positions in union (global order)
     need_owned: int  # owned reads need local steps <= this applied (-1: none)
+    own_prev: np.ndarray  # [len(own_rows)] last planned write before t of each own read
     push_in: dict[int, np.ndarray]  # owner -> local cache ids refreshed by its push
 
 
@@ -176,6 +178,7 @@ def step_tables(plan, layout: ShardLayout, num_ranks: int):
                 union=layout.local(union_g),
                 positions=positions,
                 need_owned=need,
+                own_prev=prevs[me][mine_owned],
                 push_in=push_in,
             )
         )
@@ -200,6 +203,9 @@ class ShardedMetrics:
     pushes_deferred: int = 0  # pushes queued (packed) for credits
     deferred_bytes_max: int = 0  # most bytes of packed pushes queued for credits
     inflight_bytes_max: int = 0  # most bytes in flight to one peer on one stream
+    admitted: int = 0  # throughput-first: pending sources read around (delayed reads)
+    fallbacks: int = 0  # throughput-first: decisions that waited
+    max_staleness: int = 0  # throughput-first: largest admitted staleness bound
 
 
 class ShardedEngine:
@@ -222,6 +228,9 @@ class ShardedEngine:
             them, so no send waits on a reader that will never post its receive.
         max_inflight_bytes: credits (module docstring): the most bytes of one stream's
             messages to one peer not yet taken by it; None: no bound.
+        sync: the run's ``SyncConfig``; mode ``throughput-first`` reads around lagging
+            rows that ``sharded_admission`` admits (pushes then carry one more column: the
+            rows' evidence); any other mode (or None) reads exactly (quality-first).
     """
 
     def __init__(
@@ -239,6 +248,7 @@ class ShardedEngine:
         stop: int | None = None,
         silence: PeerSilence | None = None,
         max_inflight_bytes: int | None = None,
+        sync: SyncConfig | None = None,
     ):
         self.groups = list(groups)
         self.layout = layout
@@ -255,7 +265,13 @@ class ShardedEngine:
         self.device = self.groups[0].param.device
         self.dims = [g.row_dim for g in self.groups]
         self.width = sum(self.dims) + 1  # gradient rows: groups' columns, then visible flag
-        self.pwidth = sum(self.dims)  # pushed rows: parameters only
+        self.admission = None
+        if sync is not None and sync.mode == "throughput-first":
+            self.admission = ShardedAdmission(
+                sync, layout.num_local, layout.num_owned, step_offset, self.device
+            )
+        # pushed rows: parameters (and throughput-first: the rows' evidence)
+        self.pwidth = sum(self.dims) + (self.admission is not None)
         self.steps, self.out, self.inn = step_tables(plan, layout, world_size)
         if stop is not None:
             self.steps = self.steps[: max(0, stop)]
@@ -274,6 +290,7 @@ class ShardedEngine:
         self.push_sent = dict.fromkeys(self.out, 0)  # per reader: pushes sent (count)
         self.push_recv = dict.fromkeys(self.inn, 0)  # per owner: pushes received (count)
         self._deferred = {q: deque() for q in self.out}  # per reader: (k, packed push) queue
+        self._push_of = {(o, p.step): k for o, ps in self.inn.items() for k, p in enumerate(ps)}
 
     # ------------------------------------------------------------ keys and posting
     def _key(self, kind: int, t: int) -> int:
@@ -332,6 +349,8 @@ class ShardedEngine:
             g.param.data.view(g.param.shape[0], d)[rows] = buf[:, off : off + d]
             off += d
         self.push_got[push.step] = self.push_got.get(push.step, 0) + 1
+        if self.admission is not None:
+            self.admission.observe_push(push.rows, push.step, buf[:, -1])
 
     def _ready(self, s: int) -> bool:
         if s > self.done:
@@ -357,11 +376,14 @@ class ShardedEngine:
                         ops.accumulate_ready_rows(acc, ready, pos, parts[q])
                 step = self.offset + s
                 o = self.layout.num_owned
+                union = torch.from_numpy(st.union).to(self.device)
+                if self.admission is not None:
+                    self.admission.observe_apply(union, acc)
                 ops.apply_ready_rows(
                     [g.param.data[:o] for g in self.groups],
                     [g.exp_avg for g in self.groups],
                     [g.exp_avg_sq for g in self.groups],
-                    torch.from_numpy(st.union).to(self.device),
+                    union,
                     acc,
                     ready,
                     [g.lr_at(step) for g in self.groups],
@@ -386,6 +408,8 @@ class ShardedEngine:
                 rows = torch.from_numpy(pushes[k].rows).to(self.device)
                 columns = [g.param.detach().reshape(g.param.shape[0], -1) for g in self.groups]
                 buf = ops.pack_rows(rows, columns)
+                if self.admission is not None:
+                    buf = torch.cat([buf, self.admission.push_strength(rows)], dim=1)
                 queue = self._deferred[q]
                 if queue or not self._has_credits(self.push_tx, q, buf.numel() * 4):
                     queue.append((k, buf))
@@ -438,22 +462,65 @@ class ShardedEngine:
 
     # ------------------------------------------------------------ step path
     def before_step(self, t: int) -> float:
-        """Block until local step t's read set is current; returns seconds waited."""
+        """Block until local step t's read set is current (throughput-first: current, or
+        lagging where ``sharded_admission`` admits it); returns seconds waited."""
         if t != self.done + 1:
             raise ValueError(f"before_step({t}): expected local step {self.done + 1}")
         self._cur = ShardedMetrics(step=self.offset + t)
         self.metrics.append(self._cur)
         start = time.perf_counter()
         self._post(t)
-        st = self.steps[t]
-        expected = len(st.push_in)
-        self._wait(
-            lambda: self.applied >= st.need_owned and self.push_got.get(t, 0) >= expected,
-            f"before_step({self.offset + t}) waiting for owners' rows",
-            t,
-        )
+        what = f"before_step({self.offset + t}) waiting for owners' rows"
+        if self.admission is None:
+            st = self.steps[t]
+            expected = len(st.push_in)
+            self._wait(
+                lambda: self.applied >= st.need_owned and self.push_got.get(t, 0) >= expected,
+                what,
+                t,
+            )
+        else:
+            self._admit(t, what)
         self._cur.wait_s = time.perf_counter() - start - self._cur.apply_s
         return self._cur.wait_s
+
+    def _pending(self, t: int) -> list[PendingSource]:
+        """Throughput-first: local step t's pending sources (``sharded_admission``): owned reads whose last
+        planned update is not applied yet, and each owner's push for t not arrived yet."""
+        st = self.steps[t]
+        out = []
+        if self.applied < st.need_owned:
+            s = self.applied + 1
+            rows = st.own_rows[st.own_prev > self.applied]
+            out.append(PendingSource(self.rank, rows, s, lambda s=s: self.applied >= s))
+        for o, rows in st.push_in.items():
+            k = self._push_of[(o, t)]
+            if self.push_recv[o] <= k:
+                s = self.admission.oldest_missing(rows)
+                out.append(PendingSource(o, rows, s, lambda o=o, k=k: self.push_recv[o] > k))
+        return out
+
+    def _admit(self, t: int, what: str) -> None:
+        """Throughput-first: decide on every pending source; wait for the fallbacks' sources
+        to move and decide again, until every remaining source is admitted."""
+        assert self.admission is not None
+        read_rows = int(self.steps[t].reads.size)
+        while True:
+            self._poll()
+            self._apply_ready()
+            sources = self._pending(t)
+            decisions = self.admission.decide(t, read_rows, sources)
+            waits = [src for src, d in zip(sources, decisions, strict=True) if not d.admitted]
+            if not waits:
+                self.admission.count(decisions)
+                self._cur.admitted += len(decisions)
+                staleness = [d.staleness for d in decisions]
+                self._cur.max_staleness = max(staleness, default=0)
+                return
+            fallbacks = [d for d in decisions if not d.admitted]
+            self.admission.count(fallbacks)
+            self._cur.fallbacks += len(fallbacks)
+            self._wait(lambda waits=waits: any(src.caught_up() for src in waits), what, t)
 
     @torch.no_grad()
     def after_backward(self, t: int, grads: Sequence[Tensor | None], visible: Tensor) -> None:
@@ -525,6 +592,8 @@ class ShardedEngine:
             "pushes_deferred": int(sum(m.pushes_deferred for m in ms)),
             "deferred_bytes_max": max((m.deferred_bytes_max for m in ms), default=0),
             "inflight_bytes_max": max((m.inflight_bytes_max for m in ms), default=0),
+            "mode": "quality-first" if self.admission is None else "throughput-first",
+            **({} if self.admission is None else self.admission.summary()),
         }
 
 

@@ -1,0 +1,210 @@
+"""Throughput-first in sharded mode: which lagging rows a step may read (DESIGN 3.5, 3.11).
+
+Before local step t, rank r's read set can lag in two ways, each a *pending source*:
+
+- **owned rows** whose last planned update before t is not applied here yet (it waits for a
+  writer's gradient rows): the rows with ``prev > applied``; the oldest update they may lack
+  is step ``applied + 1``;
+- **cached rows** of owner o whose push for t has not arrived: the push's rows. A row
+  refreshed by the push for its read at step t1 holds the row after its last update before
+  t1, and no update falls between that one and t1, so the oldest update it may lack is at
+  t1 or later (``fresh_since``: t1, or 0 for the phase start's fill).
+
+Each source is decided by replicated throughput-first's rule (``admission.fallback_reason``:
+phase, staleness ``t - s <= K``, overlap ``|O| / |F(r, t)| <= tau``, evidence ``E < tau``),
+with ``s`` the oldest update the rows may lack, so the staleness is an upper bound of every
+row's. The evidence is what a rank in sharded mode knows of each row's updates: the L2 norm
+of the summed gradient row of its last applied update (owned rows: the owner's apply;
+cached rows: the owner sends it with every push, one float per row). ``E`` is the mean over
+the source's rows over the mean over every row with a known visible update (unknown rows
+count as the mean, so with nothing known ``E = 1``), as ``admission.GradientEvidence``
+computes per peer in replicated mode, here over the rank's local table.
+
+A fallback waits until its source moves (one more owned step applied, or the push arrived),
+then every source is decided again; the step runs once every remaining source is admitted.
+A late push still lands (pushes per pair arrive in order and only ever carry newer values),
+and a late gradient is applied in step order as always, so after a drain every owner's rows
+are what they would be with those stale gradients, and caches are refilled at the next
+phase start. With ``tau = 0`` nothing is admitted: the step reads exactly what
+quality-first reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from odin_ns.runtime.admission import (
+    FALLBACK_REASONS,
+    Decision,
+    GradientEvidence,
+    fallback_reason,
+)
+from odin_ns.runtime.config import SyncConfig
+
+
+@dataclass
+class PendingSource:
+    """Rows of one step's read set that may lag, and how to know they caught up."""
+
+    peer: int  # the rows' owner (this rank: owned rows waiting for writers' gradients)
+    rows: np.ndarray  # [K] local ids
+    pub_step: int  # local step of the oldest update the rows may lack
+    caught_up: Callable[[], bool]  # the source moved (re-decide)
+
+
+class ShardedAdmission:
+    """Admission state of one rank for one phase (see the module docstring).
+
+    Args:
+        config: read at every decision (``tau``, ``staleness_window``).
+        num_local, num_owned: L and O of the phase's ``ShardLayout``.
+        step_offset: global step of local step 0.
+        device: the parameters' device.
+    """
+
+    def __init__(
+        self,
+        config: SyncConfig,
+        num_local: int,
+        num_owned: int,
+        step_offset: int,
+        device: torch.device,
+    ):
+        self.config = config
+        self.num_owned = int(num_owned)
+        self.offset = int(step_offset)
+        self.device = device
+        self.evidence = GradientEvidence(num_local, 1, device)  # one table: the local rows
+        # [C] per cached row, the read step whose push last refreshed it (0: the fill)
+        self.fresh_since = np.zeros(num_local - self.num_owned, dtype=np.int64)
+        self.fallbacks = dict.fromkeys(FALLBACK_REASONS, 0)
+        self.admissions: list[Decision] = []
+        self.staleness_hist: dict[int, int] = {}
+        self.delayed_rows = 0
+
+    # ------------------------------------------------------------ evidence
+    @torch.no_grad()
+    def observe_apply(self, rows: Tensor, acc: Tensor) -> None:
+        """An owner applied ``acc`` ([U, W] summed gradient rows, visible count last) to
+        owned local rows ``rows`` ([U] int64)."""
+        self.evidence.observe(0, rows, acc)
+
+    def push_strength(self, rows: Tensor) -> Tensor:
+        """[M, 1] float32 the evidence of owned local rows ``rows`` to send with a push
+        (NaN: no update of the row applied in this phase yet)."""
+        return self.evidence.strength[0][rows].unsqueeze(1)
+
+    @torch.no_grad()
+    def observe_push(self, rows: np.ndarray, step: int, strength: Tensor) -> None:
+        """The push for the read at local step ``step`` refreshed cached local rows ``rows``
+        ([M]); ``strength`` [M] is the owner's evidence of them."""
+        self.fresh_since[rows - self.num_owned] = step
+        visible = (strength > 0).to(torch.float32)  # NaN (unknown) is not > 0
+        buf = torch.stack([strength, visible], dim=1)
+        self.evidence.observe(0, torch.from_numpy(rows).to(self.device), buf)
+
+    def oldest_missing(self, cached_rows: np.ndarray) -> int:
+        """Earliest local step of an update cached local rows ``cached_rows`` may lack."""
+        return int(self.fresh_since[cached_rows - self.num_owned].min())
+
+    # ------------------------------------------------------------ decisions
+    def decide(self, t: int, read_rows: int, sources: list[PendingSource]) -> list[Decision]:
+        """One decision per pending source of local step t (``read_rows`` = |F(r, t)|)."""
+        tau, window = float(self.config.tau), int(self.config.staleness_window)
+        now = self.offset + t
+        out = []
+        for src in sources:
+            ids = torch.from_numpy(src.rows).to(self.device)
+            reason, ratio = fallback_reason(
+                now,
+                self.offset + src.pub_step,
+                self.offset,
+                int(src.rows.size),
+                read_rows,
+                lambda ids=ids: self.evidence.ratio(0, ids),
+                tau,
+                window,
+            )
+            out.append(
+                Decision(
+                    now,
+                    src.peer,
+                    self.offset + src.pub_step,
+                    int(src.rows.size),
+                    read_rows,
+                    ratio,
+                    reason,
+                )  # fmt: skip
+            )
+        return out
+
+    def count(self, decisions: list[Decision]) -> None:
+        for d in decisions:
+            if d.admitted:
+                self.admissions.append(d)
+                self.staleness_hist[d.staleness] = self.staleness_hist.get(d.staleness, 0) + 1
+                self.delayed_rows += d.overlap_rows
+            else:
+                self.fallbacks[str(d.reason)] += 1
+
+    def summary(self) -> dict:
+        """The admission keys of ``PrimitiveSyncEngine.summary`` (JSON-ready)."""
+        admitted = len(self.admissions)
+        decisions = admitted + sum(self.fallbacks.values())
+        overlap = [d.overlap_ratio for d in self.admissions]
+        evidence = [d.evidence_ratio for d in self.admissions]
+        return {
+            "tau": float(self.config.tau),
+            "staleness_window": int(self.config.staleness_window),
+            "admitted": admitted,
+            "fallbacks": dict(self.fallbacks),
+            "decisions": decisions,
+            "admitted_fraction": admitted / decisions if decisions else 0.0,
+            "delayed_steps": len({d.step for d in self.admissions}),
+            "delayed_primitive_reads": int(self.delayed_rows),
+            "max_staleness": max(self.staleness_hist, default=0),
+            "staleness_hist": {str(k): v for k, v in sorted(self.staleness_hist.items())},
+            "overlap_ratio_admitted_mean": float(np.mean(overlap)) if overlap else 0.0,
+            "overlap_ratio_admitted_max": float(max(overlap, default=0.0)),
+            "evidence_ratio_admitted_mean": float(np.mean(evidence)) if evidence else 0.0,
+            "evidence_ratio_admitted_max": float(max(evidence, default=0.0)),
+        }
+
+
+def merge_admission_summaries(parts: list[dict]) -> dict:
+    """One rank's ``ShardedAdmission.summary`` over its phases (one engine per phase)."""
+    if not parts:
+        return {}
+    out = {
+        "tau": parts[-1]["tau"],
+        "staleness_window": parts[-1]["staleness_window"],
+        "admitted": sum(p["admitted"] for p in parts),
+        "fallbacks": {r: sum(p["fallbacks"][r] for p in parts) for r in FALLBACK_REASONS},
+        "decisions": sum(p["decisions"] for p in parts),
+        "delayed_steps": sum(p["delayed_steps"] for p in parts),
+        "delayed_primitive_reads": sum(p["delayed_primitive_reads"] for p in parts),
+        "max_staleness": max(p["max_staleness"] for p in parts),
+    }
+    out["admitted_fraction"] = out["admitted"] / out["decisions"] if out["decisions"] else 0.0
+    hist: dict[str, int] = {}
+    for p in parts:
+        for k, v in p["staleness_hist"].items():
+            hist[k] = hist.get(k, 0) + v
+    out["staleness_hist"] = dict(sorted(hist.items(), key=lambda kv: int(kv[0])))
+    weights = [p["admitted"] for p in parts]
+    for key in ("overlap_ratio_admitted", "evidence_ratio_admitted"):
+        means = [p[f"{key}_mean"] for p in parts]
+        total = sum(weights)
+        out[f"{key}_mean"] = (
+            float(sum(m * w for m, w in zip(means, weights, strict=True)) / total) if total else 0.0
+        )
+        out[f"{key}_max"] = max(p[f"{key}_max"] for p in parts)
+    return out
+
+
+__all__ = ["PendingSource", "ShardedAdmission", "merge_admission_summaries"]
