@@ -6,8 +6,11 @@ nerfstudio-data folder, e.g. ``../shared/data/fox``, with ``--downscale-factor F
 Modes (all through ``odin-ns-train`` on CPU gloo ranks, same scene, seed and views budget):
 ``replicated`` (barrier: every rank holds every Gaussian and receives every peer's rows),
 ``sharded`` (quality-first, locality ownership from the plan) and ``sharded-random``
-(random ownership, the Grendel-GS-style deal). For each rank count the modes run
-interleaved, the order reversed every round (A B C, C B A, ...), so machine drift cancels.
+(random ownership, the Grendel-GS-style deal); with ``--modes``, also ``sharded-tf``
+(throughput-first, locality ownership: its admitted fraction is reported). For each rank
+count the modes run interleaved, the order reversed every round (A B C, C B A, ...), so
+machine drift cancels. The issue's keys need ``replicated``, ``sharded`` and
+``sharded-random``.
 
 Per run, from its ``odin_run.json`` (steps after the first ``--skip`` are timed): views/s,
 wait per step, bytes per rank per step (sent + received, mean and max over ranks), resident
@@ -40,7 +43,9 @@ MODES = {
         "--pipeline.ownership",
         "random",
     ],
+    "sharded-tf": ["--pipeline.sync.mode", "throughput-first", "--pipeline.parallel", "sharded"],
 }
+DEFAULT_MODES = ("replicated", "sharded", "sharded-random")
 TRAINING = [
     *quiet_flags(save_every=100000),
     *schedule_flags(warmup=20, refine_every=15, densify_grad_thresh=0.0002),
@@ -111,6 +116,12 @@ def run_figures(run: Path, skip: int) -> dict:
         "owned_rows": [r["owned_rows"] for r in ranks] if sharded else [n] * len(ranks),
     }
     out["owned_rows_max_over_fair"] = max(out["owned_rows"]) / (n / len(ranks))
+    engines = [r.get("engine", {}) for r in ranks]
+    if all("admitted" in e for e in engines):  # throughput-first: its admission counts
+        decisions = sum(e["decisions"] for e in engines)
+        out["admitted"] = sum(e["admitted"] for e in engines)
+        out["admitted_fraction"] = out["admitted"] / decisions if decisions else 0.0
+        out["max_staleness"] = max(e["max_staleness"] for e in engines)
     # float32: parameters (59 per row) for resident rows, Adam moments (2 x 59) for owned
     resident = [r["resident_rows"] for r in ranks] if sharded else [n] * len(ranks)
     out["param_moment_bytes_max"] = max(
@@ -149,7 +160,7 @@ def plot(results: dict, path: Path) -> None:
 
     ranks = sorted({int(k) for k in results["by_ranks"]})
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    for mode in MODES:
+    for mode in results["modes"]:
         rows = [results["by_ranks"][str(r)][mode] for r in ranks]
         axes[0].plot(ranks, [x["bytes_per_rank_step_mean"] / 1e3 for x in rows], "o-", label=mode)
         axes[1].plot(ranks, [x["views_per_s"] for x in rows], "o-", label=mode)
@@ -179,7 +190,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-eval", action="store_true")
     parser.add_argument("--data", type=Path, default=None, help="default: synthetic street")
     parser.add_argument("--downscale-factor", type=int, default=0)
+    parser.add_argument(
+        "--modes", nargs="+", choices=list(MODES), default=list(DEFAULT_MODES),
+        help="modes to run (replicated first: the others' parameter differences are to it)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.modes[0] != "replicated":
+        parser.error("--modes must start with replicated (the reference of the differences)")
+    modes = list(dict.fromkeys(args.modes))
 
     if args.data is None:
         from odin_ns.data.synthetic import make_scene
@@ -195,11 +213,11 @@ def main(argv: list[str] | None = None) -> dict:
     tic = time.time()
     by_ranks: dict[str, dict] = {}
     for ranks in args.ranks:
-        runs: dict[str, list[dict]] = {m: [] for m in MODES}
-        ckpts: dict[str, list[dict]] = {m: [] for m in MODES}
+        runs: dict[str, list[dict]] = {m: [] for m in modes}
+        ckpts: dict[str, list[dict]] = {m: [] for m in modes}
         psnr: dict[str, float] = {}
         for k in range(args.rounds):
-            order = list(MODES) if k % 2 == 0 else list(MODES)[::-1]
+            order = modes if k % 2 == 0 else modes[::-1]
             for mode in order:
                 name = f"{mode}-r{ranks}-k{k}"
                 run = train(
@@ -211,7 +229,7 @@ def main(argv: list[str] | None = None) -> dict:
                     psnr[mode] = evaluate(run)
                 print(f"{name}: {runs[mode][-1]['views_per_s']:.2f} views/s", flush=True)
         table = {}
-        for mode in MODES:
+        for mode in modes:
             rows = runs[mode]
             pairs = zip(ckpts[mode], ckpts["replicated"], strict=True)
             diffs = [param_diff(c, r) for c, r in pairs]
@@ -232,30 +250,39 @@ def main(argv: list[str] | None = None) -> dict:
                 "psnr": psnr.get(mode),
                 "rounds": rows,
             }
+            if "admitted_fraction" in rows[0]:
+                table[mode]["admitted_fraction"] = float(
+                    np.median([x["admitted_fraction"] for x in rows])
+                )
+                table[mode]["max_staleness"] = int(max(x["max_staleness"] for x in rows))
         by_ranks[str(ranks)] = table
     lo, hi = str(min(args.ranks)), str(max(args.ranks))
-    sharded = [by_ranks[r][m] for r in by_ranks for m in ("sharded", "sharded-random")]
     result = {
         "scene": label,
         "views_per_run": args.views,
         "rounds": args.rounds,
+        "modes": modes,
         "order": "modes interleaved per rank count, reversed every round",
         "by_ranks": by_ranks,
-        "max_param_diff_sharded_vs_replicated": max(
-            x["max_param_diff_vs_replicated"] for x in sharded
-        ),
-        "owned_rows_max_over_fair": max(x["owned_rows_max_over_fair"] for x in sharded),
-        "bytes_per_rank_growth_2_to_4": by_ranks[hi]["sharded"]["bytes_per_rank_step_mean"]
-        / by_ranks[lo]["sharded"]["bytes_per_rank_step_mean"]
-        - 1.0,
-        "bytes_ratio_sharded_vs_replicated_4": by_ranks[hi]["sharded"]["bytes_per_rank_step_mean"]
-        / by_ranks[hi]["replicated"]["bytes_per_rank_step_mean"],
-        "bytes_ratio_random_vs_replicated_4": by_ranks[hi]["sharded-random"][
-            "bytes_per_rank_step_mean"
-        ]
-        / by_ranks[hi]["replicated"]["bytes_per_rank_step_mean"],
         "wall_s": time.time() - tic,
     }
+    if set(DEFAULT_MODES) <= set(modes):  # the issue's keys
+        sharded = [by_ranks[r][m] for r in by_ranks for m in ("sharded", "sharded-random")]
+        result["max_param_diff_sharded_vs_replicated"] = max(
+            x["max_param_diff_vs_replicated"] for x in sharded
+        )
+        result["owned_rows_max_over_fair"] = max(x["owned_rows_max_over_fair"] for x in sharded)
+        bytes_of = {r: {m: t["bytes_per_rank_step_mean"] for m, t in by_ranks[r].items()}
+                    for r in by_ranks}  # fmt: skip
+        result["bytes_per_rank_growth_2_to_4"] = (
+            bytes_of[hi]["sharded"] / bytes_of[lo]["sharded"] - 1.0
+        )
+        result["bytes_ratio_sharded_vs_replicated_4"] = (
+            bytes_of[hi]["sharded"] / bytes_of[hi]["replicated"]
+        )
+        result["bytes_ratio_random_vs_replicated_4"] = (
+            bytes_of[hi]["sharded-random"] / bytes_of[hi]["replicated"]
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     plot(result, args.out.with_suffix(".png"))
