@@ -10,16 +10,10 @@ in flight to a peer on a stream.
 
 from __future__ import annotations
 
-import threading
-import time
-
 import numpy as np
-import scipy.sparse as sp
 import torch
-from harness.toy import ListPlan, LoopbackHub, LoopbackTransport, toy_groups
-
-from odin_ns.runtime import ParamGroupState
-from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, phase_read_sets
+from harness.sharded_loopback import loopback_plan, run_sharded_loopback
+from harness.toy import LoopbackHub, LoopbackTransport
 
 N, T = 64, 10
 OWNER = np.repeat([0, 1], N // 2).astype(np.int64)  # rank 0 owns 0..31, rank 1 owns 32..63
@@ -57,79 +51,12 @@ def _hub() -> LoopbackHub:
     return hub
 
 
-def _rank(rank, plan, hubs, cap, out) -> None:
-    full = toy_groups(N, seed=3)  # every rank starts from the same whole model
-    reads = phase_read_sets(plan, 2)[rank]
-    layout = ShardLayout(OWNER, rank, reads[OWNER[reads] != rank])
-    o = layout.num_owned
-    groups = [
-        ParamGroupState(
-            g.name,
-            g.param[torch.from_numpy(layout.gids)].clone(),
-            torch.zeros_like(g.param[:o]),
-            torch.zeros_like(g.param[:o]),
-            lr_at=g.lr_at,
-            betas=g.betas,
-            eps=g.eps,
-        )
-        for g in full
-    ]
-    engine = ShardedEngine(
-        groups,
-        layout,
-        plan,
-        rank,
-        2,
-        hubs[0].transport(rank),
-        hubs[1].transport(rank),
-        step_offset=0,
-        versions=torch.full((o,), -1, dtype=torch.int64),
-        timeout_s=30.0,
-        max_inflight_bytes=cap,
-    )
-    for t in range(T):
-        engine.before_step(t)
-        rows = torch.from_numpy(engine.steps[t].reads)
-        gen = torch.Generator().manual_seed(100 * rank + t)
-        grads = []
-        for g in groups:  # a quadratic pull of the rows read towards a per-step target
-            grad = torch.zeros_like(g.param)
-            grad[rows] = g.param[rows] - torch.randn(
-                rows.numel(), *g.param.shape[1:], generator=gen
-            )
-            grads.append(grad)
-        visible = torch.zeros(layout.num_local, dtype=torch.bool)
-        visible[rows] = True
-        if rank == 0:
-            time.sleep(0.02)  # the slow rank: rank 1 runs ahead of it
-        engine.after_backward(t, grads, visible)
-    engine.drain()
-    out[rank] = (layout.owned, [g.param[:o].clone() for g in groups], engine.metrics)
-
-
 def _run(cap: int | None) -> tuple[list[torch.Tensor], list]:
-    plan = ListPlan(_footprints())
-    plan.num_steps = T
-    dense = np.zeros((plan.views.size, N), dtype=bool)  # [views, N]: the phase's read sets
-    for t, step in enumerate(_footprints()):
-        for r, f in enumerate(step):
-            dense[plan.views[t, r, 0], f] = True
-    plan.footprints = sp.csr_matrix(dense)
-    hubs = [_hub(), _hub()]
-    out: dict = {}
-    threads = [threading.Thread(target=_rank, args=(r, plan, hubs, cap, out)) for r in range(2)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(60)
-    assert sorted(out) == [0, 1], "a rank did not finish"
-    params = []
-    for gi in range(len(out[0][1])):
-        whole = torch.zeros(N, *out[0][1][gi].shape[1:])
-        for owned, tables, _ in out.values():
-            whole[torch.from_numpy(owned)] = tables[gi]
-        params.append(whole)
-    return params, [out[r][2] for r in range(2)]
+    plan = loopback_plan(_footprints(), N)
+    params, out = run_sharded_loopback(
+        plan, OWNER, [_hub(), _hub()], seed=3, slow_s=0.02, max_inflight_bytes=cap
+    )
+    return params, [out[r].engine.metrics for r in range(2)]
 
 
 def test_credits_bind_on_both_streams_and_change_no_bit():

@@ -36,9 +36,10 @@ only through the gradients computed from stale rows.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -171,4 +172,34 @@ class GradientEvidence:
         return 0.0 if over == 0 else math.inf
 
 
-__all__ = ["FALLBACK_REASONS", "Decision", "GradientEvidence", "fallback_reason"]
+def admission_totals(
+    admissions: Sequence[Decision], fallbacks: dict[str, int], staleness_hist: dict[int, int]
+) -> dict:
+    """The admission keys of a run summary (JSON-ready): counts, the admitted fraction of
+    all decisions, the staleness histogram, and the admitted reads' overlap and evidence
+    ratios (mean and largest; zeros when nothing was admitted)."""
+    admitted = len(admissions)
+    decisions = admitted + sum(fallbacks.values())
+    overlap = [d.overlap_ratio for d in admissions]
+    evidence = [d.evidence_ratio for d in admissions]
+    return {
+        "admitted": admitted,
+        "fallbacks": dict(fallbacks),
+        "decisions": decisions,
+        "admitted_fraction": admitted / decisions if decisions else 0.0,
+        "max_staleness": max(staleness_hist, default=0),
+        "staleness_hist": {str(k): v for k, v in sorted(staleness_hist.items())},
+        "overlap_ratio_admitted_mean": float(np.mean(overlap)) if overlap else 0.0,
+        "overlap_ratio_admitted_max": float(max(overlap, default=0.0)),
+        "evidence_ratio_admitted_mean": float(np.mean(evidence)) if evidence else 0.0,
+        "evidence_ratio_admitted_max": float(max(evidence, default=0.0)),
+    }
+
+
+__all__ = [
+    "FALLBACK_REASONS",
+    "Decision",
+    "GradientEvidence",
+    "admission_totals",
+    "fallback_reason",
+]

@@ -45,7 +45,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from odin_ns.cuda import ops
-from odin_ns.runtime.admission import FALLBACK_REASONS, Decision
+from odin_ns.runtime.admission import FALLBACK_REASONS, Decision, admission_totals
 from odin_ns.runtime.config import MODES, ParamGroupState, StepMetrics, SyncConfig
 from odin_ns.runtime.errors import PeerFailure, SyncError, SyncTimeout
 from odin_ns.runtime.exchange import DenseExchange, SparseExchange
@@ -616,10 +616,6 @@ class PrimitiveSyncEngine:
         ms = self.metrics
         waits = [m.wait_s for m in ms]
         every = [*ms, self._outside]
-        admitted = len(self._admissions)
-        decisions = admitted + sum(self._fallbacks.values())
-        overlap = [d.overlap_ratio for d in self._admissions]
-        evidence = [d.evidence_ratio for d in self._admissions]
         return {
             "rank": self._rank,
             "world_size": self._world,
@@ -643,18 +639,9 @@ class PrimitiveSyncEngine:
             "busy_wait_s_total": float(sum(m.busy_wait_s for m in every) + self._busy_s),
             "tau": float(self.config.tau),
             "staleness_window": int(self.config.staleness_window),
-            "admitted": admitted,
-            "fallbacks": dict(self._fallbacks),
-            "decisions": decisions,
-            "admitted_fraction": admitted / decisions if decisions else 0.0,
+            **admission_totals(self._admissions, self._fallbacks, self._staleness_hist),
             "delayed_steps": int(sum(1 for m in ms if m.admitted)),
             "delayed_primitive_reads": int(self._delayed_reads),
-            "max_staleness": max(self._staleness_hist, default=0),
-            "staleness_hist": {str(k): v for k, v in sorted(self._staleness_hist.items())},
-            "overlap_ratio_admitted_mean": float(np.mean(overlap)) if overlap else 0.0,
-            "overlap_ratio_admitted_max": float(max(overlap, default=0.0)),
-            "evidence_ratio_admitted_mean": float(np.mean(evidence)) if evidence else 0.0,
-            "evidence_ratio_admitted_max": float(max(evidence, default=0.0)),
         }
 
     def admission_log(self) -> list[dict]:

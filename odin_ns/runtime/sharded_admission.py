@@ -42,6 +42,7 @@ from odin_ns.runtime.admission import (
     FALLBACK_REASONS,
     Decision,
     GradientEvidence,
+    admission_totals,
     fallback_reason,
 )
 from odin_ns.runtime.config import SyncConfig
@@ -154,25 +155,12 @@ class ShardedAdmission:
 
     def summary(self) -> dict:
         """The admission keys of ``PrimitiveSyncEngine.summary`` (JSON-ready)."""
-        admitted = len(self.admissions)
-        decisions = admitted + sum(self.fallbacks.values())
-        overlap = [d.overlap_ratio for d in self.admissions]
-        evidence = [d.evidence_ratio for d in self.admissions]
         return {
             "tau": float(self.config.tau),
             "staleness_window": int(self.config.staleness_window),
-            "admitted": admitted,
-            "fallbacks": dict(self.fallbacks),
-            "decisions": decisions,
-            "admitted_fraction": admitted / decisions if decisions else 0.0,
+            **admission_totals(self.admissions, self.fallbacks, self.staleness_hist),
             "delayed_steps": len({d.step for d in self.admissions}),
             "delayed_primitive_reads": int(self.delayed_rows),
-            "max_staleness": max(self.staleness_hist, default=0),
-            "staleness_hist": {str(k): v for k, v in sorted(self.staleness_hist.items())},
-            "overlap_ratio_admitted_mean": float(np.mean(overlap)) if overlap else 0.0,
-            "overlap_ratio_admitted_max": float(max(overlap, default=0.0)),
-            "evidence_ratio_admitted_mean": float(np.mean(evidence)) if evidence else 0.0,
-            "evidence_ratio_admitted_max": float(max(evidence, default=0.0)),
         }
 
 

@@ -1,0 +1,124 @@
+"""Two ranks of ``ShardedEngine`` in threads over in-process loopbacks, on a hand-made plan.
+
+Imported as ``harness.sharded_loopback``. Every rank starts from the same whole toy model
+(``toy_groups``), keeps its owned rows and caches the rest it reads, and trains each step
+on a quadratic pull of the rows it reads towards a per-(rank, step) target; rank 0 sleeps
+``slow_s`` per step, so rank 1 runs ahead of it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from harness.toy import ListPlan, LoopbackHub, toy_groups
+from odin_ns.runtime import ParamGroupState
+from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, phase_read_sets
+
+
+def loopback_plan(footprints: Sequence[Sequence[Sequence[int]]], num_rows: int) -> ListPlan:
+    """A ``ListPlan`` of ``footprints`` (T lists of R row lists) with its CSR footprints."""
+    plan = ListPlan(footprints)
+    plan.num_steps = len(footprints)
+    dense = np.zeros((plan.views.size, num_rows), dtype=bool)
+    for t, step in enumerate(footprints):
+        for r, f in enumerate(step):
+            dense[plan.views[t, r, 0], f] = True
+    plan.footprints = sp.csr_matrix(dense)
+    return plan
+
+
+@dataclass
+class LoopbackRank:
+    owned: np.ndarray  # [O] global ids this rank owns
+    tables: list[torch.Tensor]  # per group, the owned rows after the drain
+    engine: ShardedEngine
+    observed: list  # what ``observe(engine, t)`` returned after each before_step
+
+
+def run_sharded_loopback(
+    plan: ListPlan,
+    owner: np.ndarray,  # [N] int64
+    hubs: Sequence[LoopbackHub],  # two: gradients, pushes
+    seed: int,
+    slow_s: float,
+    observe: Callable[[ShardedEngine, int], object] | None = None,
+    **engine_kwargs,
+) -> tuple[list[torch.Tensor], dict[int, LoopbackRank]]:
+    """Train both ranks over ``plan``; (the whole model per group assembled from the owners'
+    rows, per rank its ``LoopbackRank``)."""
+    out: dict[int, LoopbackRank] = {}
+    n = owner.size
+
+    def rank_main(rank: int) -> None:
+        full = toy_groups(n, seed=seed)
+        reads = phase_read_sets(plan, 2)[rank]
+        layout = ShardLayout(owner, rank, reads[owner[reads] != rank])
+        o = layout.num_owned
+        groups = [
+            ParamGroupState(
+                g.name,
+                g.param[torch.from_numpy(layout.gids)].clone(),
+                torch.zeros_like(g.param[:o]),
+                torch.zeros_like(g.param[:o]),
+                lr_at=g.lr_at,
+                betas=g.betas,
+                eps=g.eps,
+            )
+            for g in full
+        ]
+        engine = ShardedEngine(
+            groups,
+            layout,
+            plan,
+            rank,
+            2,
+            hubs[0].transport(rank),
+            hubs[1].transport(rank),
+            step_offset=0,
+            versions=torch.full((o,), -1, dtype=torch.int64),
+            timeout_s=30.0,
+            **engine_kwargs,
+        )
+        observed = []
+        for t in range(plan.num_steps):
+            engine.before_step(t)
+            if observe is not None:
+                observed.append(observe(engine, t))
+            rows = torch.from_numpy(engine.steps[t].reads)
+            gen = torch.Generator().manual_seed(100 * rank + t)
+            grads = []
+            for g in groups:  # a quadratic pull of the rows read towards a per-step target
+                grad = torch.zeros_like(g.param)
+                grad[rows] = g.param[rows] - torch.randn(
+                    rows.numel(), *g.param.shape[1:], generator=gen
+                )
+                grads.append(grad)
+            visible = torch.zeros(layout.num_local, dtype=torch.bool)
+            visible[rows] = True
+            if rank == 0:
+                time.sleep(slow_s)  # the slow rank: rank 1 runs ahead of it
+            engine.after_backward(t, grads, visible)
+        engine.drain()
+        out[rank] = LoopbackRank(layout.owned, [g.param[:o].clone() for g in groups], engine,
+                                 observed)  # fmt: skip
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert sorted(out) == [0, 1], "a rank did not finish"
+    params = []
+    for gi in range(len(out[0].tables)):
+        whole = torch.zeros(n, *out[0].tables[gi].shape[1:])
+        for rank in out.values():
+            whole[torch.from_numpy(rank.owned)] = rank.tables[gi]
+        params.append(whole)
+    return params, out
