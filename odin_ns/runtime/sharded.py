@@ -19,6 +19,11 @@ Per step ``t`` (all sizes and peers known from the plan, ``StepTables``):
   of ``s`` has arrived, summed in rank order (``ops.accumulate_ready_rows``) and applied
   with ``ops.apply_ready_rows``, as ``UpdateLog`` does: bitwise the replicated update.
 
+**Throughput-first** (``sync.mode``): ``before_step`` decides on the step's pending
+sources (owned rows still waiting for a writer's gradient, cached rows whose push is late)
+with ``sharded_admission``; a step reads around the admitted ones, and pushes carry one
+more column, the rows' evidence.
+
 Gradients and pushes travel on two ``P2PTransport`` instances (two gloo groups), so each
 stream is FIFO per peer in the sender's order and neither blocks the other. Only
 point-to-point messages on the step path; phase starts use collectives.
