@@ -89,6 +89,8 @@ bench: venv
 	$(PY) -m odin_ns.bench.shard --ranks 2 3 4 --rounds 2 --out bench/shard.json
 	$(PY) -m odin_ns.bench.shard --data ../shared/data/fox --downscale-factor 8 --ranks 2 3 4 \
 		--rounds 1 --out bench/shard_fox.json
+	$(PY) -m odin_ns.bench.shard --modes replicated sharded sharded-tf --ranks 2 3 --rounds 2 \
+		--out bench/shard_tf_street.json
 	for m in mcmc big; do \
 		$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 1 \
 			--modes ddp,barrier,quality-first,throughput-first --method odin-splatfacto-$$m \
