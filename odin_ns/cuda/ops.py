@@ -145,6 +145,15 @@ def host_op(name: str) -> Callable | None:
     return getattr(torch.ops.odin, name)
 
 
+def csr_tensors(matrix) -> tuple[Tensor, Tensor]:
+    """(indptr, indices) of a scipy CSR matrix as host tensors of one integer type (the
+    host ops' CSR input; int64 when scipy stored them in different types), no copy else."""
+    indptr, indices = matrix.indptr, matrix.indices
+    if indptr.dtype != indices.dtype:
+        indptr, indices = indptr.astype("int64"), indices.astype("int64")
+    return torch.from_numpy(indptr), torch.from_numpy(indices)
+
+
 @torch.no_grad()
 def footprint_cull(
     means2d: Tensor,  # [V, N, 2]

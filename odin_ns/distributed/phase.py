@@ -200,20 +200,17 @@ def footprint_slack(
     hundreds of views, not for city captures of thousands (there it belongs in
     ``compute_footprints``' culling, whose boxes bound d).
     """
-    means, smax, viewmats, consts = _slack_inputs(model, cameras)
-    kernel = ops.host_op("footprint_slack") if means.device.type == "cpu" else None
+    on_host = model.means.device.type == "cpu"
+    kernel = ops.host_op("footprint_slack") if on_host else None
     if kernel is None:
         return footprint_slack_reference(footprints, model, cameras, margin_px, tol_px, near)
-    indptr, indices = footprints.indptr, footprints.indices
-    if indptr.dtype != indices.dtype:
-        indptr, indices = indptr.astype(np.int64), indices.astype(np.int64)
+    means, smax, viewmats, consts = _slack_inputs(model, cameras)
     return kernel(
         means.contiguous(),
         smax.contiguous(),
         viewmats.contiguous(),
         consts.contiguous(),
-        torch.from_numpy(indptr),
-        torch.from_numpy(indices),
+        *ops.csr_tensors(footprints),
         float(margin_px),
         float(tol_px),
         float(near),

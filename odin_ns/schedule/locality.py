@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
-import torch
 from scipy.sparse import csgraph
 
 from odin_ns.cuda import ops
@@ -64,10 +63,7 @@ def view_overlaps(F: sp.csr_matrix) -> sp.csr_matrix:
     kernel = ops.host_op("view_overlaps") if num_views <= DENSE_OVERLAP_MAX_VIEWS else None
     if kernel is None:
         return view_overlaps_reference(F)
-    indptr, indices = F.indptr, F.indices
-    if indptr.dtype != indices.dtype:
-        indptr, indices = indptr.astype(np.int64), indices.astype(np.int64)
-    counts = kernel(torch.from_numpy(indptr), torch.from_numpy(indices), int(n)).numpy()
+    counts = kernel(*ops.csr_tensors(F), int(n)).numpy()
     return sp.csr_matrix(counts.astype(np.float32))
 
 

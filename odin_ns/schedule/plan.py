@@ -372,12 +372,8 @@ def dependency_pass(
     kernel = ops.host_op("plan_dependencies")
     if kernel is None:
         return dependency_pass_reference(F, views, window)
-    indptr, indices = F.indptr, F.indices
-    if indptr.dtype != indices.dtype:
-        indptr, indices = indptr.astype(np.int64), indices.astype(np.int64)
     out = kernel(
-        torch.from_numpy(indptr),
-        torch.from_numpy(indices),
+        *ops.csr_tensors(F),
         torch.from_numpy(np.ascontiguousarray(views, dtype=np.int64)),
         int(F.shape[1]),
         int(window),
