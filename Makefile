@@ -91,6 +91,8 @@ bench: venv
 		--rounds 1 --out bench/shard_fox.json
 	$(PY) -m odin_ns.bench.shard --modes replicated sharded sharded-tf --ranks 2 3 --rounds 2 \
 		--out bench/shard_tf_street.json
+	$(PY) -m odin_ns.bench.shard_io --gaussians 2000000 --ranks 2 4 --rounds 2 --out bench/shard_io.json
+	$(PY) -m odin_ns.bench.shard_scaling --out bench/shard_scaling.json
 	for m in mcmc big; do \
 		$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 1 \
 			--modes ddp,barrier,quality-first,throughput-first --method odin-splatfacto-$$m \

@@ -225,21 +225,48 @@ def check_checkpoint_gaussians(
                 )
 
 
-def check_checkpoint_fits_config(path: Path | None, model_config: Any) -> None:
+def check_checkpoint_fits_config(path: Path | None, model_config: Any) -> int | None:
     """The launcher's :func:`check_checkpoint_gaussians`: reads the checkpoint's tensor
-    shapes through a memory map (no tensor data is read). A checkpoint that only a full
-    unpickle can read is left to the ranks, which run the same check."""
+    shapes through a memory map (no tensor data is read). Returns the checkpoint's number
+    of Gaussians, or None (no checkpoint, not a splatfacto model, or a checkpoint that only
+    a full unpickle can read: the ranks run the same check)."""
     row_shapes = gaussian_row_shapes(model_config)
     if path is None or row_shapes is None:
-        return
+        return None
     import torch
 
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # noqa: BLE001 - not weights-only loadable: the ranks check it
+        return None
+    if not (isinstance(state, Mapping) and isinstance(state.get("pipeline"), Mapping)):
+        return None
+    check_checkpoint_gaussians(path, state["pipeline"], state.get("optimizers"), row_shapes)
+    means = state["pipeline"].get("_model.gauss_params.means")
+    if means is None:
+        means = state["pipeline"].get("_model.means")
+    return int(means.shape[0])
+
+
+def check_checkpoint_row_cap(
+    path: Path | str, num_rows: int, world_size: int, max_rows_per_rank: int, parallel: str
+) -> None:
+    """``--pipeline.max-rows-per-rank`` for a run resumed from a checkpoint of ``num_rows``
+    Gaussians, before any of them is read: replicated training loads every row on every
+    rank; sharded training loads a contiguous range per rank (the largest has
+    ceil(N / R) rows), then moves rows to their owners."""
+    if max_rows_per_rank <= 0:
         return
-    if isinstance(state, Mapping) and isinstance(state.get("pipeline"), Mapping):
-        check_checkpoint_gaussians(path, state["pipeline"], state.get("optimizers"), row_shapes)
+    if parallel != "sharded":
+        check_row_cap(num_rows, max_rows_per_rank, f"in checkpoint '{path}'")
+        return
+    largest = -(-num_rows // world_size)
+    if largest > max_rows_per_rank:
+        raise OdinInputError(
+            f"--pipeline.max-rows-per-rank {max_rows_per_rank}: resuming from '{path}' reads "
+            f"{largest} of its {num_rows} Gaussians on one of {world_size} ranks; raise the "
+            "cap or train on more ranks"
+        )
 
 
 def check_row_cap_option(max_rows_per_rank: int) -> None:
@@ -302,10 +329,15 @@ def preflight(config: TrainerConfig, world_size: int) -> None:
     data = check_data_path(datamanager.data or datamanager.dataparser.data)
     check_checkpoint_exists(config.load_checkpoint)
     check_checkpoint_readable(resume_checkpoint(config))
-    check_checkpoint_fits_config(resume_checkpoint(config), config.pipeline.model)
+    checkpoint = resume_checkpoint(config)
+    checkpoint_rows = check_checkpoint_fits_config(checkpoint, config.pipeline.model)
     check_output_writable(config.output_dir)
     model_config = config.pipeline.model
-    check_row_cap_option(getattr(config.pipeline, "max_rows_per_rank", 0))
+    cap = getattr(config.pipeline, "max_rows_per_rank", 0)
+    check_row_cap_option(cap)
+    if checkpoint_rows is not None and _is_odin_pipeline(config):
+        parallel = getattr(config.pipeline, "parallel", "replicated")
+        check_checkpoint_row_cap(checkpoint, checkpoint_rows, world_size, int(cap), parallel)
     if hasattr(model_config, "rasterizer"):
         check_rasterizer(model_config.rasterizer)
     distributed = world_size > 1 and _is_odin_pipeline(config)

@@ -45,10 +45,16 @@ from odin_ns.distributed.optimizer_binding import (
     store_plain_float_learning_rates,
 )
 from odin_ns.distributed.session import DistributedSession
+from odin_ns.distributed.sharded_checkpoint import (
+    checkpoint_rows,
+    read_checkpoint,
+    row_ranges,
+    take_rows,
+)
 from odin_ns.errors import OdinInputError, first_line
 from odin_ns.model import GAUSSIAN_GROUPS
 from odin_ns.pipeline import OdinPipeline
-from odin_ns.preflight import check_checkpoint_gaussians, check_row_cap
+from odin_ns.preflight import check_checkpoint_gaussians, check_checkpoint_row_cap, check_row_cap
 
 
 @dataclass
@@ -89,6 +95,7 @@ class OdinTrainer(Trainer):
     pipeline: OdinPipeline
     session: DistributedSession | None = None
     _resumed: dict[str, Any] | None = None  # the checkpoint's "odin" entry, same world size
+    _loaded_rows: int | None = None  # sharded resume: N of the checkpoint ranks read ranges of
     _densifier: ReplicatedDensifier | None = None  # one process, B > 1: per-view statistics
 
     @property
@@ -164,7 +171,9 @@ class OdinTrainer(Trainer):
         """The distributed step's session: sharded ownership or replicated replicas."""
         phase = resumed["phase"] if resumed is not None else None
         if self.sharded:
-            return sharded_session.open_session(self, resumed_phase=phase)
+            return sharded_session.open_session(
+                self, resumed_phase=phase, loaded_rows=self._loaded_rows
+            )
         return DistributedSession(
             self.pipeline,
             self.optimizers,
@@ -380,12 +389,14 @@ class OdinTrainer(Trainer):
         try:
             if not path.exists():
                 raise FileNotFoundError("the file does not exist")
-            loaded = torch.load(path, map_location="cpu")
+            loaded = read_checkpoint(path)  # a memory map: tensors are read when touched
         except Exception as err:  # any failure to read it: unpickling raises many types
             raise OdinInputError(
                 f"cannot resume from checkpoint '{path}': {first_line(err)}"
             ) from err
         self._check_checkpoint_gaussians(path, loaded)
+        if self.sharded and isinstance(self.pipeline, OdinPipeline) and self.pipeline.distributed:
+            loaded = self._take_loaded_range(path, loaded)
         try:
             self.pipeline.load_pipeline(loaded["pipeline"], loaded["step"])
             rebind_optimizer_params(
@@ -402,6 +413,19 @@ class OdinTrainer(Trainer):
         self._start_step = loaded["step"] + 1
         self._restore_odin_state(loaded.get("odin"), path)
         CONSOLE.print(f"Done loading Nerfstudio checkpoint from {path}")
+
+    def _take_loaded_range(self, path: Path, loaded: Mapping) -> dict:
+        """Sharded resume: the checkpoint with only this rank's contiguous range of its
+        Gaussians and their moments (``sharded_checkpoint.take_rows``), so no rank reads the
+        whole model; the session's first phase start moves the rows to their owners."""
+        n = checkpoint_rows(loaded)
+        world_size = self.pipeline.world_size
+        check_checkpoint_row_cap(
+            path, n, world_size, int(self.config.pipeline.max_rows_per_rank), "sharded"
+        )
+        bounds = row_ranges(n, world_size)
+        self._loaded_rows = n
+        return take_rows(loaded, int(bounds[self._rank]), int(bounds[self._rank + 1]))
 
     def _check_checkpoint_gaussians(self, path: Path, loaded: Mapping) -> None:
         """The checkpoint's Gaussians fit this run's model (group row counts agree, per-row

@@ -12,6 +12,9 @@ steps 25-28, every rank's generators and the plan's epoch position to continue e
   ends bitwise where the uninterrupted replicated run ends, and the other way round;
 - a 3-rank sharded checkpoint resumes on 2 ranks (a note says the trajectory differs),
   keeps its Gaussians at the resume point, trains through a refine and evaluates sanely;
+- a resumed sharded rank reads only its contiguous range of the checkpoint's rows (a memory
+  map), so a checkpoint above the row cap resumes sharded; the launcher refuses it for
+  replicated training, or when a range is above the cap, in one line;
 - ``--pipeline.max-rows-per-rank``: a cap below the model but above every rank's resident
   rows trains sharded and stops replicated training with one line; a cap below a rank's
   share stops sharded training at its first phase start;
@@ -25,10 +28,12 @@ import re
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from odin_ns.bench.commands import BIN, quiet_flags, run_dir, run_env, schedule_flags, train_command
+from odin_ns.distributed.sharded_checkpoint import row_ranges
 from odin_ns.errors import OdinInputError
 from odin_ns.preflight import check_checkpoint_gaussians, gaussian_row_shapes
 
@@ -137,6 +142,11 @@ def test_sharded_checkpoint_carries_the_replicated_resume_state(runs):
 def test_sharded_resume_on_the_same_world_size_is_exact(runs, street_scene):
     resumed = _resumed(street_scene, runs["out"], "sharded-on-2", 2, runs["sharded"], *SHARDED)
     _assert_bitwise(_load(resumed), _load(runs["sharded"]))
+    # each rank read only its contiguous range of the checkpoint's rows
+    n = _load(runs["sharded"], SAVED)["pipeline"]["_model.gauss_params.means"].shape[0]
+    summary = json.loads((resumed / "odin_run.json").read_text())
+    loaded = [r["loaded_rows"] for r in summary["ranks"]]
+    assert loaded == np.diff(row_ranges(n, 2)).tolist(), (loaded, n)
 
 
 @pytest.mark.slow
@@ -212,6 +222,57 @@ def test_row_cap_trains_sharded_and_stops_replicated(runs, street_scene, tmp_pat
         "replicated training holds all of them on every rank; train with "
         "--pipeline.parallel sharded or raise the cap"
     )
+
+
+@pytest.mark.slow
+def test_model_above_the_cap_resumes_sharded_and_is_refused_replicated(
+    runs, street_scene, tmp_path
+):
+    """A checkpoint of more Gaussians than the cap: sharded resume reads one range per rank
+    (below the cap) and trains; replicated resume, or ranges above the cap, are refused by
+    the launcher in one line before any rank starts or any output exists."""
+    final = STEPS - 1
+    ckpt = _ckpt_path(runs["sharded"], final)
+    n = _load(runs["sharded"])["pipeline"]["_model.gauss_params.means"].shape[0]
+    assert -(-n // 2) <= CAP < n, (n, CAP)
+    cap = ["--pipeline.max-rows-per-rank", str(CAP)]
+    # three steps without densifying (the next refine would grow the model past what two
+    # ranks may hold), then the final merged checkpoint
+    code, lines, run = _train(
+        street_scene, tmp_path, "resumed-capped", 2, *SHARDED, *cap,
+        "--pipeline.model.stop-split-at", str(final), "--load-checkpoint", str(ckpt), steps=3,
+    )  # fmt: skip
+    assert code == 0, "\n".join(lines[-40:])
+    summary = json.loads((run / "odin_run.json").read_text())
+    loaded = [r["loaded_rows"] for r in summary["ranks"]]
+    resident = [max(s["resident_rows"] for s in r["steps"]) for r in summary["ranks"]]
+    assert loaded == np.diff(row_ranges(n, 2)).tolist()
+    assert max(loaded) <= CAP and max(resident) <= CAP, (loaded, resident, CAP)
+    merged = _load(run, final + 3)["pipeline"]["_model.gauss_params.means"]
+    assert merged.shape[0] == n and torch.isfinite(merged).all()
+
+    base = ["--nproc-per-node", "2", "odin-splatfacto", "--data", str(street_scene)]
+    base += ["--vis", "tensorboard", "--steps-per-eval-image", "0", "--steps-per-eval-batch", "0"]
+    base += ["--steps-per-eval-all-images", "0", "--load-checkpoint", str(ckpt)]
+    small = str(-(-n // 2) - 1)
+    cases = [
+        (
+            [*BARRIER, *cap],
+            f"--pipeline.max-rows-per-rank {CAP}: the model has {n} Gaussians in checkpoint "
+            f"'{ckpt}', and replicated training holds all of them on every rank",
+        ),
+        (
+            [*SHARDED, "--pipeline.max-rows-per-rank", small],
+            f"--pipeline.max-rows-per-rank {small}: resuming from '{ckpt}' reads "
+            f"{-(-n // 2)} of its {n} Gaussians on one of 2 ranks",
+        ),
+    ]
+    for extra, needle in cases:
+        out = tmp_path / "refused"
+        code, last = _launch_line([*base, *extra], out)
+        assert code != 0
+        assert last.startswith(f"{PREFIX}{needle}"), last
+        assert not out.exists()  # nothing started
 
 
 @pytest.mark.slow

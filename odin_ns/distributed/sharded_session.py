@@ -13,10 +13,11 @@ reads); bind the engine. Step path: point-to-point only.
 
 Densification (``sharded_densify``): an all-reduce of the [N] statistics at structural
 steps (as replicated training does), flags and the post-grow renumbering all-reduced, rows
-made on owners. Checkpoints: drained, every rank sends its owned rows and moments to rank
-0, which writes one nerfstudio checkpoint of the whole model (gathered in rank 0's memory)
-with the replicated resume entry (``odin_ns.resume``). Resume: every rank loads the whole
-checkpoint (the trainer), the first phase keeps the owned rows with their loaded moments.
+made on owners. Checkpoints (``sharded_checkpoint``): drained, every rank sends its owned
+rows and moments to rank 0 a chunk at a time, which lands them in file-backed tensors and
+writes one nerfstudio checkpoint of the whole model with the replicated resume entry
+(``odin_ns.resume``). Resume: each rank reads its contiguous range of the checkpoint's
+rows through a memory map (the trainer); the first phase start moves them to their owners.
 Evaluation during training and the live viewer: rank 0 gathers a copy of the model's
 parameters (``sharded_eval``) at evaluation steps and, with the viewer, at phase starts.
 Slow is not dead: rank 0's evaluation, checkpoint write or viewer pause is a busy section
@@ -40,6 +41,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 from odin_ns.distributed.densify import ReplicatedDensifier
 from odin_ns.distributed.optimizer_binding import learning_rate_at, store_plain_float_learning_rates
 from odin_ns.distributed.phase import GaussianRows, PhaseController
+from odin_ns.distributed.sharded_checkpoint import merge_owned_rows, range_owner, remove_row_files
 from odin_ns.distributed.sharded_densify import (
     OwnedRows,
     all_reduce_statistics,
@@ -151,8 +153,12 @@ class ShardedSession:
         pipeline, optimizers, checkpoint_every: as ``DistributedSession``.
         resumed_phase: a checkpoint's ``PhaseController.resume_state`` (same world size:
             the first phase continues the plan's epoch where the checkpointed run was), or
-            None. A resumed session's model and optimizers hold the whole loaded model and
-            its moments; the first phase keeps the owned rows with their moments.
+            None.
+        loaded_rows: N of the checkpoint this run resumes from, or None (a fresh run, whose
+            ranks all hold the whole initial model). On resume each rank's model and
+            optimizers hold only its contiguous range of the checkpoint's rows and their
+            moments (``sharded_checkpoint.row_ranges``, the trainer's load); the first
+            phase start moves every row to its owner.
         stop_step: the trainer's ``max_num_iterations`` (no push for steps never run).
         ownership: "locality" (from the plan) or "random" (Grendel-style baseline).
         viewer_copy: refresh rank 0's copy of the model (``sharded_eval``) at every phase
@@ -168,6 +174,7 @@ class ShardedSession:
         stop_step: int | None = None,
         ownership: str = "locality",
         viewer_copy: bool = False,
+        loaded_rows: int | None = None,
     ):
         config = pipeline.config
         self._resumed_phase = resumed_phase
@@ -213,25 +220,50 @@ class ShardedSession:
             views_per_rank=int(getattr(config, "views_per_rank", 1)),
             **(reuse if reuse["reuse_shift_px"] > 0 else {}),
         )
-        self.densifier = ReplicatedDensifier(self.model.strategy, self.model.strategy_state, 0)
-        self.densifier.seed = self.seed
-        self.densifier.ensure_state(self.model.num_points, self.model.means.device)
         self.owner: np.ndarray | None = None  # [N] int64
         self.layout: ShardLayout | None = None
         self.moments: tuple[dict, dict] | None = None  # exp_avg, exp_avg_sq per group [O]
         self.versions: torch.Tensor | None = None  # [O] int64
+        self.loaded_rows = None if loaded_rows is None else self.model.num_points
+        if loaded_rows is not None:
+            self._hold_loaded_range(int(loaded_rows))
+        self.densifier = ReplicatedDensifier(self.model.strategy, self.model.strategy_state, 0)
+        self.densifier.seed = self.seed
+        self.densifier.ensure_state(self.num_rows, self.model.means.device)
         self.engine: ShardedEngine | None = None
         self.records: list[dict] = []  # per step
         self.engine_summaries: list[dict] = []  # per phase (one engine each), once drained
         self.phase_records: list[dict] = []
         self.reports: list[dict] = []
         self._rows: torch.Tensor | None = None
+        # Every rank starts from rank 0's model (nerfstudio seeds ranks differently); a
+        # resumed run's ranks read their Gaussians from the same file already.
+        held = {id(p) for p in self.model.gauss_params.values()} if self.loaded_rows else set()
         for tensor in list(self.model.parameters()) + list(self.model.buffers()):
-            dist.broadcast(tensor.data, src=0)  # every rank starts from rank 0's model
+            if id(tensor) not in held:
+                dist.broadcast(tensor.data, src=0)
 
     @property
     def num_rows(self) -> int:
         return int(self.owner.size) if self.owner is not None else self.model.num_points
+
+    @torch.no_grad()
+    def _hold_loaded_range(self, num_rows: int) -> None:
+        """A resumed run: this rank holds its contiguous range of the checkpoint's
+        ``num_rows`` Gaussians (the trainer loaded just those rows and their moments). Until
+        the first phase start picks owners from its plan, each range's rank owns it."""
+        self.owner = range_owner(num_rows, self.world_size)
+        held = int(np.count_nonzero(self.owner == self.rank))
+        if self.model.num_points != held:
+            raise RuntimeError(
+                f"rank {self.rank}: the model holds {self.model.num_points} Gaussians, its "
+                f"range of the checkpoint's {num_rows} has {held}"
+            )
+        rows = self._keep_owned_rows(np.arange(held))
+        self.layout = ShardLayout(self.owner, self.rank, np.empty(0, dtype=np.int64))
+        self.moments = (rows.exp_avg, rows.exp_avg_sq)
+        for name in GAUSSIAN_GROUPS:
+            self.optimizers.optimizers[name].state.clear()  # moments live in the session
 
     # ------------------------------------------------------------------ the step
     def before_step(self, step: int) -> float:
@@ -302,11 +334,11 @@ class ShardedSession:
 
     @torch.no_grad()
     def _keep_owned_rows(self, o_ids: np.ndarray) -> OwnedRows:
-        """The first phase: rows ``o_ids`` ([O] sorted global ids, this rank's) of the whole
-        model every rank still holds, with their Adam moments: after a resume the loaded
-        ones (nerfstudio's checkpoint load put [N, ...] moments in the optimizers' state),
-        zeros in a fresh run (no optimizer has stepped). ``_bind_table`` then frees the
-        whole-model parameters and moments."""
+        """Rows ``o_ids`` ([O] sorted positions in the model's table) with their Adam
+        moments: in a fresh run's first phase this rank's owned rows of the whole model
+        every rank holds, with zero moments (no optimizer has stepped; ``_bind_table`` then
+        frees the whole model); on resume the loaded range with the loaded moments
+        (nerfstudio's load put them in the optimizers' state)."""
         ids = torch.from_numpy(o_ids).to(self.model.means.device)
         params, exp_avg, exp_avg_sq = {}, {}, {}
         for name in GAUSSIAN_GROUPS:
@@ -326,11 +358,12 @@ class ShardedSession:
             self.engine.drain()
             self.engine_summaries.append(self.engine.summary())
             self.rendezvous(f"phase start at step {step}")  # before the collectives below
-        first = self.owner is None
+        first = self.engine is None and not self.phase_records  # the run's first phase
+        whole_model = self.owner is None  # a fresh run's first phase: every rank holds it
         at_checkpoint = self.checkpoint_every > 0 and step > 1
         if at_checkpoint and (step - 1) % self.checkpoint_every == 0:
             getattr(self.phases, "forget_footprints", lambda: None)()  # as replicated does
-        if not first:
+        if not whole_model:
             self.phases.owned = self.layout.owned
             self.phases.num_rows = self.num_rows
         plan, record = self.phases.start(
@@ -343,19 +376,29 @@ class ShardedSession:
         self._resumed_phase = None
         self.datamanager.set_plan_views(plan.views[:, self.rank, :], start_step=step)
         device = self.model.means.device
-        if first:
+        if whole_model:
             n = self.model.num_points
             self.owner = assign_ownership(plan, self.ownership, self.seed)
             o_ids = np.flatnonzero(self.owner == self.rank)
             rows = self._keep_owned_rows(o_ids)
             self.versions = torch.full((o_ids.size,), step - 1, dtype=torch.int64, device=device)
             assert n == self.owner.size
+        elif first:  # resumed: each rank holds its loaded range; owners from this plan
+            owner = assign_ownership(plan, self.ownership, self.seed)
+            loaded = torch.full((self.layout.num_owned,), step - 1, dtype=torch.int64)
+            moved = int(np.count_nonzero(owner != self.owner))
+            rows, self.versions = self._migrate_rows(
+                self._owned_rows(), loaded.to(device), self.owner, owner
+            )
+            self.owner = owner
         else:
             rows, rebalance = self._rebalance(plan, self._owned_rows())
         report = ownership_report(plan, self.owner, self.seed)
         report["start_step"] = step
         if not first:
             report["rebalance"] = rebalance
+        elif not whole_model:
+            report["moved_from_loaded_ranges"] = moved
         self.reports.append(report)
         self._bind_table(plan, rows, step)
         record.phase_start_s = time.perf_counter() - tic
@@ -660,9 +703,10 @@ class ShardedSession:
         return parts
 
     @torch.no_grad()
-    def merged_model(self) -> dict | None:
+    def merged_model(self, directory: Path) -> dict | None:
         """Rank 0: {group: (param [N, ...], exp_avg, exp_avg_sq)} of the whole model, rows
-        in global order (every rank sends its owned rows to rank 0; call after a drain, on
+        in global order, in files under ``directory`` (``sharded_checkpoint.merge_owned_rows``:
+        every rank sends its owned rows to rank 0 a chunk at a time; call after a drain, on
         every rank); None on other ranks."""
         if self.layout is None:  # no phase yet: every rank holds the whole model
             if self.rank != 0:
@@ -672,46 +716,16 @@ class ShardedSession:
                 for n, p in self.model.gauss_params.items()
             }
         rows = self._owned_rows()
-        ids = torch.from_numpy(self.layout.owned)
-        names = list(GAUSSIAN_GROUPS)
-        local = torch.cat(
-            [
-                t[n].reshape(ids.numel(), int(np.prod(t[n].shape[1:]))).cpu()  # O may be 0
-                for n in names
-                for t in (rows.params, rows.exp_avg, rows.exp_avg_sq)
-            ],
-            dim=1,
-        ).contiguous()
-        if self.rank != 0:
-            if ids.numel():  # gloo: no empty messages; rank 0 knows the count
-                dist.send(local, dst=0, group=self.group, tag=9)
-            return None
-        # Every rank's rows land in the output tensors as they arrive, one rank's buffer at a
-        # time: rank 0 peaks at the model (N x 177 floats) plus one shard, not twice the model.
-        n = self.num_rows
-        out = {
-            name: tuple(torch.empty((n, *rows.params[name].shape[1:])) for _ in range(3))
-            for name in names
-        }
-
-        def scatter(gids: torch.Tensor, buf: torch.Tensor) -> None:
-            off = 0
-            for name in names:
-                for part in out[name]:
-                    d = int(np.prod(part.shape[1:]))
-                    part[gids] = buf[:, off : off + d].reshape(gids.numel(), *part.shape[1:])
-                    off += d
-
-        width = local.shape[1]
-        scatter(ids, local)
-        del local
-        for q in range(1, self.world_size):
-            q_ids = torch.from_numpy(np.flatnonzero(self.owner == q))
-            if q_ids.numel():
-                buf = torch.empty(q_ids.numel(), width)
-                dist.recv(buf, src=q, group=self.group, tag=9)
-                scatter(q_ids, buf)
-        return out
+        owned = {n: (rows.params[n], rows.exp_avg[n], rows.exp_avg_sq[n]) for n in GAUSSIAN_GROUPS}
+        return merge_owned_rows(
+            owned,
+            self.layout.owned,
+            self.owner,
+            self.rank,
+            self.world_size,
+            self.group,
+            directory,
+        )
 
     def save_checkpoint(self, trainer, step: int, odin: dict) -> None:
         """One nerfstudio checkpoint of the whole model, written by rank 0 (collective).
@@ -721,7 +735,11 @@ class ShardedSession:
         have, so either mode resumes it.
         """
         self.drain()
-        merged = self.merged_model()
+        if self.rank == 0:
+            trainer.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        path = trainer.checkpoint_dir / f"step-{step:09d}.ckpt"
+        rows_dir = path.with_suffix(".rows")  # rank 0's merged rows, until the file is written
+        merged = self.merged_model(rows_dir)
         if self.rank != 0:
             return
         store_plain_float_learning_rates(self.optimizers)
@@ -745,11 +763,11 @@ class ShardedSession:
             "scalers": trainer.grad_scaler.state_dict(),
             "odin": odin,
         }
-        trainer.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        path = trainer.checkpoint_dir / f"step-{step:09d}.ckpt"
         partial = path.with_suffix(".ckpt.partial")
         with self.busy("writing a checkpoint"):  # peers wait: slow is not dead
             torch.save(state, partial)
+        del state, merged, pipeline, optimizers
+        remove_row_files(rows_dir)
         partial.replace(path)
         if trainer.config.save_only_latest_checkpoint:
             for old in trainer.checkpoint_dir.glob("*.ckpt"):
@@ -775,6 +793,7 @@ class ShardedSession:
             "phases": self.phase_records,
             "ownership": self.reports,
             "owned_rows": self.layout.num_owned if self.layout is not None else None,
+            "loaded_rows": self.loaded_rows,  # rows of a resumed checkpoint this rank read
             "resident_rows": self.model.num_points,
         }
         ranks = self.gather(mine)
@@ -816,10 +835,13 @@ def merge_engine_summaries(parts: list[dict]) -> dict:
     return out
 
 
-def open_session(trainer, resumed_phase: dict | None = None) -> ShardedSession:
+def open_session(
+    trainer, resumed_phase: dict | None = None, loaded_rows: int | None = None
+) -> ShardedSession:
     """The trainer's sharded session, after the checks of what sharded mode refuses.
 
     ``resumed_phase``: the checkpoint's phase state when it resumes on the same world size.
+    ``loaded_rows``: the checkpoint's N when the trainer loaded each rank's range of it.
     """
     check_sharded_config(trainer.config, trainer.pipeline.world_size)
     if getattr(trainer.pipeline.model, "mcmc_noise", None) is not None:
@@ -833,4 +855,5 @@ def open_session(trainer, resumed_phase: dict | None = None) -> ShardedSession:
         ownership=trainer.pipeline.config.ownership,
         resumed_phase=resumed_phase,
         viewer_copy=trainer.viewer_on,
+        loaded_rows=loaded_rows,
     )
