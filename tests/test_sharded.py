@@ -207,6 +207,41 @@ def test_live_viewer_copy_is_whole_at_every_phase_start(runs):
 
 
 @pytest.mark.slow
+def test_sharded_runs_feed_the_sync_panels(runs):
+    """A sharded run logs what a replicated one does (the step fields the panels, bench.sync
+    and bench.trace read), and rank 0's live panels had a snapshot of both ranks at the end;
+    ns-viewer's snapshot of the saved run shows the same ranks and plan."""
+    from odin_ns.viewer_ext.snapshot import snapshot_from_run
+
+    summary = json.loads((runs[2, "sharded"] / "odin_run.json").read_text())
+    assert (summary["sync"], summary["parallel"], summary["world_size"]) == (
+        "quality-first",
+        "sharded",
+        2,
+    )
+    assert summary["mean_dependency_rows_per_step"] is not None
+    for rank in summary["ranks"]:
+        steps = rank["steps"]
+        assert steps and all(
+            {"view", "dependency_rows", "visible_rows", "pixels", "bytes_sent"} <= set(s)
+            for s in steps
+        )
+        assert all(0 < s["visible_rows"] <= s["footprint_rows"] for s in steps)
+        assert rank["structural_changes"]  # the refines, with the Gaussians before / after
+    live = summary["live_snapshot"]  # the panels' last snapshot: the whole end
+    assert [r["rank"] for r in live["ranks"]] == [0, 1]
+    assert live["step"] == max(s["step"] for s in summary["ranks"][0]["steps"])
+    assert live["plan"]["num_gaussians"] == summary["ranks"][0]["phases"][-1]["num_gaussians"]
+    saved = snapshot_from_run(summary)
+    assert [r["rank"] for r in saved["ranks"]] == [0, 1] and "plan" in saved
+    assert all(len(r["bytes_sent"]) == len(r["steps"]) for r in saved["ranks"])
+
+    tf = json.loads((runs[2, "sharded-tf"] / "odin_run.json").read_text())
+    fallbacks = snapshot_from_run(tf)["fallbacks"]  # tau 0: every pending source waited
+    assert sum(fallbacks.values()) == sum(r["engine"]["decisions"] for r in tf["ranks"]) > 0
+
+
+@pytest.mark.slow
 def test_model_renders_its_eval_copy_when_not_training(runs):
     """The sharded checkpoint's model, its table cut to 7 rows and the whole model as
     ``eval_copy``: evaluation renders the copy (the whole model's image), training the

@@ -177,8 +177,7 @@ class DistributedSession:
                 "bytes_recv": metrics.bytes_recv,
             }
         )
-        panels = self.pipeline.panels
-        if panels is not None and panels.panels is not None and step % self.snapshot_every == 0:
+        if self.telemetry.snapshot_due(step, self.pipeline.panels, self.snapshot_every):
             self.telemetry.refresh_snapshot(step, self._engine_counters())
 
     # ------------------------------------------------------------------ phases
@@ -204,23 +203,14 @@ class DistributedSession:
         )
         self._resumed_phase = None
         exchange_tic = time.perf_counter()
-        panels = self.pipeline.panels
-        request, checks = self.telemetry.exchange_at_phase_start(
-            panels.requested_settings() if panels is not None else {},
+        request = self.telemetry.start_phase(
+            self.pipeline.panels,
             self._engine_counters(),
             plan_check=(str(plan.plan_hash), self.model.num_points),
+            step=step,
             with_steps=self.live_panels,
         )
-        if len(set(checks)) != 1:
-            raise RuntimeError(
-                f"rank {self.rank}: ranks hold different (plan hash, Gaussians) {checks} at "
-                f"step {step}; the replicas have diverged"
-            )
-        if request:  # a panel request takes effect here, on every rank at once
-            self.sync_config.tau = float(request.get("tau", self.sync_config.tau))
-            self.sync_config.staleness_window = int(
-                request.get("K", self.sync_config.staleness_window)
-            )
+        self.sync_config.apply_panel_request(request)  # on every rank at once
         bind_tic = time.perf_counter()
         record.exchange_s = bind_tic - exchange_tic
         self.datamanager.set_plan_views(plan.views[:, self.rank, :], start_step=step)
@@ -344,13 +334,9 @@ class DistributedSession:
         """End of training: drain, gather every rank's logs, write ``odin_run.json``."""
         self.drain()
         engine = self.engine.summary() if self.engine is not None else {}
-        counters = self._engine_counters()
-        # Peers' last steps reach rank 0, so the panels' final snapshot covers the whole end.
-        self.telemetry.exchange_at_phase_start({}, counters)
-        if self.rank == 0 and self.telemetry.steps:
-            self.telemetry.refresh_snapshot(self.telemetry.steps[-1]["step"], counters)
-        summary = self.telemetry.run_summary(engine, self.replica_hash())
-        self.telemetry.write_run_summary(summary, run_summary_path)
+        self.telemetry.finish(
+            self._engine_counters(), engine, self.replica_hash(), Path(run_summary_path)
+        )
         if self.rank == 0:
             CONSOLE.log(f"Odin run summary written to {run_summary_path}")
 

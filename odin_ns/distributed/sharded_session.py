@@ -28,7 +28,6 @@ as long as a peer beats.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from pathlib import Path
 
@@ -55,6 +54,7 @@ from odin_ns.distributed.sharded_eval import (
     pack_param_rows,
     unpack_param_rows,
 )
+from odin_ns.distributed.telemetry import SyncTelemetry
 from odin_ns.errors import OdinInputError
 from odin_ns.model import GAUSSIAN_GROUPS
 from odin_ns.preflight import check_dense_parameters, check_row_cap_option
@@ -231,9 +231,9 @@ class ShardedSession:
         self.densifier.seed = self.seed
         self.densifier.ensure_state(self.num_rows, self.model.means.device)
         self.engine: ShardedEngine | None = None
-        self.records: list[dict] = []  # per step
+        self.telemetry: SyncTelemetry = pipeline.telemetry  # steps, phases, panels, summary
+        self.snapshot_every = int(config.snapshot_every)
         self.engine_summaries: list[dict] = []  # per phase (one engine each), once drained
-        self.phase_records: list[dict] = []
         self.reports: list[dict] = []
         self._rows: torch.Tensor | None = None
         # Every rank starts from rank 0's model (nerfstudio seeds ranks differently); a
@@ -291,18 +291,25 @@ class ShardedSession:
         t = step - self.phases.start_step
         metrics = self.engine.metrics[-1]
         self.engine.after_backward(t, grads, self.model.visible_rows)
-        for info in infos if infos is not None else [self.model.info]:
+        infos = infos if infos is not None else [self.model.info]
+        for info in infos:
             self.densifier.accumulate(step, info, self._global_rows, self.num_rows)
+        dependency_rows = int(self.phases.plan.dependency_rows[t, self.rank].sum())
         if self.densifier.is_structural(step):
             self._apply_structural_change(step)
-        self.records.append(
+        height, width = self.model.last_size
+        self.telemetry.record_step(
             {
                 "step": step,
+                "view": self.datamanager.plan_view(step),
                 "compute_s": compute_s,
                 "wait_s": wait_s,
                 "start": started,
                 "end": time.time(),
                 "footprint_rows": int(self._rows.numel()),
+                "dependency_rows": dependency_rows,
+                "visible_rows": self.model.visible_rows.sum(),
+                "pixels": int(height * width) * len(infos),
                 "bytes_sent": metrics.bytes_sent,
                 "bytes_recv": metrics.bytes_recv,
                 "credit_wait_s": metrics.credit_wait_s,
@@ -313,6 +320,13 @@ class ShardedSession:
                 "owned_rows": self.layout.num_owned,
             }
         )
+        if self.telemetry.snapshot_due(step, self.pipeline.panels, self.snapshot_every):
+            self.telemetry.refresh_snapshot(step, self._engine_counters())
+
+    def _engine_counters(self) -> dict:
+        """The engine's run totals so far (every phase's engine), for the panels."""
+        current = [self.engine.summary()] if self.engine is not None else []
+        return merge_engine_summaries(self.engine_summaries + current)
 
     # ------------------------------------------------------------------ phases
     def _next_boundary(self, step: int) -> int | None:
@@ -358,7 +372,7 @@ class ShardedSession:
             self.engine.drain()
             self.engine_summaries.append(self.engine.summary())
             self.rendezvous(f"phase start at step {step}")  # before the collectives below
-        first = self.engine is None and not self.phase_records  # the run's first phase
+        first = not self.telemetry.phases  # the run's first phase
         whole_model = self.owner is None  # a fresh run's first phase: every rank holds it
         at_checkpoint = self.checkpoint_every > 0 and step > 1
         if at_checkpoint and (step - 1) % self.checkpoint_every == 0:
@@ -374,6 +388,16 @@ class ShardedSession:
             resumed=self._resumed_phase,
         )
         self._resumed_phase = None
+        exchange_tic = time.perf_counter()
+        request = self.telemetry.start_phase(
+            self.pipeline.panels,
+            self._engine_counters(),
+            plan_check=(str(plan.plan_hash), self.num_rows),
+            step=step,
+            with_steps=self.viewer_copy,
+        )
+        self.pipeline.config.sync.apply_panel_request(request)  # on every rank at once
+        record.exchange_s = time.perf_counter() - exchange_tic
         self.datamanager.set_plan_views(plan.views[:, self.rank, :], start_step=step)
         device = self.model.means.device
         if whole_model:
@@ -409,7 +433,7 @@ class ShardedSession:
             copy = self.refresh_eval_copy(step)
             entry["eval_copy_s"] = time.perf_counter() - tic
             entry["eval_copy_rows"] = None if copy is None else int(copy.ids.size)
-        self.phase_records.append(entry)
+        self.telemetry.record_phase(entry)
 
     def _rebalance(self, plan, rows: OwnedRows) -> tuple[OwnedRows, dict]:
         """A later phase's owners: the carried ones, or a fresh assignment (locality, or a
@@ -583,6 +607,9 @@ class ShardedSession:
         self.engine_summaries.append(self.engine.summary())
         self.engine = None
         self.phases.end_after(step, sources)
+        self.telemetry.record_structural(
+            {"step": step, "gaussians_before": before, "gaussians_after": self.num_rows}
+        )
         if self.rank == 0 and self.num_rows != before:
             CONSOLE.log(f"step {step}: densification {before} -> {self.num_rows} Gaussians")
 
@@ -782,25 +809,25 @@ class ShardedSession:
         return digest.hexdigest()
 
     def finish(self, run_summary_path: Path) -> None:
-        """Drain; gather every rank's step records; rank 0 writes ``odin_run.json``."""
+        """Drain; gather every rank's logs (the replicated session's, plus ownership and
+        the rows each rank holds); rank 0 writes ``odin_run.json``."""
         self.drain()
-        mine = {
-            "rank": self.rank,
-            "engine": merge_engine_summaries(
-                self.engine_summaries + ([self.engine.summary()] if self.engine else [])
-            ),
-            "steps": self.records,
-            "phases": self.phase_records,
+        counters = self._engine_counters()  # every phase's engine: the run's totals
+        rows = {
             "ownership": self.reports,
             "owned_rows": self.layout.num_owned if self.layout is not None else None,
             "loaded_rows": self.loaded_rows,  # rows of a resumed checkpoint this rank read
             "resident_rows": self.model.num_points,
         }
-        ranks = self.gather(mine)
+        self.telemetry.finish(
+            counters,
+            counters,
+            self.replica_hash(),
+            Path(run_summary_path),
+            rank_extra=rows,
+            parallel="sharded",
+        )
         if self.rank == 0:
-            summary = {"world_size": self.world_size, "parallel": "sharded", "ranks": ranks}
-            Path(run_summary_path).parent.mkdir(parents=True, exist_ok=True)
-            Path(run_summary_path).write_text(json.dumps(summary, default=float))
             CONSOLE.log(f"Odin run summary written to {run_summary_path}")
 
     def busy(self, what: str):

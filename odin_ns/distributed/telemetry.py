@@ -27,6 +27,13 @@ def _plain(record: dict) -> dict:
     return {k: int(v) if isinstance(v, torch.Tensor) else v for k, v in record.items()}
 
 
+def _json_scalar(value):
+    """numpy scalars and 0-d tensors in a summary (ownership reports, counts) as numbers."""
+    if isinstance(value, np.generic | torch.Tensor):
+        return value.item()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
 def mean_rows_per_step(ranks: list[dict], key: str) -> float | None:
     """Mean over global steps of the step records' ``key`` summed over ranks (e.g.
     ``dependency_rows``: the rows of the plan's ``dependency_rows[t]`` [R, R] a step waits
@@ -102,6 +109,35 @@ class SyncTelemetry:
                 self._peer_engines[q] = counters
         return parts[0][2], [p[3] for p in parts]
 
+    def start_phase(
+        self,
+        panels,
+        counters: dict,
+        plan_check: tuple,
+        step: int,
+        with_steps: bool,
+    ) -> dict:
+        """A phase start's exchange (every rank, after the drain): ``exchange_at_phase_start``
+        with the panels' request and this rank's ``plan_check`` (plan hash, Gaussians);
+        raises if the ranks' checks differ (the replicas or the plans diverged). Returns the
+        panels' tau / K request, which every rank applies now ({} for none)."""
+        request, checks = self.exchange_at_phase_start(
+            panels.requested_settings() if panels is not None else {},
+            counters,
+            plan_check=plan_check,
+            with_steps=with_steps,
+        )
+        if len(set(checks)) != 1:
+            raise RuntimeError(
+                f"rank {self.rank}: ranks hold different (plan hash, Gaussians) {checks} at "
+                f"step {step}; the replicas have diverged"
+            )
+        return request
+
+    def snapshot_due(self, step: int, panels, every: int) -> bool:
+        """Whether rank 0's live panels want a new snapshot after ``step``."""
+        return panels is not None and panels.panels is not None and step % every == 0
+
     # ------------------------------------------------------------ views
     def live_run(self, engine: dict) -> dict:
         """Rank 0: the run so far as an ``odin_run.json``-shaped dict, recent window only
@@ -125,8 +161,11 @@ class SyncTelemetry:
         snap["step"] = step
         self.snapshot = snap
 
-    def run_summary(self, engine_summary: dict, replica_hash: str) -> dict:
-        """Every rank's logs and engine summary (an all-gather; call on every rank)."""
+    def run_summary(
+        self, engine_summary: dict, replica_hash: str, rank_extra: dict | None = None
+    ) -> dict:
+        """Every rank's logs and engine summary (an all-gather; call on every rank).
+        ``rank_extra``: more per-rank entries (sharded mode: ownership, rows held)."""
         mine = {
             "rank": self.rank,
             "replica_hash": replica_hash,
@@ -134,6 +173,7 @@ class SyncTelemetry:
             "steps": [_plain(r) for r in self.steps],
             "phases": self.phases,
             "structural_changes": self.structural,
+            **(rank_extra or {}),
         }
         ranks: list = [None] * self.world_size
         dist.all_gather_object(ranks, mine)
@@ -145,6 +185,25 @@ class SyncTelemetry:
             "ranks": ranks,
         }
 
+    def finish(
+        self,
+        counters: dict,
+        engine_summary: dict,
+        replica_hash: str,
+        path: Path,
+        rank_extra: dict | None = None,
+        **run_extra,
+    ) -> dict:
+        """End of training (every rank, after the last drain): peers' last steps reach
+        rank 0, whose panels get a final snapshot of the whole end; every rank's logs are
+        gathered and rank 0 writes ``odin_run.json`` (``run_extra``: more top-level keys)."""
+        self.exchange_at_phase_start({}, counters)
+        if self.rank == 0 and self.steps:
+            self.refresh_snapshot(self.steps[-1]["step"], counters)
+        summary = {**self.run_summary(engine_summary, replica_hash, rank_extra), **run_extra}
+        self.write_run_summary(summary, path)
+        return summary
+
     def write_run_summary(self, summary: dict, path: Path) -> None:
         """Rank 0: write ``odin_run.json`` (with the live snapshot the panels last showed)
         and the run's headline figures to nerfstudio's writer."""
@@ -152,7 +211,7 @@ class SyncTelemetry:
             return
         out = dict(summary, live_snapshot=self.snapshot)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(out, indent=1))
+        path.write_text(json.dumps(out, indent=1, default=_json_scalar))
         waits = [sum(s["wait_s"] for s in r["steps"]) for r in summary["ranks"]]
         writer.put_scalar("odin/total_wait_s_max_rank", max(waits), step=0)
         hidden = wait_hidden(snapshot_from_run(summary))

@@ -103,6 +103,12 @@ class SyncConfig:
         """The heartbeat period used: ``heartbeat_s``, at most ``timeout_s / 4``."""
         return min(self.heartbeat_s, self.timeout_s / 4)
 
+    def apply_panel_request(self, request: dict) -> None:
+        """Take the viewer panels' tau / K request (``{}``, or ``{"tau": .., "K": ..}``, as
+        the phase-start exchange brings it to every rank at once)."""
+        self.tau = float(request.get("tau", self.tau))
+        self.staleness_window = int(request.get("K", self.staleness_window))
+
 
 @dataclass
 class StepMetrics:
