@@ -11,13 +11,16 @@ Per step ``t`` (all sizes and peers known from the plan, ``StepTables``):
 - **before**: wait until (a) every owned row of the read set has its last planned update
   before ``t`` applied here, and (b) every *push* for ``t`` has arrived: owner ``o`` sends
   reader ``r`` the rows ``r`` reads at ``t`` that some rank wrote earlier in the phase, as
-  soon as the last of those updates is applied (pushes per pair go in (ready step, t)
-  order, so FIFO receives match);
+  soon as the last of those rows' updates is applied (pushes per pair go in (ready step,
+  t) order, so FIFO receives match);
 - **after backward**: send the gradient rows of non-owned rows to their owners, one
   message per owner; file the own rows' gradients;
-- **apply** (owner, in step order): step ``s``'s update of the owned rows once every writer
-  of ``s`` has arrived, summed in rank order (``ops.accumulate_ready_rows``) and applied
-  with ``ops.apply_ready_rows``, as ``UpdateLog`` does: bitwise the replicated update.
+- **apply** (owner, per row in version order): row p's step-``s`` update once every
+  writer of p at ``s`` has arrived and p's previous planned write is applied, summed in
+  rank order and applied with selective Adam: the owner's ``UpdateLog`` over its owned
+  rows (its "footprints" are, per writer, the owned rows it wrote), the replicated
+  engine's apply, so bitwise the replicated update. A push leaves once every row in it
+  has its last update before the read applied.
 
 **Throughput-first** (``sync.mode``): ``before_step`` decides on the step's pending
 sources (owned rows still waiting for a writer's gradient, cached rows whose push is late)
@@ -44,6 +47,7 @@ waits on the owner.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -59,6 +63,7 @@ from odin_ns.runtime.errors import SyncTimeout
 from odin_ns.runtime.liveness import PeerSilence
 from odin_ns.runtime.sharded_admission import PendingSource, ShardedAdmission
 from odin_ns.runtime.transport import Transport, has_credits
+from odin_ns.runtime.update_log import UpdateLog
 
 GRAD, PUSH = 0, 1
 
@@ -120,19 +125,34 @@ class Step:
     own_rows: np.ndarray  # local ids (owned) of own reads, global order
     union: np.ndarray  # [U] sorted owned local ids anyone writes at this step
     positions: dict[int, np.ndarray]  # writer q -> [M_q] positions in union (global order)
-    need_owned: int  # owned reads need local steps <= this applied (-1: none)
     own_prev: np.ndarray  # [len(own_rows)] last planned write before t of each own read
     push_in: dict[int, np.ndarray]  # owner -> local cache ids refreshed by its push
 
 
 @dataclass
 class Push:
-    """One push of owned rows to a reader, sent once step ``ready`` is applied."""
+    """One push of owned rows to a reader, sent once each row's last update before the read
+    (``prev``) is applied."""
 
-    ready: int  # local step after whose apply the rows are sent
+    ready: int  # the latest of ``prev``: its order in the pair's push list
     step: int  # local step at which the reader reads them
     peer: int  # reader (push out) or owner (push in)
     rows: np.ndarray  # local ids (owned rows out / cache rows in), global order
+    prev: np.ndarray  # [len(rows)] local step of each row's last write before ``step``
+
+
+class OwnedWrites:
+    """The plan as an owner's ``UpdateLog`` reads it: at local step s, writer q's
+    "footprint" is the owned local ids of the rows q reads (and writes) that this rank owns
+    ([M_q] sorted; the order of q's gradient message)."""
+
+    def __init__(self, steps: Sequence[Step]):
+        self.steps = steps
+
+    def step_footprint(self, s: int, q: int) -> np.ndarray:
+        st = self.steps[s]
+        pos = st.positions.get(q)
+        return st.union[pos] if pos is not None else np.empty(0, dtype=np.int64)
 
 
 def step_tables(plan, layout: ShardLayout, num_ranks: int):
@@ -162,7 +182,7 @@ def step_tables(plan, layout: ShardLayout, num_ranks: int):
             if sel.any():
                 rows = layout.local(mine[sel])
                 push_in[o] = rows
-                inn[o].append(Push(int(prevs[me][sel].max()), t, o, rows))
+                inn[o].append(Push(int(prevs[me][sel].max()), t, o, rows, prevs[me][sel]))
         owned_parts = [r[owner[r] == me] for r in reads]
         union_g = np.unique(np.concatenate(owned_parts))
         positions = {
@@ -171,9 +191,9 @@ def step_tables(plan, layout: ShardLayout, num_ranks: int):
         for q in out:
             sel = (owner[reads[q]] == me) & (prevs[q] >= 0)
             if sel.any():
-                out[q].append(Push(int(prevs[q][sel].max()), t, q, layout.local(reads[q][sel])))
+                prev = prevs[q][sel]
+                out[q].append(Push(int(prev.max()), t, q, layout.local(reads[q][sel]), prev))
         mine_owned = own_of == me
-        need = int(prevs[me][mine_owned].max()) if mine_owned.any() else -1
         steps.append(
             Step(
                 reads=layout.local(mine),
@@ -182,7 +202,6 @@ def step_tables(plan, layout: ShardLayout, num_ranks: int):
                 own_rows=layout.local(mine[mine_owned]),
                 union=layout.local(union_g),
                 positions=positions,
-                need_owned=need,
                 own_prev=prevs[me][mine_owned],
                 push_in=push_in,
             )
@@ -225,7 +244,8 @@ class ShardedEngine:
         grads: transport of gradient rows (its own gloo group).
         pushes: transport of pushed parameter rows (another gloo group).
         step_offset: global step of the plan's local step 0.
-        versions: [O] int64 last applied global step of each owned row.
+        versions: [O] int64 last applied global step of each owned row (brought up to date
+            at every ``drain``).
         timeout_s: deadline of every wait (of peers' silence, with ``silence``).
         silence: the session's ``PeerSilence``: a wait lasts while a peer says it is busy
             (rank 0 evaluating, writing a checkpoint, a paused viewer); None: plain deadlines.
@@ -284,11 +304,22 @@ class ShardedEngine:
                 for q in lists:
                     lists[q] = [p for p in lists[q] if p.step < len(self.steps)]
         self.num_steps = len(self.steps)
+        # the owned rows' pending updates, applied per row in version order
+        o = layout.num_owned
+        owned = [dataclasses.replace(g, param=g.param.data[:o]) for g in self.groups]
+        self.log = UpdateLog(
+            owned,  # the table's owned prefix (views: applied in place)
+            OwnedWrites(self.steps),
+            world_size,
+            step_offset,
+            versions if versions.device.type == "cpu" else versions.cpu(),
+            observe_sum=None if self.admission is None else self.admission.observe_apply,
+            silent_when_empty=True,
+        )
+        self._versions = self.log.versions.numpy()  # [O] host view of the applied steps
         self.metrics: list[ShardedMetrics] = []
         self._cur = ShardedMetrics(step=-1)
         self.done = -1  # own steps finished (gradients filed)
-        self.applied = -1  # local steps applied on owned rows
-        self.parts: dict[int, dict[int, Tensor]] = {}  # step -> writer -> [M_q, W] rows
         self.push_got: dict[int, int] = {}  # step -> pushes received for it
         self.grad_posted = dict.fromkeys(self.inn, -1)  # per peer: steps posted up to
         self.push_posted = dict.fromkeys(self.inn, 0)  # per owner: pushes posted (count)
@@ -332,8 +363,7 @@ class ShardedEngine:
                 got += 1
                 self._cur.bytes_recv += a.buf.numel() * a.buf.element_size()
                 if kind == GRAD:
-                    s = a.step // 2 - self.offset
-                    self.parts.setdefault(s, {})[a.peer] = a.buf.to(self.device)
+                    self.log.add(a.step // 2 - self.offset, a.peer, a.buf.to(self.device))
                 else:
                     self._absorb_push(a.peer, a.step // 2, a.buf)
             err = tx.failure()
@@ -357,59 +387,45 @@ class ShardedEngine:
         if self.admission is not None:
             self.admission.observe_push(push.rows, push.step, buf[:, -1])
 
-    def _ready(self, s: int) -> bool:
-        if s > self.done:
-            return False
-        got = self.parts.get(s, {})
-        return all(q in got for q in self.steps[s].positions)
+    def _lagging(self, rows: np.ndarray, prev: np.ndarray) -> np.ndarray:
+        """[K] bool: which owned local ``rows`` lack their update of local step ``prev``
+        (-1: no update in the phase, so none is lacking)."""
+        return (prev >= 0) & (self._versions[rows] < self.offset + prev)
+
+    def _current(self, rows: np.ndarray, prev: np.ndarray) -> bool:
+        """Whether owned local ``rows`` have their updates up to local steps ``prev``."""
+        return not self._lagging(rows, prev).any()
+
+    def lagging_owned_reads(self, t: int) -> tuple[np.ndarray, int | None]:
+        """Local step t's owned reads whose last planned update before t is not applied yet
+        ([K] local ids), and the oldest local step of an update they lack (None: K = 0)."""
+        st = self.steps[t]
+        rows = st.own_rows[self._lagging(st.own_rows, st.own_prev)]
+        if rows.size == 0:
+            return rows, None
+        return rows, self.log.oldest_unapplied(t, torch.from_numpy(rows))
 
     @torch.no_grad()
     def _apply_ready(self) -> None:
+        """Apply every owned row whose writers all arrived (in version order), then send
+        the pushes that became current."""
         self._send_deferred()  # queued pushes, if credits came back
-        while self.applied + 1 < self.num_steps and self._ready(self.applied + 1):
-            s = self.applied + 1
-            tic = time.perf_counter()
-            st = self.steps[s]
-            parts = self.parts.pop(s, {})
-            if st.union.size:
-                u = st.union.size
-                acc = torch.zeros(u, self.width, dtype=torch.float32, device=self.device)
-                ready = torch.ones(u, dtype=torch.bool, device=self.device)
-                for q in range(self.world):  # fixed rank order: bitwise the replicated sum
-                    if q in parts:
-                        pos = torch.from_numpy(st.positions[q]).to(self.device)
-                        ops.accumulate_ready_rows(acc, ready, pos, parts[q])
-                step = self.offset + s
-                o = self.layout.num_owned
-                union = torch.from_numpy(st.union).to(self.device)
-                if self.admission is not None:
-                    self.admission.observe_apply(union, acc)
-                ops.apply_ready_rows(
-                    [g.param.data[:o] for g in self.groups],
-                    [g.exp_avg for g in self.groups],
-                    [g.exp_avg_sq for g in self.groups],
-                    union,
-                    acc,
-                    ready,
-                    [g.lr_at(step) for g in self.groups],
-                    [g.betas for g in self.groups],
-                    [g.eps for g in self.groups],
-                    step,
-                    self.versions,
-                )
-                self._cur.rows_applied += u
-            self.applied = s
-            self._flush_pushes(s)
+        tic = time.perf_counter()
+        applied = self.log.apply_ready()
+        if applied:
+            self._cur.rows_applied += applied
+            self._flush_pushes()
             self._cur.apply_s += time.perf_counter() - tic
 
     @torch.no_grad()
-    def _flush_pushes(self, s: int) -> None:
-        """Send every push whose last update (local step <= s) is now applied: at once while
-        the reader has credits, else packed now (the rows change at the next apply) and
-        queued behind the pair's earlier pushes (``_send_deferred``)."""
+    def _flush_pushes(self) -> None:
+        """Send every push, in each pair's order, whose rows are current (their last update
+        before the read applied): at once while the reader has credits, else packed now
+        (the rows change at a later apply) and queued behind the pair's earlier pushes
+        (``_send_deferred``)."""
         for q, pushes in self.out.items():
             k = self.push_sent[q]
-            while k < len(pushes) and pushes[k].ready <= s:
+            while k < len(pushes) and self._current(pushes[k].rows, pushes[k].prev):
                 rows = torch.from_numpy(pushes[k].rows).to(self.device)
                 columns = [g.param.detach().reshape(g.param.shape[0], -1) for g in self.groups]
                 buf = ops.pack_rows(rows, columns)
@@ -480,7 +496,9 @@ class ShardedEngine:
             st = self.steps[t]
             expected = len(st.push_in)
             self._wait(
-                lambda: self.applied >= st.need_owned and self.push_got.get(t, 0) >= expected,
+                lambda: (
+                    self._current(st.own_rows, st.own_prev) and self.push_got.get(t, 0) >= expected
+                ),
                 what,
                 t,
             )
@@ -494,10 +512,17 @@ class ShardedEngine:
         planned update is not applied yet, and each owner's push for t not arrived yet."""
         st = self.steps[t]
         out = []
-        if self.applied < st.need_owned:
-            s = self.applied + 1
-            rows = st.own_rows[st.own_prev > self.applied]
-            out.append(PendingSource(self.rank, rows, s, lambda s=s: self.applied >= s))
+        rows, s = self.lagging_owned_reads(t)
+        if rows.size:
+            prev = st.own_prev[np.searchsorted(st.own_rows, rows)]
+            out.append(
+                PendingSource(
+                    self.rank,
+                    rows,
+                    s,
+                    lambda rows=rows, prev=prev: not self._lagging(rows, prev).all(),
+                )
+            )
         for o, rows in st.push_in.items():
             k = self._push_of[(o, t)]
             if self.push_recv[o] <= k:
@@ -562,7 +587,9 @@ class ShardedEngine:
             self._note_inflight(self.grads_tx, o)
         if st.own_rows.size:
             own = ops.pack_rows(torch.from_numpy(st.own_rows).to(self.device), columns)
-            self.parts.setdefault(t, {})[self.rank] = own
+            self.log.add(t, self.rank, own)
+        else:
+            self.log.record(t)  # the step's record exists (drain and admission read it)
         self.done = t
         self._poll()
         self._apply_ready()
@@ -576,13 +603,15 @@ class ShardedEngine:
                 self.push_tx.post_recv(q, self._key(PUSH, k), self._tag(PUSH, k),
                                        pushes[k].rows.size, self.pwidth)  # fmt: skip
             self.push_posted[q] = len(pushes)
-        self._wait(lambda: self.applied >= last, "drain", last)
+        self._wait(lambda: self.log.oldest_unapplied(last + 1) is None, "drain", last)
 
         def sent() -> bool:
             idle = self.grads_tx.oldest_unsent() is None and self.push_tx.oldest_unsent() is None
             return idle and not any(self._deferred.values())
 
         self._wait(sent, "drain (sends)", last)
+        if self.versions is not self.log.versions:  # the caller's copy on the device
+            self.versions.copy_(self.log.versions)
 
     def summary(self) -> dict:
         ms = self.metrics

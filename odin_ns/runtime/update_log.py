@@ -18,12 +18,15 @@ So deciding what is ready never reads the device; apply runs by mask.
 
 An optional ``ApplyHook`` sees every applied row set around its Adam update (the MCMC
 strategy's lazy position noise, ``odin_ns.distributed.mcmc_noise``); with the default
-``hook=None`` the apply path is unchanged.
+``hook=None`` the apply path is unchanged. The sharded engine (``runtime.sharded``) keeps
+its owned rows' updates in an ``UpdateLog`` too: its "footprints" are, per writer, the
+owned rows the writer read, and ``silent_when_empty`` says a writer with none of them sends
+nothing for the step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -55,9 +58,18 @@ class PendingStep:
         last_write: [N] int64 host, per primitive the last planned write before ``step``
             (or its version at bind time); read for ``prev``.
         device: the parameters' device.
+        silent_when_empty: a rank with an empty footprint sends nothing for the step (its
+            part counts as received); False: every rank publishes every step.
     """
 
-    def __init__(self, step: int, footprints: list[Tensor], last_write: Tensor, device):
+    def __init__(
+        self,
+        step: int,
+        footprints: list[Tensor],
+        last_write: Tensor,
+        device,
+        silent_when_empty: bool = False,
+    ):
         self.step = step
         self.footprints = footprints  # per rank [M_q] int64 (host)
         ids, counts = torch.unique(torch.cat(footprints), sorted=True, return_counts=True)
@@ -71,7 +83,7 @@ class PendingStep:
         self.ids_data = ids.to(device)  # [U] on the parameters' device
         # per rank (positions on device [M_q], rows [M_q, W] on device), in rank order
         self.parts: list[tuple[Tensor, Tensor] | None] = [None] * len(footprints)
-        self.received = [False] * len(footprints)
+        self.received = [silent_when_empty and fp.numel() == 0 for fp in footprints]
         self.done = ids.numel() == 0  # every row applied
 
     def add(self, q: int, rows: Tensor) -> None:
@@ -99,6 +111,10 @@ class UpdateLog:
         step_offset: global step of the plan's local step 0.
         versions: [N] int64 host version vector to continue from (updated in place).
         hook: optional ``ApplyHook`` called around every apply (None: no call).
+        observe_sum: optional ``f(ids, acc)`` called after every apply with the applied
+            rows ([K] int64, parameters' device) and their summed rows ([K, W] float32,
+            visible count last): the sharded throughput-first evidence. None: no call.
+        silent_when_empty: ``PendingStep``'s; True for the sharded engine.
     """
 
     def __init__(
@@ -109,9 +125,13 @@ class UpdateLog:
         step_offset: int,
         versions: Tensor,
         hook: ApplyHook | None = None,
+        observe_sum: Callable[[Tensor, Tensor], None] | None = None,
+        silent_when_empty: bool = False,
     ):
         self.groups = list(groups)
         self.hook = hook
+        self.observe_sum = observe_sum
+        self.silent_when_empty = silent_when_empty
         self.plan = plan
         self.world_size = world_size
         self.step_offset = step_offset
@@ -136,7 +156,9 @@ class UpdateLog:
                 torch.as_tensor(np.asarray(self.plan.step_footprint(s, q)), dtype=torch.int64)
                 for q in range(self.world_size)
             ]
-            rec = PendingStep(self.step_offset + s, fps, self._last_write, self.device)
+            rec = PendingStep(
+                self.step_offset + s, fps, self._last_write, self.device, self.silent_when_empty
+            )
             self._last_write[rec.ids] = rec.step
             self.pending[s] = rec
             self.created = s
@@ -166,12 +188,18 @@ class UpdateLog:
         rec = self.pending[s]
         return rec.prev[torch.searchsorted(rec.ids, ids)]
 
-    def oldest_unapplied(self, before: int) -> int | None:
-        """Oldest local step < ``before`` with a row not yet applied, or None."""
+    def oldest_unapplied(self, before: int, ids: Tensor | None = None) -> int | None:
+        """Oldest local step < ``before`` with a row not yet applied (of ``ids``, [K] int64
+        host sorted, if given), or None."""
         for s, rec in self.pending.items():
             if s >= before:
                 break
-            if not rec.done:
+            if rec.done:
+                continue
+            if ids is None:
+                return s
+            pos = torch.searchsorted(rec.ids, ids).clamp_(max=max(rec.ids.numel() - 1, 0))
+            if bool(((rec.ids[pos] == ids) & ~rec.applied[pos]).any()):
                 return s
         return None
 
@@ -236,6 +264,8 @@ class UpdateLog:
         )
         if hook is not None:
             hook.after_apply(rec.step, ids)
+        if self.observe_sum is not None:
+            self.observe_sum(rec.ids_data[ready_data], acc[ready_data])
 
 
 __all__ = ["ApplyHook", "PendingStep", "UpdateLog"]

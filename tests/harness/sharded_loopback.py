@@ -49,10 +49,13 @@ def run_sharded_loopback(
     seed: int,
     slow_s: float,
     observe: Callable[[ShardedEngine, int], object] | None = None,
+    step_offset: int = 0,
     **engine_kwargs,
 ) -> tuple[list[torch.Tensor], dict[int, LoopbackRank]]:
     """Train both ranks over ``plan``; (the whole model per group assembled from the owners'
-    rows, per rank its ``LoopbackRank``)."""
+    rows, per rank its ``LoopbackRank``). ``step_offset`` > 0: the phase starts at that
+    global step, and the owned rows' versions are what an earlier phase left (each row's
+    last update some step before ``step_offset``, seeded)."""
     out: dict[int, LoopbackRank] = {}
     n = owner.size
 
@@ -81,8 +84,10 @@ def run_sharded_loopback(
             2,
             hubs[0].transport(rank),
             hubs[1].transport(rank),
-            step_offset=0,
-            versions=torch.full((o,), -1, dtype=torch.int64),
+            step_offset=step_offset,
+            versions=torch.from_numpy(
+                np.random.default_rng(seed).integers(-1, step_offset, n)[layout.owned]
+            ),
             timeout_s=30.0,
             **engine_kwargs,
         )
