@@ -95,7 +95,7 @@ class OdinTrainer(Trainer):
     pipeline: OdinPipeline
     session: DistributedSession | None = None
     _resumed: dict[str, Any] | None = None  # the checkpoint's "odin" entry, same world size
-    _loaded_rows: int | None = None  # sharded resume: N of the checkpoint ranks read ranges of
+    _checkpoint_rows: int | None = None  # sharded resume: N of the checkpoint read in ranges
     _densifier: ReplicatedDensifier | None = None  # one process, B > 1: per-view statistics
 
     @property
@@ -172,7 +172,7 @@ class OdinTrainer(Trainer):
         phase = resumed["phase"] if resumed is not None else None
         if self.sharded:
             return sharded_session.open_session(
-                self, resumed_phase=phase, loaded_rows=self._loaded_rows
+                self, resumed_phase=phase, checkpoint_rows=self._checkpoint_rows
             )
         return DistributedSession(
             self.pipeline,
@@ -424,7 +424,7 @@ class OdinTrainer(Trainer):
             path, n, world_size, int(self.config.pipeline.max_rows_per_rank), "sharded"
         )
         bounds = row_ranges(n, world_size)
-        self._loaded_rows = n
+        self._checkpoint_rows = n
         return take_rows(loaded, int(bounds[self._rank]), int(bounds[self._rank + 1]))
 
     def _check_checkpoint_gaussians(self, path: Path, loaded: Mapping) -> None:

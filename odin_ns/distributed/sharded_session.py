@@ -154,7 +154,7 @@ class ShardedSession:
         resumed_phase: a checkpoint's ``PhaseController.resume_state`` (same world size:
             the first phase continues the plan's epoch where the checkpointed run was), or
             None.
-        loaded_rows: N of the checkpoint this run resumes from, or None (a fresh run, whose
+        checkpoint_rows: N of the checkpoint this run resumes from, or None (a fresh run, whose
             ranks all hold the whole initial model). On resume each rank's model and
             optimizers hold only its contiguous range of the checkpoint's rows and their
             moments (``sharded_checkpoint.row_ranges``, the trainer's load); the first
@@ -174,7 +174,7 @@ class ShardedSession:
         stop_step: int | None = None,
         ownership: str = "locality",
         viewer_copy: bool = False,
-        loaded_rows: int | None = None,
+        checkpoint_rows: int | None = None,
     ):
         config = pipeline.config
         self._resumed_phase = resumed_phase
@@ -224,9 +224,10 @@ class ShardedSession:
         self.layout: ShardLayout | None = None
         self.moments: tuple[dict, dict] | None = None  # exp_avg, exp_avg_sq per group [O]
         self.versions: torch.Tensor | None = None  # [O] int64
-        self.loaded_rows = None if loaded_rows is None else self.model.num_points
-        if loaded_rows is not None:
-            self._hold_loaded_range(int(loaded_rows))
+        # rows of the resumed checkpoint this rank read (its range), None in a fresh run
+        self.loaded_rows = None if checkpoint_rows is None else self.model.num_points
+        if checkpoint_rows is not None:
+            self._hold_loaded_range(int(checkpoint_rows))
         self.densifier = ReplicatedDensifier(self.model.strategy, self.model.strategy_state, 0)
         self.densifier.seed = self.seed
         self.densifier.ensure_state(self.num_rows, self.model.means.device)
@@ -742,8 +743,11 @@ class ShardedSession:
                 n: (p.data.clone(), torch.zeros_like(p.data), torch.zeros_like(p.data))
                 for n, p in self.model.gauss_params.items()
             }
-        rows = self._owned_rows()
-        owned = {n: (rows.params[n], rows.exp_avg[n], rows.exp_avg_sq[n]) for n in GAUSSIAN_GROUPS}
+        o, (exp_avg, exp_avg_sq) = self.layout.num_owned, self.moments
+        owned = {  # views of the table's owned prefix and the moments: sent, never changed
+            n: (self.model.gauss_params[n].data[:o], exp_avg[n], exp_avg_sq[n])
+            for n in GAUSSIAN_GROUPS
+        }
         return merge_owned_rows(
             owned,
             self.layout.owned,
@@ -863,12 +867,12 @@ def merge_engine_summaries(parts: list[dict]) -> dict:
 
 
 def open_session(
-    trainer, resumed_phase: dict | None = None, loaded_rows: int | None = None
+    trainer, resumed_phase: dict | None = None, checkpoint_rows: int | None = None
 ) -> ShardedSession:
     """The trainer's sharded session, after the checks of what sharded mode refuses.
 
     ``resumed_phase``: the checkpoint's phase state when it resumes on the same world size.
-    ``loaded_rows``: the checkpoint's N when the trainer loaded each rank's range of it.
+    ``checkpoint_rows``: the checkpoint's N when the trainer loaded each rank's range of it.
     """
     check_sharded_config(trainer.config, trainer.pipeline.world_size)
     if getattr(trainer.pipeline.model, "mcmc_noise", None) is not None:
@@ -882,5 +886,5 @@ def open_session(
         ownership=trainer.pipeline.config.ownership,
         resumed_phase=resumed_phase,
         viewer_copy=trainer.viewer_on,
-        loaded_rows=loaded_rows,
+        checkpoint_rows=checkpoint_rows,
     )

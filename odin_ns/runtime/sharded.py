@@ -144,15 +144,19 @@ class Push:
 class OwnedWrites:
     """The plan as an owner's ``UpdateLog`` reads it: at local step s, writer q's
     "footprint" is the owned local ids of the rows q reads (and writes) that this rank owns
-    ([M_q] sorted; the order of q's gradient message)."""
+    ([M_q] sorted; the order of q's gradient message), from the step tables' union and
+    positions (``step_union``: nothing is searched again)."""
 
-    def __init__(self, steps: Sequence[Step]):
+    def __init__(self, steps: Sequence[Step], num_ranks: int):
         self.steps = steps
+        self.num_ranks = num_ranks
 
-    def step_footprint(self, s: int, q: int) -> np.ndarray:
+    def step_union(self, s: int) -> tuple[Tensor, list[Tensor]]:
+        """(owned local ids [U] written at local step s, per writer its positions in them)."""
         st = self.steps[s]
-        pos = st.positions.get(q)
-        return st.union[pos] if pos is not None else np.empty(0, dtype=np.int64)
+        empty = np.empty(0, dtype=np.int64)
+        positions = [st.positions.get(q, empty) for q in range(self.num_ranks)]
+        return torch.from_numpy(st.union), [torch.from_numpy(p) for p in positions]
 
 
 def step_tables(plan, layout: ShardLayout, num_ranks: int):
@@ -309,7 +313,7 @@ class ShardedEngine:
         owned = [dataclasses.replace(g, param=g.param.data[:o]) for g in self.groups]
         self.log = UpdateLog(
             owned,  # the table's owned prefix (views: applied in place)
-            OwnedWrites(self.steps),
+            OwnedWrites(self.steps, world_size),
             world_size,
             step_offset,
             versions if versions.device.type == "cpu" else versions.cpu(),

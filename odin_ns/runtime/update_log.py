@@ -60,6 +60,9 @@ class PendingStep:
         device: the parameters' device.
         silent_when_empty: a rank with an empty footprint sends nothing for the step (its
             part counts as received); False: every rank publishes every step.
+        union: the caller's (ids [U] sorted unique, per rank the [M_q] positions of its
+            footprint in ids), when it has them already (the sharded engine's step tables):
+            then ``footprints`` is not searched again.
     """
 
     def __init__(
@@ -69,16 +72,22 @@ class PendingStep:
         last_write: Tensor,
         device,
         silent_when_empty: bool = False,
+        union: tuple[Tensor, list[Tensor]] | None = None,
     ):
         self.step = step
         self.footprints = footprints  # per rank [M_q] int64 (host)
-        ids, counts = torch.unique(torch.cat(footprints), sorted=True, return_counts=True)
+        if union is None:
+            ids, counts = torch.unique(torch.cat(footprints), sorted=True, return_counts=True)
+            positions = [torch.searchsorted(ids, fp) for fp in footprints]
+        else:
+            ids, positions = union
+            counts = torch.bincount(torch.cat(positions), minlength=ids.numel())
         self.ids = ids  # [U] int64 (host)
         self.prev = last_write[ids]  # [U] int64 planned previous write of each row
         self.expected = counts.to(torch.int32)  # [U] writers per row
         self.arrived = torch.zeros_like(self.expected)  # [U] int32
         self.applied = torch.zeros(ids.shape, dtype=torch.bool)  # [U]
-        self.positions = [torch.searchsorted(ids, fp) for fp in footprints]  # [M_q] into U
+        self.positions = positions  # per rank [M_q] int64 positions into U
         self.device = device
         self.ids_data = ids.to(device)  # [U] on the parameters' device
         # per rank (positions on device [M_q], rows [M_q, W] on device), in rank order
@@ -150,14 +159,24 @@ class UpdateLog:
         later step can never overtake an earlier update of the same primitive that this
         replica has not heard of yet.
         """
+        step_union = getattr(self.plan, "step_union", None)  # the sharded engine's tables
         while self.created < t:
             s = self.created + 1
-            fps = [
-                torch.as_tensor(np.asarray(self.plan.step_footprint(s, q)), dtype=torch.int64)
-                for q in range(self.world_size)
-            ]
+            union = step_union(s) if step_union is not None else None
+            if union is not None:
+                fps = [union[0][p] for p in union[1]]
+            else:
+                fps = [
+                    torch.as_tensor(np.asarray(self.plan.step_footprint(s, q)), dtype=torch.int64)
+                    for q in range(self.world_size)
+                ]
             rec = PendingStep(
-                self.step_offset + s, fps, self._last_write, self.device, self.silent_when_empty
+                self.step_offset + s,
+                fps,
+                self._last_write,
+                self.device,
+                self.silent_when_empty,
+                union,
             )
             self._last_write[rec.ids] = rec.step
             self.pending[s] = rec
