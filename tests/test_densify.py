@@ -17,6 +17,7 @@ import pytest
 import torch
 from gsplat.strategy import DefaultStrategy, MCMCStrategy
 from gsplat.strategy import ops as gsplat_ops
+from harness.toy import spawn_ranks
 
 from odin_ns.distributed.densify import (
     MCMCDensifier,
@@ -160,6 +161,46 @@ def test_apply_equals_gsplat_refine_step():
     child = ~same
     expected = before["scales"][parents][child] - math.log(1.6)
     assert torch.allclose(ours_params["scales"][child], expected, atol=1e-6)
+
+
+def statistics_rank(rank: int, world_size: int) -> dict:
+    """One of two ranks: its own statistics (rank-dependent), a reset-only step 0, then a
+    refine step 5; the statistics each step leaves, and the sum the refine saw."""
+    gen = torch.Generator().manual_seed(2)
+    params = _params(gen)
+    opts = _optimizers(params)
+    strategy = _strategy(absgrad=False)
+    densifier = ReplicatedDensifier(strategy, strategy.initialize_state(), SEED)
+    assert densifier.is_reset_step(0) and not densifier.is_refine_step(0)
+    assert densifier.is_refine_step(5)
+    densifier.ensure_state(N, torch.device("cpu"))
+    own = torch.arange(N, dtype=torch.float32) * (rank + 1) * 1e-6  # below the grow threshold
+    densifier.state["grad2d"] += own
+    densifier.state["count"] += rank + 1
+    densifier.apply(0, params, opts)
+    after_reset = {k: densifier.state[k].clone() for k in ("grad2d", "count")}
+    seen = {}
+    real = strategy._grow_gs
+
+    def grow(params, optimizers, state, step):  # record what the refine reads
+        seen.update({k: state[k].clone() for k in ("grad2d", "count")})
+        return real(params, optimizers, state, step)
+
+    strategy._grow_gs = grow
+    densifier.apply(5, params, opts)
+    return {"own": own, "after_reset": after_reset, "refine_saw": seen}
+
+
+def test_statistics_are_summed_once_at_the_refine_not_at_a_reset(tmp_path):
+    """A reset-only structural step leaves every rank its own statistics; the next refine
+    reads their plain sum (summing at the reset too would count those steps R times)."""
+    codes, results, errors, _ = spawn_ranks(statistics_rank, 2, tmp_path, timeout_s=120)
+    assert codes == [0, 0], errors
+    for rank, res in enumerate(results):
+        assert torch.equal(res["after_reset"]["grad2d"], res["own"])
+        assert torch.equal(res["after_reset"]["count"], torch.full((N,), float(rank + 1)))
+        assert torch.equal(res["refine_saw"]["grad2d"], results[0]["own"] + results[1]["own"])
+        assert torch.equal(res["refine_saw"]["count"], torch.full((N,), 3.0))
 
 
 def test_schedule_matches_gsplat_conditions():

@@ -142,7 +142,8 @@ class ReplicatedDensifier:
         params: torch.nn.ParameterDict,
         optimizers: Mapping[str, torch.optim.Optimizer],
     ) -> np.ndarray:
-        """Sum the statistics across ranks and make step ``step``'s structural change.
+        """Make step ``step``'s structural change (a refine first sums the statistics
+        across ranks).
 
         Call on every rank after the runtime has drained, at a step where ``is_structural``
         holds. The collectives are the same on every rank in the same order (a rank that
@@ -156,11 +157,15 @@ class ReplicatedDensifier:
         num_rows = params["means"].shape[0]
         device = params["means"].device
         self.ensure_state(num_rows, device)
-        if dist.is_initialized():
+        refine, reset = self.is_refine_step(step), self.is_reset_step(step)
+        # Only a refine reads the statistics (and zeroes them): summed there, once. Summed
+        # at a reset-only step too, every rank would keep the sum and the next refine would
+        # count the steps before the reset R times (every rank knows which step is which,
+        # so all issue the same collectives).
+        if refine and dist.is_initialized():
             for key, op in _REDUCTIONS:
                 if key in self.state:  # the same keys on every rank (ensure_state)
                     dist.all_reduce(self.state[key], op=op)
-        refine, reset = self.is_refine_step(step), self.is_reset_step(step)
         parents = torch.arange(num_rows, device=device)
         with seeded_global_rng(self.seed * 1_000_003 + step):
             if refine:

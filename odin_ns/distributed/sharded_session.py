@@ -565,7 +565,8 @@ class ShardedSession:
         self.rendezvous(f"structural step {step}")  # before the all-reduce below
         state = self.densifier.state
         self.densifier.ensure_state(self.num_rows, self.model.means.device)
-        all_reduce_statistics(state, self.group)
+        if self.densifier.is_refine_step(step):  # as the replicated densifier: summed once
+            all_reduce_statistics(state, self.group)
         rows = self._owned_rows()
         before = self.num_rows
         sources = np.arange(before)  # each row's row before the change (footprint reuse)
