@@ -67,9 +67,14 @@ def require_slack_kernel() -> None:
 
 def test_compiled_slack_equals_its_twin_whatever_rows_a_rank_holds():
     """The kernel against ``footprint_slack_reference``: the same views bind (the same
-    infinities), values within 2 ulp (torch's vectorised square root is not always
-    correctly rounded, the kernel's is), and each row's slack bitwise the same whichever
-    share of the rows it is computed in (ranks compute their own shares)."""
+    infinities), values within 2e-6 relative, and each row's slack bitwise the same
+    whichever share of the rows it is computed in (ranks compute their own shares).
+
+    Both are float32 chains with a cancellation (the disc's miss distance), evaluated in
+    different orders (torch's vectorised kernels; the compiled loop, with fused
+    multiply-adds where the compiler contracts them): on an AVX-512 host each is within
+    3.3e-6 of a float64 evaluation, and they differ by up to 11 ulp (1.0e-6 relative) over
+    20 random scenes. An earlier bound of 2 ulp held on the machine that set it only."""
     require_slack_kernel()
     from odin_ns.distributed.phase import (
         GaussianRows,
@@ -87,7 +92,7 @@ def test_compiled_slack_equals_its_twin_whatever_rows_a_rank_holds():
     assert torch.equal(torch.isinf(got), torch.isinf(want))
     assert 0 < int(torch.isfinite(got).sum()) < 900
     finite = torch.isfinite(want)
-    torch.testing.assert_close(got[finite], want[finite], rtol=2.5e-7, atol=0.0)
+    torch.testing.assert_close(got[finite], want[finite], rtol=2e-6, atol=0.0)
     for share in (np.arange(0, 900, 3), np.arange(450, 900)):
         ids = torch.from_numpy(share)
         part = GaussianRows.of(rows, ids)

@@ -194,8 +194,9 @@ def footprint_slack(
 
     Cost: O(V N) time. On host tensors the compiled kernel (``torch.ops.odin.footprint_slack``,
     one pass over the pairs, no temporaries: street, 24 views x 16k Gaussians, 18 -> 5 ms)
-    when the CPU library is built, else ``footprint_slack_reference`` (within 2 ulp: torch's
-    vectorised square root is not always correctly rounded); both are elementwise, so a
+    when the CPU library is built, else ``footprint_slack_reference`` (within 2e-6 relative:
+    float32 chains evaluated in other orders, each within 3.3e-6 of float64); both are
+    elementwise, so a
     row's slack does not depend on which rows a rank computes with it. Fine for
     hundreds of views, not for city captures of thousands (there it belongs in
     ``compute_footprints``' culling, whose boxes bound d).
