@@ -102,7 +102,7 @@ def _preflight(args: argparse.Namespace, rest: list[str]) -> None:
 
 
 @contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
+def environment(values: dict[str, str]) -> Iterator[None]:
     """``os.environ`` with ``values`` set (torchrun's children inherit it), then restored."""
     saved = {key: os.environ.get(key) for key in values}
     os.environ.update(values)
@@ -171,7 +171,7 @@ def _run_torchrun(args: argparse.Namespace, rest: list[str], worker_module: str)
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
     }
     try:
-        with _environment(env):
+        with environment(env):
             run(parse_args(_torchrun_args(args, rest, worker_module)))
     except ChildFailedError as err:
         print(err.format_msg(), file=sys.stderr)  # torchrun's own report

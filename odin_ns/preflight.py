@@ -189,11 +189,11 @@ def check_checkpoint_gaussians(
     pipeline_state: Mapping[str, Any],
     optimizers_state: Mapping[str, Any] | None,
     row_shapes: Mapping[str, tuple[int, ...]],
-) -> None:
+) -> int:
     """The checkpoint's Gaussians fit the model the config builds: every group present, the
     same row count N in every group, each group's row shape as ``row_shapes`` says (a
     different ``--pipeline.model.sh-degree`` changes ``features_rest``), and the Adam moments
-    (where saved) shaped like their parameters."""
+    (where saved) shaped like their parameters. Returns N."""
     prefix = f"cannot resume from checkpoint '{path}':"
     params = {}
     for name in row_shapes:
@@ -223,6 +223,7 @@ def check_checkpoint_gaussians(
                     f"{prefix} the Adam moment {key} of '{name}' is {list(moment.shape)}, "
                     f"its parameters {list(param.shape)}"
                 )
+    return next(iter(rows.values()))
 
 
 def check_checkpoint_fits_config(path: Path | None, model_config: Any) -> int | None:
@@ -241,11 +242,7 @@ def check_checkpoint_fits_config(path: Path | None, model_config: Any) -> int | 
         return None
     if not (isinstance(state, Mapping) and isinstance(state.get("pipeline"), Mapping)):
         return None
-    check_checkpoint_gaussians(path, state["pipeline"], state.get("optimizers"), row_shapes)
-    means = state["pipeline"].get("_model.gauss_params.means")
-    if means is None:
-        means = state["pipeline"].get("_model.means")
-    return int(means.shape[0])
+    return check_checkpoint_gaussians(path, state["pipeline"], state.get("optimizers"), row_shapes)
 
 
 def check_checkpoint_row_cap(

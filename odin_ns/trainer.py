@@ -45,12 +45,7 @@ from odin_ns.distributed.optimizer_binding import (
     store_plain_float_learning_rates,
 )
 from odin_ns.distributed.session import DistributedSession
-from odin_ns.distributed.sharded_checkpoint import (
-    checkpoint_rows,
-    read_checkpoint,
-    row_ranges,
-    take_rows,
-)
+from odin_ns.distributed.sharded_checkpoint import read_checkpoint, row_ranges, take_rows
 from odin_ns.errors import OdinInputError, first_line
 from odin_ns.model import GAUSSIAN_GROUPS
 from odin_ns.pipeline import OdinPipeline
@@ -394,9 +389,9 @@ class OdinTrainer(Trainer):
             raise OdinInputError(
                 f"cannot resume from checkpoint '{path}': {first_line(err)}"
             ) from err
-        self._check_checkpoint_gaussians(path, loaded)
+        rows = self._check_checkpoint_gaussians(path, loaded)
         if self.sharded and isinstance(self.pipeline, OdinPipeline) and self.pipeline.distributed:
-            loaded = self._take_loaded_range(path, loaded)
+            loaded = self._take_loaded_range(path, loaded, rows)
         try:
             self.pipeline.load_pipeline(loaded["pipeline"], loaded["step"])
             rebind_optimizer_params(
@@ -414,11 +409,11 @@ class OdinTrainer(Trainer):
         self._restore_odin_state(loaded.get("odin"), path)
         CONSOLE.print(f"Done loading Nerfstudio checkpoint from {path}")
 
-    def _take_loaded_range(self, path: Path, loaded: Mapping) -> dict:
-        """Sharded resume: the checkpoint with only this rank's contiguous range of its
-        Gaussians and their moments (``sharded_checkpoint.take_rows``), so no rank reads the
-        whole model; the session's first phase start moves the rows to their owners."""
-        n = checkpoint_rows(loaded)
+    def _take_loaded_range(self, path: Path, loaded: Mapping, n: int) -> dict:
+        """Sharded resume: the checkpoint (of ``n`` Gaussians) with only this rank's
+        contiguous range of its Gaussians and their moments (``sharded_checkpoint.take_rows``),
+        so no rank reads the whole model; the session's first phase start moves the rows to
+        their owners."""
         world_size = self.pipeline.world_size
         check_checkpoint_row_cap(
             path, n, world_size, int(self.config.pipeline.max_rows_per_rank), "sharded"
@@ -427,19 +422,21 @@ class OdinTrainer(Trainer):
         self._checkpoint_rows = n
         return take_rows(loaded, int(bounds[self._rank]), int(bounds[self._rank + 1]))
 
-    def _check_checkpoint_gaussians(self, path: Path, loaded: Mapping) -> None:
+    def _check_checkpoint_gaussians(self, path: Path, loaded: Mapping) -> int | None:
         """The checkpoint's Gaussians fit this run's model (group row counts agree, per-row
         shapes and moments match), before anything is loaded: one line, not a state-dict
-        size mismatch from deep inside torch."""
+        size mismatch from deep inside torch. Returns their number (None: no Gaussians)."""
         gauss = getattr(self.pipeline.model, "gauss_params", None)
         if not isinstance(loaded, Mapping) or not isinstance(loaded.get("pipeline"), Mapping):
             raise OdinInputError(
                 f"cannot resume from checkpoint '{path}': not a nerfstudio checkpoint"
             )
         if gauss is None:
-            return
+            return None
         shapes = {name: tuple(gauss[name].shape[1:]) for name in GAUSSIAN_GROUPS if name in gauss}
-        check_checkpoint_gaussians(path, loaded["pipeline"], loaded.get("optimizers"), shapes)
+        return check_checkpoint_gaussians(
+            path, loaded["pipeline"], loaded.get("optimizers"), shapes
+        )
 
     def _restore_odin_state(self, odin: dict | None, path: Path) -> None:
         model = self.pipeline.model

@@ -38,9 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import statistics
 import tempfile
 import threading
 import time
@@ -48,15 +46,11 @@ from pathlib import Path
 
 import numpy as np
 
+from odin_ns.bench.sync import spread
+from odin_ns.cuda.cases import SPLATFACTO_ROWS
+
 VARIANTS = ("streamed", "gathered")
-SHAPES = {
-    "means": (3,),
-    "scales": (3,),
-    "quats": (4,),
-    "features_dc": (3,),
-    "features_rest": (15, 3),
-    "opacities": (1,),
-}
+SHAPES = SPLATFACTO_ROWS  # group -> shape of one row, SH degree 3
 ROW_FLOATS = 3 * sum(int(np.prod(s)) for s in SHAPES.values())  # 177: params + 2 moments
 
 
@@ -242,6 +236,7 @@ def run_once(world_size: int, n: int, variant: str) -> list[dict]:
     import torch.multiprocessing as mp
 
     from odin_ns.bench.commands import free_port
+    from odin_ns.launch import environment
 
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
@@ -249,16 +244,15 @@ def run_once(world_size: int, n: int, variant: str) -> list[dict]:
     # large blocks always from mmap (glibc's threshold otherwise grows with what was freed),
     # so freeing them gives the pages back and RssAnon follows what is live
     env = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "MALLOC_MMAP_THRESHOLD_": "65536"}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     try:
         port = free_port()
         procs = [
             ctx.Process(target=_worker, args=(r, world_size, port, n, variant, workdir, out))
             for r in range(world_size)
         ]
-        for p in procs:
-            p.start()
+        with environment(env):  # the spawned ranks inherit it
+            for p in procs:
+                p.start()
         for p in procs:
             p.join(900)
         codes = [p.exitcode for p in procs]
@@ -266,16 +260,7 @@ def run_once(world_size: int, n: int, variant: str) -> list[dict]:
             raise RuntimeError(f"shard_io {variant} on {world_size} ranks: exit codes {codes}")
         return out.get()
     finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def summarize(runs: dict[int, dict[str, list[list[dict]]]], n: int) -> dict:
@@ -292,7 +277,7 @@ def summarize(runs: dict[int, dict[str, list[list[dict]]]], n: int) -> dict:
                 "save_s": [max(x["save_s"] for x in r) for r in rounds],
                 "load_s": [max(x["load_s"] for x in r) for r in rounds],
             }
-            entry[variant] = {k: _spread(v) for k, v in per_round.items()} | {"rounds": rounds}
+            entry[variant] = {k: spread(v) for k, v in per_round.items()} | {"rounds": rounds}
             for key, short in (("save_peak_mb_rank0", "save"), ("load_peak_mb_max", "load")):
                 ratio = entry[variant][key]["median"] / model_mb
                 result[f"{short}_peak_over_model_{variant}_{world_size}"] = ratio

@@ -72,12 +72,6 @@ def _param_key(pipeline: Mapping[str, Any], name: str) -> str:
     return key if key in pipeline else f"_model.{name}"
 
 
-def checkpoint_rows(loaded: Mapping[str, Any]) -> int:
-    """N, the checkpoint's Gaussians (its ``means`` rows)."""
-    pipeline = loaded["pipeline"]
-    return int(pipeline[_param_key(pipeline, "means")].shape[0])
-
-
 def take_rows(loaded: Mapping[str, Any], lo: int, hi: int) -> dict:
     """``loaded`` with every Gaussian group's parameters and Adam moments cut to rows
     ``[lo, hi)`` (copied out of the map: only those rows are read); every other entry is
