@@ -2,8 +2,10 @@
 
 Real runs (gloo, street scene, across densifications): the merged checkpoint of sharded
 quality-first training equals replicated barrier training's checkpoint bitwise (parameters
-and Adam moments), each rank owns at most 1.1 N/R rows, and the 2-rank sharded checkpoint
-evaluates in single-process ns-eval. Evaluation during training and the live viewer run in
+and Adam moments), each rank owns at most 1.1 N/R rows, the 2-rank sharded checkpoint
+evaluates in single-process ns-eval, and the 3-rank one gives the replicated run's ns-eval
+PSNR and exports one PLY with every Gaussian. Sharded runs feed the sync panels and
+odin_run.json as replicated runs do. Evaluation during training and the live viewer run in
 the 2-rank runs: the sharded run's evaluation metrics (rank 0 renders its gathered copy of
 the model) equal the replicated run's at every evaluation step, and the viewer's copy is
 refreshed whole at every phase start. Unit tests: the per-rank step tables agree pairwise
@@ -271,8 +273,10 @@ def test_model_renders_its_eval_copy_when_not_training(runs):
 
 @pytest.mark.slow
 def test_sharded_checkpoint_evaluates_in_single_process(runs, tmp_path):
-    run = runs[2, "sharded"]
-    out = tmp_path / "eval.json"
+    assert _ns_eval_psnr(runs[2, "sharded"], tmp_path / "eval.json") > 10.0
+
+
+def _ns_eval_psnr(run: Path, out: Path) -> float:
     proc = subprocess.run(
         [str(BIN / "ns-eval"), "--load-config", str(run / "config.yml"), "--output-path", str(out)],
         capture_output=True,
@@ -280,7 +284,37 @@ def test_sharded_checkpoint_evaluates_in_single_process(runs, tmp_path):
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert json.loads(out.read_text())["results"]["psnr"] > 10.0
+    return float(json.loads(out.read_text())["results"]["psnr"])
+
+
+@pytest.mark.slow
+def test_3_rank_sharded_checkpoint_evaluates_and_exports_as_one_model(runs, tmp_path):
+    """The 3-rank sharded checkpoint in single-process tools: ns-eval gives the replicated
+    run's PSNR (the parameters are bitwise equal), and ns-export writes one PLY with every
+    Gaussian."""
+    sharded, replicated = runs[3, "sharded"], runs[3, "replicated"]
+    psnr = _ns_eval_psnr(sharded, tmp_path / "sharded.json")
+    assert psnr == _ns_eval_psnr(replicated, tmp_path / "replicated.json") and psnr > 10.0
+    means = _checkpoint(sharded)["pipeline"]["_model.gauss_params.means"]
+    assert torch.isfinite(means).all()
+    proc = subprocess.run(
+        [
+            str(BIN / "ns-export"),
+            "gaussian-splat",
+            "--load-config",
+            str(sharded / "config.yml"),
+            "--output-dir",
+            str(tmp_path / "ply"),
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    plys = list((tmp_path / "ply").glob("*.ply"))
+    assert len(plys) == 1
+    header = plys[0].read_bytes().split(b"end_header")[0].decode()
+    assert f"element vertex {means.shape[0]}" in header, header
 
 
 def _toy_plan(ranks: int, seed: int = 0):
