@@ -265,7 +265,8 @@ def test_two_ranks_train_v_views_in_v_over_2_steps(street_scene, tmp_path):
     """Schedule in views (the default): 40 views on 2 ranks = 20 steps; refine every 8
     views after an 8-view warm-up and a pause of 16 + 8 views after the step-0 reset: the
     single-process run refines at views 24 and 32, so the 2-rank run at steps 12 and 16
-    (a structural step ends a phase: the next phases start at 13 and 17)."""
+    (a refine ends a phase: the next phases start at 13 and 17; the step-0 opacity reset
+    runs in the first phase)."""
     extra = [
         "--max-num-iterations",
         "40",
@@ -280,7 +281,7 @@ def test_two_ranks_train_v_views_in_v_over_2_steps(street_scene, tmp_path):
     assert [len(r["steps"]) for r in ranks] == [20, 20]
     assert [s["step"] for s in ranks[0]["steps"]] == list(range(20))
     starts = [p["start_step"] for p in ranks[0]["phases"]]
-    assert starts == [0, 1, 13, 17], starts  # step 0: opacity reset; 12, 16: refine
+    assert starts == [0, 13, 17], starts  # 12, 16: refine (the step-0 reset: in phase)
 
     config = _method_config()
     config.max_num_iterations = 40

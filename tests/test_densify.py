@@ -214,8 +214,33 @@ def test_schedule_matches_gsplat_conditions():
         )
         assert densifier.is_refine_step(step) == refine
         assert densifier.is_reset_step(step) == (step % strategy.reset_every == 0)
-    assert densifier.next_structural_step(6, 100) == 10
-    assert densifier.next_structural_step(11, 14) is None
+    assert densifier.next_phase_end(6, 100) == 10
+    assert densifier.next_phase_end(11, 14) is None
+    # step 0 resets opacities only: structural, but the phase (and its plan) runs on
+    assert densifier.is_structural(0) and not densifier.ends_phase(0)
+    assert densifier.next_phase_end(0, 5) is None
+
+
+def test_reset_in_place_equals_gsplat_reset_opa():
+    """A reset-only step's in-place reset: the values gsplat's ``reset_opa`` gives (opacities
+    clamped, their moments zeroed, other groups untouched) on the same tensor objects."""
+    gen = torch.Generator().manual_seed(3)
+    strategy = _strategy(absgrad=False)
+    theirs = _params(gen)
+    ours = _clone(theirs)
+    before = theirs["opacities"].detach().clone()
+    theirs_opts, ours_opts = _optimizers(theirs), _optimizers(ours)  # moments to reset
+    gsplat_ops.reset_opa(theirs, theirs_opts, {}, value=strategy.prune_opa * 2.0)
+    assert not torch.equal(theirs["opacities"], before), "the case must clamp some rows"
+    tensor = ours["opacities"]
+    moment = ours_opts["opacities"].state[tensor]["exp_avg"]
+    ReplicatedDensifier(strategy, {}, SEED).reset_in_place(ours, ours_opts)
+    assert ours["opacities"] is tensor and ours_opts["opacities"].state[tensor]["exp_avg"] is moment
+    for key in theirs:
+        assert torch.equal(ours[key], theirs[key]), key
+        mine, ref = ours_opts[key].state[ours[key]], theirs_opts[key].state[theirs[key]]
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(mine[name], ref[name]), (key, name)
 
 
 def test_seeded_rng_restores_the_global_stream():
@@ -290,7 +315,7 @@ def test_mcmc_schedule_matches_gsplat_condition():
     for step in range(0, 1100):
         expected = 2 < step < 1000 and step % 5 == 0
         assert densifier.is_structural(step) == expected, step
-    assert densifier.next_structural_step(0, 100) == 5
-    assert densifier.next_structural_step(996, 2000) is None
+    assert densifier.next_phase_end(0, 100) == 5
+    assert densifier.next_phase_end(996, 2000) is None
     assert isinstance(make_densifier(strategy, {}, SEED), MCMCDensifier)
     assert isinstance(make_densifier(_strategy(False), {}, SEED), ReplicatedDensifier)

@@ -81,15 +81,33 @@ class ReplicatedDensifier:
         return step < s.refine_stop_iter and step % s.reset_every == 0
 
     def is_structural(self, step: int) -> bool:
-        """Whether ``step`` changes the primitive set or resets opacities (a phase boundary)."""
+        """Whether ``step`` changes the primitive set or resets opacities."""
         return self.is_refine_step(step) or self.is_reset_step(step)
 
-    def next_structural_step(self, start: int, stop: int) -> int | None:
-        """The first structural step in ``[start, stop)``, or None."""
+    def ends_phase(self, step: int) -> bool:
+        """Whether ``step``'s structural change ends the phase: a refine changes the
+        primitive set; an opacity reset alone only lowers opacities, in place
+        (``reset_in_place``), so every footprint stays a superset and the plan runs on."""
+        return self.is_refine_step(step)
+
+    def next_phase_end(self, start: int, stop: int) -> int | None:
+        """The first step in ``[start, stop)`` whose structural change ends the phase."""
         for step in range(start, min(stop, self.strategy.refine_stop_iter)):
-            if self.is_structural(step):
+            if self.ends_phase(step):
                 return step
         return None
+
+    def reset_in_place(
+        self, params: Mapping[str, Tensor], optimizers: Mapping[str, torch.optim.Optimizer]
+    ) -> None:
+        """gsplat's ``reset_opa`` at a reset-only step, on the same tensors (the runtime's
+        bound parameter groups keep theirs): ``reset_opacities_in_place`` on the opacities
+        and their Adam moments. Call on every replica after a drain, before anything later
+        is applied."""
+        opacities = params["opacities"]
+        state = optimizers["opacities"].state.get(opacities, {})
+        moments = [v for k, v in state.items() if k != "step" and isinstance(v, Tensor)]
+        reset_opacities_in_place(opacities.data, moments, self.strategy.prune_opa)
 
     # ------------------------------------------------------------ statistics
     def ensure_state(self, num_rows: int, device: torch.device) -> None:
@@ -192,6 +210,15 @@ class ReplicatedDensifier:
         return parents.cpu().numpy().astype(np.int64)
 
 
+@torch.no_grad()
+def reset_opacities_in_place(opacities: Tensor, moments: list[Tensor], prune_opa: float) -> None:
+    """gsplat's ``reset_opa`` (``DefaultStrategy``: value 2 x ``prune_opa``) in place, bitwise
+    its values: logit opacities [N, ...] clamped to logit(value), ``moments`` zeroed."""
+    opacities.clamp_(max=torch.logit(torch.tensor(prune_opa * 2.0)).item())
+    for moment in moments:
+        moment.zero_()
+
+
 class MCMCDensifier:
     """gsplat's MCMCStrategy (relocation and sampling of new Gaussians) on every replica.
 
@@ -225,10 +252,14 @@ class MCMCDensifier:
         s = self.strategy
         return s.refine_start_iter < step < s.refine_stop_iter and step % s.refine_every == 0
 
-    def next_structural_step(self, start: int, stop: int) -> int | None:
-        """The first structural step in ``[start, stop)``, or None."""
+    def ends_phase(self, step: int) -> bool:
+        """Every MCMC structural step (relocation, sampling) ends the phase."""
+        return self.is_structural(step)
+
+    def next_phase_end(self, start: int, stop: int) -> int | None:
+        """The first step in ``[start, stop)`` whose structural change ends the phase."""
         for step in range(start, min(stop, self.strategy.refine_stop_iter)):
-            if self.is_structural(step):
+            if self.ends_phase(step):
                 return step
         return None
 

@@ -240,7 +240,7 @@ class DistributedSession:
         """The first step of the coming phase after which it must end: a structural step or
         a checkpoint step (nerfstudio saves after steps ``k * steps_per_save``, k >= 1)."""
         stop = step + self.phases.max_phase_steps
-        candidates = [self.densifier.next_structural_step(step, stop)]
+        candidates = [self.densifier.next_phase_end(step, stop)]
         if self.checkpoint_every > 0:
             k = max(1, -(-step // self.checkpoint_every))  # ceil(step / every), at least 1
             if k * self.checkpoint_every < stop:
@@ -259,6 +259,16 @@ class DistributedSession:
         assert self.engine is not None
         self.engine.drain_and_apply_all()
         before = self.model.num_points
+        if not self.densifier.ends_phase(step):
+            # An opacity reset alone, in place: every update up to ``step`` is applied here
+            # (the drain; no rank publishes ``step + 1`` before every rank is past the
+            # rendezvous, so none is applied before the reset), and the plan runs on.
+            self.densifier.reset_in_place(self.model.gauss_params, self.optimizers.optimizers)
+            self.engine.rendezvous(f"opacity reset at step {step}")
+            self.telemetry.record_structural(
+                {"step": step, "gaussians_before": before, "gaussians_after": before}
+            )
+            return
         reuse = self.phases.reuse_shift_px > 0
         by_geometry = reuse and not self.densifier.returns_parents
         keys = geometry_keys(self.model) if by_geometry else None

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from nerfstudio.engine.optimizers import Optimizers
 from nerfstudio.utils.rich_utils import CONSOLE
 
-from odin_ns.distributed.densify import ReplicatedDensifier
+from odin_ns.distributed.densify import ReplicatedDensifier, reset_opacities_in_place
 from odin_ns.distributed.optimizer_binding import learning_rate_at, store_plain_float_learning_rates
 from odin_ns.distributed.phase import GaussianRows, PhaseController
 from odin_ns.distributed.sharded_checkpoint import merge_owned_rows, range_owner, remove_row_files
@@ -332,7 +332,7 @@ class ShardedSession:
     # ------------------------------------------------------------------ phases
     def _next_boundary(self, step: int) -> int | None:
         stop = step + self.phases.max_phase_steps
-        candidates = [self.densifier.next_structural_step(step, stop)]
+        candidates = [self.densifier.next_phase_end(step, stop)]
         if self.checkpoint_every > 0:
             k = max(1, -(-step // self.checkpoint_every))
             if k * self.checkpoint_every < stop:
@@ -563,6 +563,9 @@ class ShardedSession:
         assert self.engine is not None
         self.engine.drain()
         self.rendezvous(f"structural step {step}")  # before the all-reduce below
+        if not self.densifier.ends_phase(step):
+            self._reset_opacities_in_place(step)
+            return
         state = self.densifier.state
         self.densifier.ensure_state(self.num_rows, self.model.means.device)
         if self.densifier.is_refine_step(step):  # as the replicated densifier: summed once
@@ -614,6 +617,22 @@ class ShardedSession:
         )
         if self.rank == 0 and self.num_rows != before:
             CONSOLE.log(f"step {step}: densification {before} -> {self.num_rows} Gaussians")
+
+    def _reset_opacities_in_place(self, step: int) -> None:
+        """An opacity reset alone (after the drain and the rendezvous): the phase runs on.
+        Every push whose rows were current at ``step`` was sent in its owner's drain; once
+        they are in the table (``absorb_sent_pushes``: nothing else is applied meanwhile),
+        the reset clamps the whole table (owned rows and cache: a cached row then holds its
+        owner's reset value) and zeroes the owned rows' opacity moments. Later pushes are
+        packed after their owner's reset, and clamping twice changes nothing."""
+        self.engine.absorb_sent_pushes(step - self.phases.start_step)
+        moments = [m["opacities"] for m in self.moments]
+        opacities = self.model.gauss_params["opacities"].data
+        reset_opacities_in_place(opacities, moments, self.model.strategy.prune_opa)
+        n = self.num_rows
+        self.telemetry.record_structural(
+            {"step": step, "gaussians_before": n, "gaussians_after": n}
+        )
 
     @torch.no_grad()
     def _migrate_rows(

@@ -477,11 +477,7 @@ class ShardedEngine:
             self._apply_ready()
             if done():
                 return
-            if self.silence is None:
-                deadline = start + self.timeout_s
-            else:
-                deadline = self.silence.latest_deadline(peers, start)
-            if time.perf_counter() > deadline:
+            if time.perf_counter() > self._deadline(peers, start):
                 raise SyncTimeout(self.rank, -1, self.offset + t, f"timed out in {what}")
             self._poll(0.002)
 
@@ -616,6 +612,35 @@ class ShardedEngine:
         self._wait(sent, "drain (sends)", last)
         if self.versions is not self.log.versions:  # the caller's copy on the device
             self.versions.copy_(self.log.versions)
+
+    def absorb_sent_pushes(self, t: int) -> None:
+        """After every rank drained at local step t: take in every push whose rows were
+        current at t (``Push.ready <= t``: the owners sent them in their drains; ``drain``
+        posted their receives), and nothing else: no gradient is filed or applied, so an
+        in-place change of the table made next (the opacity reset) comes after them and
+        before any later update. Pushes sent since (packed after their owner's change) may
+        be taken in too."""
+        want = {o: sum(1 for p in pushes if p.ready <= t) for o, pushes in self.inn.items()}
+        start = time.perf_counter()
+        while any(self.push_recv[o] < n for o, n in want.items()):
+            for a in self.push_tx.take(0.002):
+                self._cur.bytes_recv += a.buf.numel() * a.buf.element_size()
+                self._absorb_push(a.peer, a.step // 2, a.buf)
+            err = self.push_tx.failure()
+            if err is not None:
+                raise err
+            owners = [o for o, n in want.items() if self.push_recv[o] < n]
+            if owners and time.perf_counter() > self._deadline(owners, start):
+                raise SyncTimeout(
+                    self.rank, owners[0], self.offset + t, "timed out taking in drained pushes"
+                )
+
+    def _deadline(self, peers: list[int], start: float) -> float:
+        """When a wait on ``peers`` that began at ``start`` times out (busy peers' beats
+        extend it)."""
+        if self.silence is None:
+            return start + self.timeout_s
+        return self.silence.latest_deadline(peers, start)
 
     def summary(self) -> dict:
         ms = self.metrics
