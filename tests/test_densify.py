@@ -24,8 +24,10 @@ from odin_ns.distributed.densify import (
     ReplicatedDensifier,
     compute_relocation_torch,
     make_densifier,
+    next_phase_end,
     seeded_global_rng,
 )
+from odin_ns.distributed.phase import PhaseController
 
 N = 400
 SEED = 7
@@ -214,11 +216,25 @@ def test_schedule_matches_gsplat_conditions():
         )
         assert densifier.is_refine_step(step) == refine
         assert densifier.is_reset_step(step) == (step % strategy.reset_every == 0)
-    assert densifier.next_phase_end(6, 100) == 10
-    assert densifier.next_phase_end(11, 14) is None
+    assert next_phase_end(densifier, 6, 100) == 10
+    assert next_phase_end(densifier, 11, 14) is None
     # step 0 resets opacities only: structural, but the phase (and its plan) runs on
     assert densifier.is_structural(0) and not densifier.ends_phase(0)
-    assert densifier.next_phase_end(0, 5) is None
+    assert next_phase_end(densifier, 0, 5) is None
+
+
+def test_phase_boundary_is_the_first_refine_or_checkpoint_step():
+    strategy = _strategy(absgrad=False)  # refines at 5, 10, 15, ...; step 0 resets only
+    densifier = ReplicatedDensifier(strategy, strategy.initialize_state(), SEED)
+    phases = PhaseController(0, 1, SEED, "odin", max_phase_steps=8, margin_px=0.0)
+    assert phases.boundary(6, densifier, checkpoint_every=0) == 10  # the refine
+    assert phases.boundary(6, densifier, checkpoint_every=7) == 7  # the checkpoint first
+    assert phases.boundary(0, densifier, checkpoint_every=3) == 3  # k >= 1: never step 0
+    assert phases.boundary(0, densifier, checkpoint_every=0) == 5  # not the step-0 reset
+    short = PhaseController(0, 1, SEED, "odin", max_phase_steps=4, margin_px=0.0)
+    assert short.boundary(11, densifier, checkpoint_every=0) is None  # 15 is the stop
+    assert short.boundary(11, densifier, checkpoint_every=14) == 14
+    assert short.boundary(11, densifier, checkpoint_every=15) is None
 
 
 def test_reset_in_place_equals_gsplat_reset_opa():
@@ -315,7 +331,7 @@ def test_mcmc_schedule_matches_gsplat_condition():
     for step in range(0, 1100):
         expected = 2 < step < 1000 and step % 5 == 0
         assert densifier.is_structural(step) == expected, step
-    assert densifier.next_phase_end(0, 100) == 5
-    assert densifier.next_phase_end(996, 2000) is None
+    assert next_phase_end(densifier, 0, 100) == 5
+    assert next_phase_end(densifier, 996, 2000) is None
     assert isinstance(make_densifier(strategy, {}, SEED), MCMCDensifier)
     assert isinstance(make_densifier(_strategy(False), {}, SEED), ReplicatedDensifier)

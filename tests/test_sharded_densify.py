@@ -134,8 +134,12 @@ def test_owners_grow_and_prune_like_gsplat(monkeypatch, ranks):
 
 def test_reset_opacities_like_gsplat():
     params, m, v, _ = _model(100, seed=0)
-    rows = OwnedRows(dict(params), dict(m), dict(v))
-    reset_opacities(rows, 0.2)
+    rows = OwnedRows(
+        {k: t.clone() for k, t in params.items()},
+        {k: t.clone() for k, t in m.items()},
+        {k: t.clone() for k, t in v.items()},
+    )
+    reset_opacities(rows, 0.1)  # gsplat's DefaultStrategy resets to 2 x prune_opa
     cap = torch.logit(torch.tensor(0.2)).item()
     assert torch.equal(rows.params["opacities"], torch.clamp(params["opacities"], max=cap))
     assert not rows.exp_avg["opacities"].any() and not rows.exp_avg_sq["opacities"].any()

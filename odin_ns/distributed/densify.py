@@ -90,13 +90,6 @@ class ReplicatedDensifier:
         (``reset_in_place``), so every footprint stays a superset and the plan runs on."""
         return self.is_refine_step(step)
 
-    def next_phase_end(self, start: int, stop: int) -> int | None:
-        """The first step in ``[start, stop)`` whose structural change ends the phase."""
-        for step in range(start, min(stop, self.strategy.refine_stop_iter)):
-            if self.ends_phase(step):
-                return step
-        return None
-
     def reset_in_place(
         self, params: Mapping[str, Tensor], optimizers: Mapping[str, torch.optim.Optimizer]
     ) -> None:
@@ -210,6 +203,17 @@ class ReplicatedDensifier:
         return parents.cpu().numpy().astype(np.int64)
 
 
+def next_phase_end(
+    densifier: ReplicatedDensifier | MCMCDensifier, start: int, stop: int
+) -> int | None:
+    """The first step in ``[start, stop)`` whose structural change ends the phase
+    (``densifier.ends_phase``); None if there is none before ``stop``."""
+    for step in range(start, min(stop, densifier.strategy.refine_stop_iter)):
+        if densifier.ends_phase(step):
+            return step
+    return None
+
+
 @torch.no_grad()
 def reset_opacities_in_place(opacities: Tensor, moments: list[Tensor], prune_opa: float) -> None:
     """gsplat's ``reset_opa`` (``DefaultStrategy``: value 2 x ``prune_opa``) in place, bitwise
@@ -255,13 +259,6 @@ class MCMCDensifier:
     def ends_phase(self, step: int) -> bool:
         """Every MCMC structural step (relocation, sampling) ends the phase."""
         return self.is_structural(step)
-
-    def next_phase_end(self, start: int, stop: int) -> int | None:
-        """The first step in ``[start, stop)`` whose structural change ends the phase."""
-        for step in range(start, min(stop, self.strategy.refine_stop_iter)):
-            if self.ends_phase(step):
-                return step
-        return None
 
     def ensure_state(self, num_rows: int, device: torch.device) -> None:
         """The binomial table on the parameters' device (MCMC keeps no per-row statistics)."""

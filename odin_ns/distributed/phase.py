@@ -24,6 +24,7 @@ from nerfstudio.cameras.cameras import Cameras
 from torch import Tensor
 
 from odin_ns.cuda import ops
+from odin_ns.distributed.densify import next_phase_end
 from odin_ns.model import OdinSplatfactoModel, get_viewmat
 from odin_ns.schedule import Plan, build_plan, compute_footprints, plan_conflict
 from odin_ns.schedule.footprint import jacobian_bound
@@ -486,6 +487,20 @@ class PhaseController:
     def due(self, step: int) -> bool:
         """Whether a new phase starts at ``step``."""
         return self.plan is None or step >= self.end_step
+
+    def boundary(self, step: int, densifier, checkpoint_every: int) -> int | None:
+        """The last step of a phase starting at ``step``, if it must end before
+        ``max_phase_steps``: the first structural step that ends a phase
+        (``densify.next_phase_end``) or checkpoint step (nerfstudio saves after steps
+        ``k * checkpoint_every``, k >= 1; 0: no checkpoints), whichever comes first."""
+        stop = step + self.max_phase_steps
+        candidates = [next_phase_end(densifier, step, stop)]
+        if checkpoint_every > 0:
+            k = max(1, -(-step // checkpoint_every))  # ceil(step / every), at least 1
+            if k * checkpoint_every < stop:
+                candidates.append(k * checkpoint_every)
+        found = [c for c in candidates if c is not None]
+        return min(found) if found else None
 
     def end_after(self, step: int, sources: np.ndarray | None = None) -> None:
         """End the current phase after ``step`` (a structural step changed the model).

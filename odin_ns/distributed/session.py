@@ -198,7 +198,7 @@ class DistributedSession:
             step,
             self.model,
             self.datamanager.train_dataset.cameras,
-            self._next_boundary(step),
+            self.phases.boundary(step, self.densifier, self.checkpoint_every),
             resumed=self._resumed_phase,
         )
         self._resumed_phase = None
@@ -235,18 +235,6 @@ class DistributedSession:
         toc = time.perf_counter()
         record.drain_s, record.bind_s, record.phase_start_s = drain_s, toc - bind_tic, toc - tic
         self.telemetry.record_phase(vars(record))
-
-    def _next_boundary(self, step: int) -> int | None:
-        """The first step of the coming phase after which it must end: a structural step or
-        a checkpoint step (nerfstudio saves after steps ``k * steps_per_save``, k >= 1)."""
-        stop = step + self.phases.max_phase_steps
-        candidates = [self.densifier.next_phase_end(step, stop)]
-        if self.checkpoint_every > 0:
-            k = max(1, -(-step // self.checkpoint_every))  # ceil(step / every), at least 1
-            if k * self.checkpoint_every < stop:
-                candidates.append(k * self.checkpoint_every)
-        found = [c for c in candidates if c is not None]
-        return min(found) if found else None
 
     def _dependency_rows(self, step: int) -> int:
         """Rows of this rank's read set at ``step`` that the plan says it waits for: the

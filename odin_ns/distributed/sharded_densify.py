@@ -34,7 +34,7 @@ from gsplat.strategy import DefaultStrategy
 from gsplat.utils import normalized_quat_to_rotmat
 from torch import Tensor
 
-from odin_ns.distributed.densify import _REDUCTIONS, seeded_global_rng
+from odin_ns.distributed.densify import _REDUCTIONS, reset_opacities_in_place, seeded_global_rng
 from odin_ns.schedule.ownership import capacity
 
 
@@ -214,13 +214,12 @@ def balance_new_rows(
     return out
 
 
-@torch.no_grad()
-def reset_opacities(rows: OwnedRows, value: float) -> None:
-    """gsplat's ``reset_opa`` on owned rows: clamp logit opacities, zero their moments."""
-    cap = torch.logit(torch.tensor(value)).item()
-    rows.params["opacities"] = torch.clamp(rows.params["opacities"], max=cap)
-    rows.exp_avg["opacities"] = torch.zeros_like(rows.exp_avg["opacities"])
-    rows.exp_avg_sq["opacities"] = torch.zeros_like(rows.exp_avg_sq["opacities"])
+def reset_opacities(rows: OwnedRows, prune_opa: float) -> None:
+    """gsplat's ``reset_opa`` on owned rows (``reset_opacities_in_place``, the replicated
+    densifier's: one definition of the ceiling): clamp their logit opacities, zero their
+    opacity moments. ``rows``' tensors are changed in place."""
+    moments = [rows.exp_avg["opacities"], rows.exp_avg_sq["opacities"]]
+    reset_opacities_in_place(rows.params["opacities"], moments, prune_opa)
 
 
 __all__ = [

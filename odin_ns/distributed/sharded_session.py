@@ -330,16 +330,6 @@ class ShardedSession:
         return merge_engine_summaries(self.engine_summaries + current)
 
     # ------------------------------------------------------------------ phases
-    def _next_boundary(self, step: int) -> int | None:
-        stop = step + self.phases.max_phase_steps
-        candidates = [self.densifier.next_phase_end(step, stop)]
-        if self.checkpoint_every > 0:
-            k = max(1, -(-step // self.checkpoint_every))
-            if k * self.checkpoint_every < stop:
-                candidates.append(k * self.checkpoint_every)
-        found = [c for c in candidates if c is not None]
-        return min(found) if found else None
-
     def _owned_rows(self) -> OwnedRows:
         """This rank's owned rows (copies of the table's owned prefix) with moments."""
         assert self.layout is not None and self.moments is not None
@@ -385,7 +375,7 @@ class ShardedSession:
             step,
             self.model,
             self.datamanager.train_dataset.cameras,
-            self._next_boundary(step),
+            self.phases.boundary(step, self.densifier, self.checkpoint_every),
             resumed=self._resumed_phase,
         )
         self._resumed_phase = None
@@ -598,7 +588,7 @@ class ShardedSession:
                 if key in state and state[key] is not None:
                     state[key] = torch.zeros(self.owner.size, device=self.model.means.device)
         if self.densifier.is_reset_step(step):
-            reset_opacities(rows, self.model.strategy.prune_opa * 2.0)
+            reset_opacities(rows, self.model.strategy.prune_opa)  # fresh rows: in place
         o = rows.params["means"].shape[0]
         self.versions = torch.full((o,), step, dtype=torch.int64, device=self.model.means.device)
         # the table is the owned rows until the next phase start adds the cache

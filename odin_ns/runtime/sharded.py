@@ -361,19 +361,26 @@ class ShardedEngine:
 
     # ------------------------------------------------------------ progress
     def _poll(self, timeout: float = 0.0) -> int:
-        got = 0
-        for tx, kind in ((self.grads_tx, GRAD), (self.push_tx, PUSH)):
-            for a in tx.take(timeout if got == 0 and kind == PUSH else 0.0):
-                got += 1
-                self._cur.bytes_recv += a.buf.numel() * a.buf.element_size()
-                if kind == GRAD:
-                    self.log.add(a.step // 2 - self.offset, a.peer, a.buf.to(self.device))
-                else:
-                    self._absorb_push(a.peer, a.step // 2, a.buf)
-            err = tx.failure()
-            if err is not None:
-                raise err
-        return got
+        """Take in every arrived gradient (filed in the log) and push (written to the
+        table); waits up to ``timeout`` seconds for a push if no gradient came. Returns how
+        many arrived."""
+        got = self._take(self.grads_tx, GRAD, 0.0)
+        return got + self._take(self.push_tx, PUSH, timeout if got == 0 else 0.0)
+
+    def _take(self, tx: Transport, kind: int, timeout: float) -> int:
+        """Take in what ``tx`` (``kind``: GRAD or PUSH) has received, waiting up to
+        ``timeout`` seconds for the first; raise its transport's failure. Returns the count."""
+        arrived = tx.take(timeout)
+        for a in arrived:
+            self._cur.bytes_recv += a.buf.numel() * a.buf.element_size()
+            if kind == GRAD:
+                self.log.add(a.step // 2 - self.offset, a.peer, a.buf.to(self.device))
+            else:
+                self._absorb_push(a.peer, a.step // 2, a.buf)
+        err = tx.failure()
+        if err is not None:
+            raise err
+        return len(arrived)
 
     @torch.no_grad()
     def _absorb_push(self, owner: int, k: int, buf: Tensor) -> None:
@@ -623,12 +630,7 @@ class ShardedEngine:
         want = {o: sum(1 for p in pushes if p.ready <= t) for o, pushes in self.inn.items()}
         start = time.perf_counter()
         while any(self.push_recv[o] < n for o, n in want.items()):
-            for a in self.push_tx.take(0.002):
-                self._cur.bytes_recv += a.buf.numel() * a.buf.element_size()
-                self._absorb_push(a.peer, a.step // 2, a.buf)
-            err = self.push_tx.failure()
-            if err is not None:
-                raise err
+            self._take(self.push_tx, PUSH, 0.002)
             owners = [o for o, n in want.items() if self.push_recv[o] < n]
             if owners and time.perf_counter() > self._deadline(owners, start):
                 raise SyncTimeout(
