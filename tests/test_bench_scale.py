@@ -23,7 +23,7 @@ from odin_ns.bench.simulate import (
     ring_allreduce_seconds,
     tf_needs,
 )
-from odin_ns.bench.sync import aggregate_rounds, pair_ratios, rotated_orders
+from odin_ns.bench.sync import CONTROL, TRAIN_MODE, aggregate_rounds, pair_ratios, rotated_orders
 from odin_ns.bench.trace import fit_cost_model, fit_jitter
 
 FAST = Network("ideal", 0.5, 1e30)  # 0.5 s latency, no bandwidth cost
@@ -143,6 +143,11 @@ def test_rotated_orders_and_same_round_ratios():
     np.testing.assert_allclose(pairs["qf_vs_barrier"]["throughput"], [1.1, 1.05, 1.0])
     agg = aggregate_rounds([r["barrier"] for r in rounds])
     assert agg["views_per_second"] == 10.0 and agg["views_per_second_max"] == 20.0
+    # the A/A control trains barrier and is reported against it like any mode
+    assert TRAIN_MODE[CONTROL] == "barrier"
+    control = [dict(r, **{CONTROL: r["quality-first"]}) for r in rounds]
+    pairs = pair_ratios(control, ["barrier", CONTROL])
+    np.testing.assert_allclose(pairs["again_vs_barrier"]["throughput"], [1.1, 1.05, 1.0])
 
 
 def test_sharded_ownership_by_hand():
@@ -256,3 +261,15 @@ def test_saved_allreduce_calibration_round_trip(tmp_path):
     assert record["samples"][0]["num_bytes"] == 2**21 and record["cpu_idle_before"] == 0.99
     with pytest.raises(ValueError, match="no sample on 3 ranks"):
         allreduce_calibration([3], [], saved=path)
+
+
+def test_sync_control_without_barrier_is_refused_before_any_run(tmp_path, capsys):
+    from odin_ns.bench import sync
+
+    out = tmp_path / "sync.json"
+    argv = ["--data", str(tmp_path), "--modes", "quality-first", "--control", "--out", str(out)]
+    with pytest.raises(SystemExit) as exc:
+        sync.main([*argv, "--work-dir", str(tmp_path / "runs")])
+    assert exc.value.code == 2
+    assert "--modes must include barrier" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not out.exists() and not (tmp_path / "runs").exists()

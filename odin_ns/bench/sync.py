@@ -16,7 +16,10 @@ PSNR on the held-out views of round 0's runs. Figures come from each run's ``odi
 start seconds). Per mode, ``mean_dependency_rows_per_step`` is the run's plan density: the
 rows of the dependency table ``dependency_rows[t]`` [R, R] a step waits for, summed over
 ranks, averaged over steps (``odin_run.json``); ``--method odin-splatfacto-mcmc`` shows the
-noise adds none. Writes JSON, a PNG of round 0's timelines and ``<out>_ratios.png``.
+noise adds none. ``--control`` adds an A/A control: barrier trained a second time in every
+round (``barrier-again``, rotated like the modes); its same-round ratio to barrier,
+``throughput_ratio_again_vs_barrier``, is the spread this machine puts on the ratio of two
+runs that do bitwise the same work (``max_param_diff_again_vs_barrier``: 0). Writes JSON, a PNG of round 0's timelines and ``<out>_ratios.png``.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ from odin_ns.bench.commands import (
 )
 
 SHORT = {"ddp": "ddp", "barrier": "barrier", "quality-first": "qf", "throughput-first": "tf"}
+CONTROL = "barrier-again"  # --control: barrier once more per round (the A/A control)
+SHORT[CONTROL] = "again"
+TRAIN_MODE = {CONTROL: "barrier"}  # the engine mode a benchmark mode trains with
 BASES = ("barrier", "ddp")  # ratios are reported against these
 CONSOLE = Console()
 
@@ -68,7 +74,7 @@ def _train(args, mode: str, out: Path, name: str, port: int) -> Path:
         *quiet_flags(save_every=10 * args.steps),
         *("--machine.seed", str(args.seed)),
         *schedule_flags(warmup=args.warmup, refine_every=args.refine_every),
-        *("--pipeline.sync.mode", mode),
+        *("--pipeline.sync.mode", TRAIN_MODE.get(mode, mode)),
         *args.extra,
     ]
     downscale = args.downscale_factor
@@ -332,6 +338,11 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--no-eval", action="store_true", help="skip ns-eval (no PSNR)")
     parser.add_argument(
+        "--control",
+        action="store_true",
+        help=f"A/A control: barrier again in every round, as mode '{CONTROL}'",
+    )
+    parser.add_argument(
         "--work-dir", type=Path, default=None, help="default: outputs/bench_sync/<data name>"
     )
     parser.add_argument("--out", type=Path, required=True)
@@ -345,9 +356,9 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--repeats must be >= 1")
     requested = [m.strip() for m in args.modes.split(",") if m.strip()]
     known = available_modes()
-    unknown = [m for m in requested if m not in SHORT]
+    unknown = [m for m in requested if m not in SHORT or m == CONTROL]
     if unknown:
-        parser.error(f"unknown modes {unknown}; choose from {sorted(SHORT)}")
+        parser.error(f"unknown modes {unknown}; choose from {sorted(set(SHORT) - {CONTROL})}")
     missing = [m for m in requested if m not in known]
     modes = [m for m in requested if m in known]
     if missing:
@@ -356,6 +367,10 @@ def main(argv: list[str] | None = None) -> dict:
         )
     if not modes:
         parser.error(f"none of {requested} exists in this engine (MODES = {known})")
+    if args.control:
+        if "barrier" not in modes:
+            parser.error("--control trains barrier again: --modes must include barrier")
+        modes.append(CONTROL)
 
     orders = rotated_orders(modes, args.repeats)
     if args.repeats > 1 and args.repeats % len(modes):
@@ -406,7 +421,7 @@ def main(argv: list[str] | None = None) -> dict:
         figures = aggregate_rounds([r[mode] for r in rounds])
         figures["run_dirs"] = run_dirs[mode]
         figures["run_dir"] = run_dirs[mode][0]
-        if not args.no_eval:
+        if not args.no_eval and mode != CONTROL:  # the control's PSNR is barrier's
             figures["psnr"] = _psnr(Path(run_dirs[mode][0]))  # round 0's run
         figures["ideal_share"] = figures["views_per_second"] / figures["ideal_views_per_second"]
         results["modes"][mode] = figures
