@@ -19,7 +19,8 @@ ranks, averaged over steps (``odin_run.json``); ``--method odin-splatfacto-mcmc`
 noise adds none. ``--control`` adds an A/A control: barrier trained a second time in every
 round (``barrier-again``, rotated like the modes); its same-round ratio to barrier,
 ``throughput_ratio_again_vs_barrier``, is the spread this machine puts on the ratio of two
-runs that do bitwise the same work (``max_param_diff_again_vs_barrier``: 0). Writes JSON, a PNG of round 0's timelines and ``<out>_ratios.png``.
+runs that do bitwise the same work (``max_param_diff_again_vs_barrier``: 0). Writes JSON,
+a PNG of round 0's timelines and ``<out>_ratios.png``.
 """
 
 from __future__ import annotations
