@@ -1,14 +1,17 @@
 """The primitive-sync ops as the engine calls them: compiled kernels vs torch references.
 
-    python -m odin_ns.bench.ops --out bench/ops.json [--data /tmp/street] [--threads 2]
+    python -m odin_ns.bench.ops --out bench/ops.json [--data DIR] [--threads 2]
 
-Sizes come from the engine's real workload on the built-in street scene (make it with
-``python -m odin_ns.data.synthetic --out /tmp/street --layout street``): ~20k Gaussians in
-the scene's bounding box (``odin_ns.bench.schedule.load_transforms_scene``), footprints
-with ``compute_footprints`` and a 2-rank odin plan of one epoch with ``build_plan``. The
-step with the median union size gives U (union rows), M_r (rank r's footprint rows) and
-the positions of each rank's rows in the union; N is the number of Gaussians, W = 60
-(splatfacto sh_degree 3: 59 gradient columns + the visible flag). Per step the engine calls:
+Sizes come from the engine's real workload on the built-in street scene, the one ``make
+demo`` makes (``python -m odin_ns.data.synthetic --out demo_data/street --layout street``;
+without ``--data``: ``demo_data/street`` when it holds that scene, else the scene is made
+once, in seconds, in ``<temp folder>/odin-ns/street``, so a fresh clone needs no set-up):
+~20k Gaussians in the scene's bounding box (``odin_ns.bench.schedule.load_transforms_scene``),
+footprints with ``compute_footprints`` and a 2-rank odin plan of one epoch with
+``build_plan``. The step with the median union size gives U (union rows), M_r (rank r's
+footprint rows) and the positions of each rank's rows in the union; N is the number of
+Gaussians, W = 60 (splatfacto sh_degree 3: 59 gradient columns + the visible flag). Per
+step the engine calls:
 
 - ``pack_rows(footprint_r, columns)`` once (the six gradient groups and the visible column);
 - ``accumulate_ready_rows(acc, ready, positions_r, contrib_r)`` once per rank, in rank order;
@@ -28,9 +31,12 @@ the per-pair ratios; ``speedup_<op>_<size>`` keys at the top level. A PNG beside
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
+import shutil
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,8 +49,59 @@ from torch import Tensor
 from odin_ns.cuda import build, cases, ops, reference
 
 OPS = ops.OPS
-DEFAULT_DATA = Path("/tmp/street")
+DEMO_SCENE = Path("demo_data/street")  # what `make demo` makes (relative to the working folder)
 RANKS = 2
+
+
+def is_builtin_street(folder: Path) -> bool:
+    """``folder`` holds the built-in street scene with ``make_scene``'s defaults (the scene
+    ``make demo`` and ``python -m odin_ns.data.synthetic --layout street`` make), complete
+    (``make_scene`` writes ``transforms.json`` last)."""
+    from odin_ns.data.synthetic import STREET_POINTS_PER_VIEW, make_scene
+
+    try:
+        meta = json.loads((Path(folder) / "transforms.json").read_text())
+    except (OSError, ValueError):
+        return False
+    defaults = {k: p.default for k, p in inspect.signature(make_scene).parameters.items()}
+    views = defaults["num_views"]
+    points = STREET_POINTS_PER_VIEW * views
+    return (
+        meta.get("odin_synthetic")
+        == {"layout": "street", "seed": defaults["seed"], "num_points": points}
+        and (meta.get("w"), meta.get("h")) == (defaults["width"], defaults["height"])
+        and len(meta.get("train_filenames", [])) == views
+        and len(meta.get("frames", [])) == views + defaults["num_eval_views"]
+    )
+
+
+def default_street_scene(demo: Path = DEMO_SCENE, cache: Path | None = None) -> Path:
+    """The built-in street scene: ``demo`` if it holds it, else ``cache`` (default
+    ``<temp folder>/odin-ns/street``), made there first when it does not hold it yet.
+
+    The scene is made in a fresh sibling folder and renamed into place, so an interrupted
+    or concurrent run never leaves (or reads) a half-written scene.
+    """
+    from odin_ns.data.synthetic import make_scene
+
+    if is_builtin_street(demo):
+        return demo
+    cache = Path(tempfile.gettempdir()) / "odin-ns" / "street" if cache is None else Path(cache)
+    if is_builtin_street(cache):
+        return cache
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{cache.name}-", dir=cache.parent))
+    try:
+        print(f"making the built-in street scene in {cache} (once)", flush=True)
+        make_scene(work, layout="street")
+        shutil.rmtree(cache, ignore_errors=True)  # an incomplete or different scene
+        work.rename(cache)
+    except OSError:
+        if not is_builtin_street(cache):  # not another process's scene, renamed in first
+            raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return cache
 
 
 def street_workload(data: Path, num_gaussians: int, seed: int) -> dict[str, Any]:
@@ -210,7 +267,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="JSON path (PNG next to it)")
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="street scene folder")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="street scene folder (default: the built-in street scene, made if missing)",
+    )
     parser.add_argument("--gaussians", type=int, default=20_000)
     parser.add_argument("--rows", type=int, default=1_000_000, help="union rows of the big case")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
@@ -222,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(args.seed)
     cpu_build = build.load_cpu()
     assert ops.status("cpu").compiled, ops.status("cpu").reason
-    street = street_workload(args.data, args.gaussians, args.seed)
+    data = default_street_scene() if args.data is None else args.data
+    street = street_workload(data, args.gaussians, args.seed)
     big = scaled_workload(street, args.rows, gen)
     result: dict[str, Any] = {
         "threads": args.threads,
