@@ -40,7 +40,7 @@ lint: venv
 
 test: lint
 	$(PY) -m odin_ns.cuda build
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 demo: venv
 	$(PY) -m odin_ns.data.synthetic --out $(DEMO_DIR) --layout street

@@ -1,7 +1,7 @@
 """Batches of views: B views per rank, batch scaling of Adam, schedules read in views.
 
 - B = 2 quality-first, replicated and sharded, equals barrier bitwise (three real 2-rank
-  ``odin-ns-train`` runs);
+  ``odin-ns-train`` runs; the module's five real runs go side by side);
 - schedule in views: the conversion of every step-based setting, refine / reset / lr decay
   at the same view counts for 1, 2 and 4 views per step, and a real 2-rank run of V views
   that takes V / 2 optimizer steps and refines where the conversion says;
@@ -13,13 +13,13 @@ from __future__ import annotations
 import copy
 import json
 import math
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from harness.runs import RunResult, TrainJob, train_side_by_side
 
-from odin_ns.bench.commands import BIN, free_port, quiet_flags, run_env, train_command
+from odin_ns.bench.commands import BIN, quiet_flags, run_env, train_command
 
 SMALL = [*quiet_flags(save_every=4000), "--pipeline.model.num-downscales", "0"]
 SMALL += ["--pipeline.model.densify-grad-thresh", "0.0002"]
@@ -179,19 +179,47 @@ def test_learning_rate_at_the_same_view_counts(batch):
 
 
 # ------------------------------------------------------------------------- real runs
-def _run(data: Path, out: Path, name: str, extra: list[str], port: int) -> subprocess.Popen:
-    flags = [*SMALL, *extra]
-    cmd = train_command(data, out, ranks=2, experiment="batch", name=name, flags=flags, port=port)
-    env = run_env()
-    log = open(out / f"{name}.log", "w")  # noqa: SIM115 (closed by the caller's wait)
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+B2 = [
+    *("--max-num-iterations", "120", "--pipeline.views-per-rank", "2"),
+    *("--pipeline.model.warmup-length", "20", "--pipeline.model.refine-every", "40"),
+]
+VIEWS_40 = [
+    *("--max-num-iterations", "40"),
+    *("--pipeline.model.warmup-length", "8", "--pipeline.model.refine-every", "8"),
+]
 
 
-def _wait(proc: subprocess.Popen, out: Path, name: str) -> Path:
-    code = proc.wait(timeout=600)
-    proc.stdout and proc.stdout.close()
-    assert code == 0, (out / f"{name}.log").read_text()[-4000:]
-    return out / "batch" / "odin-splatfacto" / name
+@pytest.fixture(scope="module")
+def runs(street_scene, tmp_path_factory) -> dict[str, RunResult]:
+    """The module's real runs side by side (timing never matters to what they check):
+
+    - ``barrier`` / ``quality-first`` / ``sharded``: B = 2, 2 ranks, 120 views;
+    - ``views``: 2 ranks, 40 views, the schedule in views;
+    - ``one``: one process (``ns-train``), B = 2, 40 views.
+    """
+    out = tmp_path_factory.mktemp("batch")
+    variants = {
+        "barrier": [*B2, "--pipeline.sync.mode", "barrier"],
+        "quality-first": [*B2, "--pipeline.sync.mode", "quality-first"],
+        "sharded": [*B2, "--pipeline.sync.mode", "quality-first", "--pipeline.parallel", "sharded"],
+        "views": VIEWS_40,
+    }
+    jobs = [
+        TrainJob(
+            name,
+            train_command(data=street_scene, out=out, ranks=2, experiment="batch", name=name,
+                          flags=[*SMALL, *extra]),
+            out / "batch" / "odin-splatfacto" / name,
+        )
+        for name, extra in variants.items()
+    ]  # fmt: skip
+    one = [
+        str(BIN / "ns-train"), "odin-splatfacto", "--data", str(street_scene),
+        "--output-dir", str(out), "--experiment-name", "batch", "--timestamp", "one",
+        *SMALL, *VIEWS_40, "--pipeline.views-per-rank", "2",
+    ]  # fmt: skip
+    jobs.append(TrainJob("one", one, out / "batch" / "odin-splatfacto" / "one", env=run_env(None)))
+    return train_side_by_side(jobs, out / "logs")
 
 
 def _final_params(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -212,31 +240,11 @@ def _final_moments(run_dir: Path) -> dict[tuple[str, str], torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_two_views_per_rank_quality_first_equals_barrier(street_scene, tmp_path):
+def test_two_views_per_rank_quality_first_equals_barrier(runs):
     """B = 2, 2 ranks, 30 optimizer steps (120 views) across a densification: quality-first,
     replicated and sharded, ends bitwise equal to barrier (parameters; the sharded run's
-    merged checkpoint also its Adam moments). The runs go side by side (timing never
-    matters)."""
-    extra = [
-        "--max-num-iterations",
-        "120",
-        "--pipeline.views-per-rank",
-        "2",
-        "--pipeline.model.warmup-length",
-        "20",
-        "--pipeline.model.refine-every",
-        "40",
-    ]
-    variants = {
-        "barrier": ["--pipeline.sync.mode", "barrier"],
-        "quality-first": ["--pipeline.sync.mode", "quality-first"],
-        "sharded": ["--pipeline.sync.mode", "quality-first", "--pipeline.parallel", "sharded"],
-    }
-    procs = {
-        name: _run(street_scene, tmp_path, name, [*extra, *flags], free_port())
-        for name, flags in variants.items()
-    }
-    runs = {name: _wait(p, tmp_path, name) for name, p in procs.items()}
+    merged checkpoint also its Adam moments)."""
+    runs = {name: runs[name].check() for name in ("barrier", "quality-first", "sharded")}
     barrier = _final_params(runs["barrier"])
     for name in ("quality-first", "sharded"):
         params = _final_params(runs[name])
@@ -261,22 +269,13 @@ def test_two_views_per_rank_quality_first_equals_barrier(street_scene, tmp_path)
 
 
 @pytest.mark.slow
-def test_two_ranks_train_v_views_in_v_over_2_steps(street_scene, tmp_path):
+def test_two_ranks_train_v_views_in_v_over_2_steps(runs):
     """Schedule in views (the default): 40 views on 2 ranks = 20 steps; refine every 8
     views after an 8-view warm-up and a pause of 16 + 8 views after the step-0 reset: the
     single-process run refines at views 24 and 32, so the 2-rank run at steps 12 and 16
     (a refine ends a phase: the next phases start at 13 and 17; the step-0 opacity reset
     runs in the first phase)."""
-    extra = [
-        "--max-num-iterations",
-        "40",
-        "--pipeline.model.warmup-length",
-        "8",
-        "--pipeline.model.refine-every",
-        "8",
-    ]
-    proc = _run(street_scene, tmp_path, "views", extra, free_port())
-    run = _wait(proc, tmp_path, "views")
+    run = runs["views"].check()
     ranks = json.loads((run / "odin_run.json").read_text())["ranks"]
     assert [len(r["steps"]) for r in ranks] == [20, 20]
     assert [s["step"] for s in ranks[0]["steps"]] == list(range(20))
@@ -290,42 +289,18 @@ def test_two_ranks_train_v_views_in_v_over_2_steps(street_scene, tmp_path):
     refine, _ = _structural_views(config, num_train_views=16, batch=1)
     assert refine == [24, 32]
     assert _structural_views(config, num_train_views=16, batch=2)[0] == refine
-    log = (tmp_path / "views.log").read_text()
+    log = "\n".join(runs["views"].lines)
     assert "max_num_iterations" in log and "40 -> 20" in log
 
 
 @pytest.mark.slow
-def test_one_process_two_views_per_step(street_scene, tmp_path):
+def test_one_process_two_views_per_step(runs):
     """One process, B = 2: 40 views in 20 optimizer steps (schedule in views), refining at
     views 24 and 32 as the B = 1 run does (steps 12 and 16), selective Adam on the OR of
     the two views' visible rows."""
-    cmd = [
-        str(BIN / "ns-train"),
-        "odin-splatfacto",
-        "--data",
-        str(street_scene),
-        "--output-dir",
-        str(tmp_path),
-        "--experiment-name",
-        "batch",
-        "--timestamp",
-        "one",
-        *SMALL,
-        "--max-num-iterations",
-        "40",
-        "--pipeline.views-per-rank",
-        "2",
-        "--pipeline.model.warmup-length",
-        "8",
-        "--pipeline.model.refine-every",
-        "8",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=run_env(None))
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert "40 -> 20" in proc.stdout
-    ckpts = sorted(
-        (tmp_path / "batch" / "odin-splatfacto" / "one" / "nerfstudio_models").glob("*.ckpt")
-    )
+    one = runs["one"].check()
+    assert "40 -> 20" in "\n".join(runs["one"].lines)
+    ckpts = sorted((one / "nerfstudio_models").glob("*.ckpt"))
     state = torch.load(ckpts[-1], map_location="cpu", weights_only=False)
     assert state["step"] == 19
     means = next(v for k, v in state["pipeline"].items() if k.endswith("gauss_params.means"))

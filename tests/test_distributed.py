@@ -4,6 +4,9 @@ Both runs use the same scene, seed, plan and world size and cross a densificatio
 quality-first must end with the same parameters as barrier-synchronous training, equal
 version vectors on both ranks, and no visibility violation. The checkpoint of a 2-rank run
 must evaluate in single-process ns-eval.
+
+The runs are the session's shared 2-rank family (tests/harness/street_runs.py: 40 steps,
+refines at 24 and 32, a checkpoint at 28), which the sharded tests compare too.
 """
 
 from __future__ import annotations
@@ -15,27 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from harness.runs import launch_in_process
+from harness.street_runs import STEPS, TRAINING
 
-from odin_ns.bench.commands import BIN, quiet_flags, run_dir, run_env, schedule_flags, train_command
-
-STEPS = 60
-TRAINING = [
-    *quiet_flags(save_every=30, keep_checkpoints=True),
-    *schedule_flags(warmup=20, refine_every=15, densify_grad_thresh=0.0002),
-    # Steps, not views: these tests compare runs step by step (checkpoint at step 30 of 60,
-    # refines at 30 and 45); tests/test_batch.py covers the conversion from views.
-    "--pipeline.schedule-in-views",
-    "False",
-]
-
-
-def _train_2_ranks(data: Path, out: Path, mode: str, name: str | None = None, extra=()) -> Path:
-    name = name or mode
-    flags = [*TRAINING, "--pipeline.sync.mode", mode, *extra]
-    cmd = train_command(data, out, ranks=2, experiment="dist", name=name, steps=STEPS, flags=flags)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=run_env())
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return run_dir(out, "dist", name)
+from odin_ns.bench.commands import BIN, run_env, train_command
 
 
 def _final_params(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -44,22 +30,15 @@ def _final_params(run_dir: Path) -> dict[str, torch.Tensor]:
     return {k: v for k, v in state.items() if "gauss_params" in k}
 
 
-@pytest.fixture(scope="module")
-def two_rank_runs(street_scene, tmp_path_factory):
-    out = tmp_path_factory.mktemp("dist")
-    modes = ("barrier", "quality-first", "throughput-first")
-    return {mode: _train_2_ranks(street_scene, out, mode) for mode in modes}
-
-
 @pytest.mark.slow
-def test_quality_first_equals_barrier(two_rank_runs):
-    barrier = _final_params(two_rank_runs["barrier"])
-    quality = _final_params(two_rank_runs["quality-first"])
+def test_quality_first_equals_barrier(street_runs_2):
+    barrier = _final_params(street_runs_2["barrier"])
+    quality = _final_params(street_runs_2["quality-first"])
     assert barrier.keys() == quality.keys()
     for key in barrier:
         assert torch.equal(quality[key], barrier[key]), key  # bitwise
 
-    summary = json.loads((two_rank_runs["quality-first"] / "odin_run.json").read_text())
+    summary = json.loads((street_runs_2["quality-first"] / "odin_run.json").read_text())
     ranks = summary["ranks"]
     assert ranks[0]["replica_hash"] == ranks[1]["replica_hash"]
     assert all(r["engine"]["visibility_violations"] == 0 for r in ranks)
@@ -69,20 +48,11 @@ def test_quality_first_equals_barrier(two_rank_runs):
 
 
 @pytest.mark.slow
-def test_resume_on_the_same_world_size_is_exact(two_rank_runs, street_scene):
-    """Checkpoint at step 30 of 60 (before the refine at 45), resume on 2 ranks: the final
-    parameters equal the uninterrupted run's bit for bit."""
-    full = two_rank_runs["quality-first"]
-    checkpoint = full / "nerfstudio_models" / "step-000000030.ckpt"
-    resumed = _train_2_ranks(
-        street_scene,
-        full.parent.parent.parent,
-        "quality-first",
-        name="resumed",
-        # nerfstudio resumes at step 31 and counts --max-num-iterations from there
-        extra=["--load-checkpoint", str(checkpoint), "--max-num-iterations", str(STEPS - 31)],
-    )
-    ours, theirs = _final_params(resumed), _final_params(full)
+def test_resume_on_the_same_world_size_is_exact(street_runs_2, street_resumed):
+    """Checkpoint at step 28 of 40 (between the refines at 24 and 32), resume on 2 ranks: the
+    final parameters equal the uninterrupted run's bit for bit."""
+    ours = _final_params(street_resumed["quality-first"].check())
+    theirs = _final_params(street_runs_2["quality-first"])
     assert ours.keys() == theirs.keys()
     for key in ours:
         assert torch.equal(ours[key], theirs[key]), key
@@ -90,12 +60,12 @@ def test_resume_on_the_same_world_size_is_exact(two_rank_runs, street_scene):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["quality-first", "throughput-first"])
-def test_live_panel_snapshot_equals_saved_run(two_rank_runs, mode):
+def test_live_panel_snapshot_equals_saved_run(street_runs_2, mode):
     """The live panels (recent window, peers via phase-start exchanges) and ns-viewer's
     saved-run panels derive wait hidden and staleness with one formula: same numbers."""
     from odin_ns.viewer_ext.snapshot import snapshot_from_run, wait_hidden
 
-    run = json.loads((two_rank_runs[mode] / "odin_run.json").read_text())
+    run = json.loads((street_runs_2[mode] / "odin_run.json").read_text())
     live, saved = run["live_snapshot"], snapshot_from_run(run)
     assert wait_hidden(saved) is not None
     assert wait_hidden(live) == wait_hidden(saved)
@@ -107,8 +77,8 @@ def test_live_panel_snapshot_equals_saved_run(two_rank_runs, mode):
 
 
 @pytest.mark.slow
-def test_two_rank_checkpoint_evaluates_in_single_process(two_rank_runs, tmp_path):
-    run = two_rank_runs["quality-first"]
+def test_two_rank_checkpoint_evaluates_in_single_process(street_runs_2, tmp_path):
+    run = street_runs_2["quality-first"]
     out = tmp_path / "eval.json"
     proc = subprocess.run(
         [str(BIN / "ns-eval"), "--load-config", str(run / "config.yml"), "--output-path", str(out)],
@@ -125,21 +95,14 @@ def test_more_ranks_than_views_is_a_clear_error(tmp_path):
     from odin_ns.data.synthetic import make_scene
 
     scene = make_scene(tmp_path / "tiny", layout="object", num_views=2, num_eval_views=1, seed=1)
-    cmd = train_command(
-        scene,
-        tmp_path / "out",
-        ranks=3,
-        experiment="tiny",
-        name="run",
-        flags=["--vis", "tensorboard"],
-    )
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=run_env())
-    assert proc.returncode != 0
-    assert "3 ranks but only 2 training views" in proc.stdout + proc.stderr
+    argv = ["--nproc-per-node", "3", "odin-splatfacto", "--data", str(scene)]
+    code, lines = launch_in_process([*argv, "--vis", "tensorboard"], tmp_path)
+    assert code != 0
+    assert "3 ranks but only 2 training views" in "\n".join(lines)
 
 
 @pytest.mark.slow
-def test_ns_viewer_shows_the_runs_sync_panels(two_rank_runs, tmp_path):
+def test_ns_viewer_shows_the_runs_sync_panels(street_runs_2, tmp_path):
     """`ns-viewer --load-config` on a finished 2-rank run shows the Odin panels (real browser)."""
     import socket
     import time
@@ -151,7 +114,7 @@ def test_ns_viewer_shows_the_runs_sync_panels(two_rank_runs, tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    run = two_rank_runs["quality-first"]
+    run = street_runs_2["quality-first"]
     viewer = subprocess.Popen(
         [
             str(BIN / "ns-viewer"),
@@ -196,7 +159,7 @@ def test_a_dead_rank_ends_the_whole_run(street_scene, tmp_path):
 
     import psutil
 
-    flags = [*TRAINING, "--pipeline.sync.timeout-s", "60"]
+    flags = [*TRAINING, "--pipeline.sync.timeout-s", "60"]  # the 2-rank family's schedule
     cmd = train_command(
         street_scene, tmp_path, ranks=2, experiment="dead", name="run", steps=100000, flags=flags
     )
@@ -219,7 +182,7 @@ def test_a_dead_rank_ends_the_whole_run(street_scene, tmp_path):
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
         assert victim is not None, "rank 1 never started"
-        time.sleep(10.0)  # let it train a few steps
+        time.sleep(3.0)  # let it train a few steps (about 0.1 s each)
         killed_at = time.time()
         victim.kill()
         output, _ = launcher.communicate(timeout=120)

@@ -1,7 +1,8 @@
 """`odin-ns-train` failures end with one line, last: `odin-ns-train: error: <reason>`.
 
 Bad input is caught by the launcher's preflight before torchrun starts any rank, so no
-output folder exists afterwards; a rank that fails after spawn has its reason printed after
+output folder exists afterwards (one case through the ``odin-ns-train`` script, the others
+through the same preflight in this process); a rank that fails after spawn has its reason printed after
 torchrun's own report.
 """
 
@@ -13,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from harness.runs import launch_in_process
 
 from odin_ns import launch
 from odin_ns.bench.commands import BIN, free_port, run_env
@@ -37,6 +39,14 @@ def _launch(cwd: Path, nproc: int, *train_args: str) -> tuple[int, list[str]]:
     )
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     return proc.returncode, lines
+
+
+def _preflight(cwd: Path, nproc: int, *train_args: str) -> tuple[int, list[str]]:
+    """The same command line through the launcher's preflight in this process (what
+    ``odin-ns-train`` runs before torchrun), without importing nerfstudio again: every
+    check below stops there; test_missing_data_path_fails_before_any_rank runs the script."""
+    argv = ["--nproc-per-node", str(nproc), "odin-splatfacto", *train_args]
+    return launch_in_process([*argv, "--vis", "tensorboard"], cwd)
 
 
 def _tiny_scene(path: Path, views: int = 2) -> Path:
@@ -64,7 +74,7 @@ def test_missing_data_path_fails_before_any_rank(tmp_path):
 
 def test_more_ranks_than_views_fails_before_any_rank(tmp_path):
     scene = _tiny_scene(tmp_path / "tiny", views=2)
-    code, lines = _launch(tmp_path, 3, "--data", str(scene))
+    code, lines = _preflight(tmp_path, 3, "--data", str(scene))
     _assert_preflight_error(tmp_path, code, lines, "3 ranks but only 2 training views")
 
 
@@ -74,20 +84,20 @@ def test_scene_without_images_fails_before_any_rank(tmp_path):
     (scene / "transforms.json").write_text(
         json.dumps({"fl_x": 50, "fl_y": 50, "cx": 16, "cy": 16, "w": 32, "h": 32, "frames": []})
     )
-    code, lines = _launch(tmp_path, 2, "--data", str(scene))
+    code, lines = _preflight(tmp_path, 2, "--data", str(scene))
     _assert_preflight_error(tmp_path, code, lines, f"could not read a scene from '{scene}'")
 
 
 def test_scene_with_a_missing_image_fails_before_any_rank(tmp_path):
     scene = _tiny_scene(tmp_path / "tiny", views=2)
     shutil.rmtree(scene / "images")
-    code, lines = _launch(tmp_path, 2, "--data", str(scene))
+    code, lines = _preflight(tmp_path, 2, "--data", str(scene))
     _assert_preflight_error(tmp_path, code, lines, f"could not read a scene from '{scene}'")
     assert "frame_00000.png" in lines[-1]
 
 
 def test_unknown_training_option_is_a_usage_error(tmp_path):
-    code, lines = _launch(tmp_path, 2, "--no-such-option", "1")
+    code, lines = _preflight(tmp_path, 2, "--no-such-option", "1")
     assert code == 2, "\n".join(lines[-20:])
     assert lines[-1].startswith(PREFIX + "invalid training arguments")
     assert not (tmp_path / "outputs").exists()

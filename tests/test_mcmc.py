@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from harness.runs import TrainJob, train_side_by_side
 
+from odin_ns.bench.commands import run_env
 from odin_ns.distributed.densify import MCMCDensifier
 from odin_ns.distributed.mcmc_noise import (
     MCMCNoise,
@@ -252,14 +253,18 @@ def _command(
 def _train(
     data: Path, out: Path, iterations: int, ranks: int, runs: dict[str, dict[str, str]]
 ) -> dict[str, Path]:
-    """One run per entry of ``runs`` (name -> options over ``TRAINING``), one after the
-    other, one thread per rank; returns their run folders."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    for name, opts in runs.items():
-        cmd = _command(data, out, name, iterations, opts, ranks)
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-        assert proc.returncode == 0, f"{name}: {proc.stdout[-4000:]}{proc.stderr[-4000:]}"
-    return {name: out / "mcmc" / "odin-splatfacto-mcmc" / name for name in runs}
+    """One run per entry of ``runs`` (name -> options over ``TRAINING``), side by side (their
+    parameters never depend on timing), one thread per rank; returns their run folders."""
+    jobs = [
+        TrainJob(
+            name,
+            _command(data, out, name, iterations, opts, ranks),
+            out / "mcmc" / "odin-splatfacto-mcmc" / name,
+            env=run_env(threads=1),
+        )
+        for name, opts in runs.items()
+    ]
+    return {name: r.check() for name, r in train_side_by_side(jobs, out / "logs").items()}
 
 
 @pytest.mark.slow

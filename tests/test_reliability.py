@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,9 +26,9 @@ from harness import (
     toy_groups,
     toy_outcome_worker,
 )
+from harness.runs import RunResult, TrainJob, ns_eval_in_process, train_side_by_side
 
 from odin_ns.bench.commands import (
-    BIN,
     module_launcher,
     quiet_flags,
     run_dir,
@@ -140,7 +138,7 @@ STEPS = 20
 TRAINING = [*quiet_flags(save_every=4), *schedule_flags(warmup=5, refine_every=8)]
 
 
-def _train(
+def _job(
     data: Path,
     out: Path,
     name: str,
@@ -149,8 +147,8 @@ def _train(
     fault: dict | None = None,
     report: Path | None = None,
     launcher: tuple[str, ...] = (),
-) -> tuple[int, list[str], Path]:
-    """odin-ns-train through the fault-injection worker: (exit code, output lines, run dir)."""
+) -> TrainJob:
+    """odin-ns-train through the fault-injection worker (``odin_ns.bench.fault_worker``)."""
     import json
 
     cmd = train_command(
@@ -169,11 +167,13 @@ def _train(
     if report is not None:
         report.mkdir(parents=True, exist_ok=True)
         env["ODIN_NS_FAULT_REPORT"] = str(report)
-    proc = subprocess.run(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300, env=env
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.strip()]
-    return proc.returncode, lines, run_dir(out, "rel", name)
+    return TrainJob(name, cmd, run_dir(out, "rel", name), env=env, timeout_s=300)
+
+
+def _side_by_side(out: Path, *jobs: TrainJob) -> dict[str, RunResult]:
+    """The runs side by side: no check below depends on how fast a run goes, only on what
+    a rank waits for (sync timeouts of 3 s and more, heartbeats keeping busy ranks alive)."""
+    return train_side_by_side(jobs, out / "logs")
 
 
 def _checkpoints(run: Path) -> list[Path]:
@@ -191,31 +191,67 @@ def _finite_checkpoint(path: Path) -> bool:
 
 
 @pytest.fixture(scope="module")
-def slow_checkpoint_run(street_scene, tmp_path_factory):
-    """2 ranks; rank 0 takes 15 s (5 x timeout_s, more than gloo's own 12 s timeout) to
-    write its first checkpoint."""
-    out = tmp_path_factory.mktemp("slow_ckpt")
-    started = time.time()
-    code, lines, run = _train(
+def fault_runs(street_scene, tmp_path_factory) -> dict[str, RunResult]:
+    """Side by side:
+
+    - ``slow``: 2 ranks; rank 0 takes 15 s (5 x timeout_s, more than gloo's own 12 s
+      timeout) to write its first checkpoint;
+    - ``nan``: 2 ranks; NaN in rank 1's gradient at step 7 (its report in ``out/report``);
+    - ``one``: 1 rank, 8 steps (resumed on 2 ranks below).
+    """
+    out = tmp_path_factory.mktemp("faults")
+    slow = _job(
         street_scene,
         out,
         "slow",
         2,
-        "--pipeline.sync.timeout-s",
-        "3",
-        "--pipeline.sync.heartbeat-s",
-        "0.5",
+        *("--pipeline.sync.timeout-s", "3", "--pipeline.sync.heartbeat-s", "0.5"),
         fault={"kind": "slow_checkpoint", "write": 1, "seconds": 15},
         launcher=("--distributed-timeout-s", "12"),
     )
-    return code, lines, run, time.time() - started
+    nan = _job(
+        street_scene,
+        out,
+        "nan",
+        2,
+        *("--pipeline.sync.timeout-s", "30"),
+        fault={"kind": "nan_grad", "rank": 1, "step": 7},
+        report=out / "report",
+    )
+    one = _job(street_scene, out, "one", 1, "--max-num-iterations", "8")
+    return {"out": out, **_side_by_side(out, slow, nan, one)}
+
+
+@pytest.fixture(scope="module")
+def resumed_runs(street_scene, fault_runs) -> dict[str, RunResult]:
+    """Side by side: the slow 2-rank run resumed on 1 rank (``r21``), the 1-rank run on 2
+    (``r12``), 8 steps each."""
+    out = fault_runs["out"]
+    r21 = _job(
+        street_scene,
+        out,
+        "r21",
+        1,
+        *("--load-dir", str(fault_runs["slow"].run_dir / "nerfstudio_models")),
+        *("--max-num-iterations", "8"),
+    )
+    r12 = _job(
+        street_scene,
+        out,
+        "r12",
+        2,
+        *("--load-dir", str(fault_runs["one"].run_dir / "nerfstudio_models")),
+        *("--max-num-iterations", "8"),
+    )
+    return _side_by_side(out, r21, r12)
 
 
 @pytest.mark.slow
-def test_slow_checkpoint_write_is_not_a_timeout(slow_checkpoint_run):
+def test_slow_checkpoint_write_is_not_a_timeout(fault_runs):
     import json
 
-    code, lines, run, seconds = slow_checkpoint_run
+    slow = fault_runs["slow"]
+    code, lines, run, seconds = slow.code, slow.lines, slow.run_dir, slow.seconds
     assert code == 0, "\n".join(lines[-30:])
     assert seconds > 15
     summary = json.loads((run / "odin_run.json").read_text())
@@ -225,23 +261,15 @@ def test_slow_checkpoint_write_is_not_a_timeout(slow_checkpoint_run):
 
 
 @pytest.mark.slow
-def test_nan_gradient_on_rank_1_stops_every_rank(street_scene, tmp_path):
+def test_nan_gradient_on_rank_1_stops_every_rank(fault_runs, tmp_path):
     """NaN in rank 1's gradient at step 7: rank 1 refuses to publish and fails; torchrun ends
     rank 0; the launcher prints rank 1's reason last; both replicas are still finite when
     they end; the last checkpoint (before step 7) is finite and evaluates in ns-eval."""
     import json
 
-    report = tmp_path / "report"
-    code, lines, run = _train(
-        street_scene,
-        tmp_path / "out",
-        "nan",
-        2,
-        "--pipeline.sync.timeout-s",
-        "30",
-        fault={"kind": "nan_grad", "rank": 1, "step": 7},
-        report=report,
-    )
+    report = fault_runs["out"] / "report"
+    nan = fault_runs["nan"]
+    code, lines, run = nan.code, nan.lines, nan.run_dir
     output = "\n".join(lines[-30:])
     assert code == 1, output
     assert lines[-1] == (
@@ -253,15 +281,8 @@ def test_nan_gradient_on_rank_1_stops_every_rank(street_scene, tmp_path):
     ckpts = _checkpoints(run)
     assert ckpts and _step(ckpts[-1]) < 7, ckpts
     assert _finite_checkpoint(ckpts[-1])
-    out = tmp_path / "eval.json"
-    proc = subprocess.run(
-        [str(BIN / "ns-eval"), "--load-config", str(run / "config.yml"), "--output-path", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert math.isfinite(json.loads(out.read_text())["results"]["psnr"])
+    psnr = ns_eval_in_process(run / "config.yml", tmp_path / "eval.json")["psnr"]
+    assert math.isfinite(psnr)
 
 
 NOTE = re.compile(r"note: checkpoint of a (\d)-rank run resumed on (\d) rank\(s\)")
@@ -272,40 +293,23 @@ def _resumed(lines: list[str]) -> set[tuple[str, str]]:
 
 
 @pytest.mark.slow
-def test_resume_2_ranks_on_1(street_scene, slow_checkpoint_run, tmp_path):
-    _, _, run, _ = slow_checkpoint_run
-    code, lines, resumed = _train(
-        street_scene,
-        tmp_path,
-        "r21",
-        1,
-        "--load-dir",
-        str(run / "nerfstudio_models"),
-        "--max-num-iterations",
-        "8",
-    )
+def test_resume_2_ranks_on_1(fault_runs, resumed_runs):
+    run, resumed = fault_runs["slow"].run_dir, resumed_runs["r21"]
+    code, lines = resumed.code, resumed.lines
     assert code == 0, "\n".join(lines[-30:])
     assert _resumed(lines) == {("2", "1")}, "\n".join(lines[-30:])
-    assert _step(_checkpoints(resumed)[-1]) > _step(_checkpoints(run)[-1])
+    assert _step(_checkpoints(resumed.run_dir)[-1]) > _step(_checkpoints(run)[-1])
 
 
 @pytest.mark.slow
-def test_resume_1_rank_on_2(street_scene, tmp_path):
-    code, lines, single = _train(street_scene, tmp_path, "one", 1, "--max-num-iterations", "8")
-    assert code == 0, "\n".join(lines[-30:])
-    code, lines, resumed = _train(
-        street_scene,
-        tmp_path,
-        "r12",
-        2,
-        "--load-dir",
-        str(single / "nerfstudio_models"),
-        "--max-num-iterations",
-        "8",
-    )
+def test_resume_1_rank_on_2(fault_runs, resumed_runs):
+    single = fault_runs["one"]
+    assert single.code == 0, "\n".join(single.lines[-30:])
+    resumed = resumed_runs["r12"]
+    code, lines = resumed.code, resumed.lines
     assert code == 0, "\n".join(lines[-30:])
     assert _resumed(lines) == {("1", "2")}, "\n".join(lines[-30:])
-    assert _step(_checkpoints(resumed)[-1]) > _step(_checkpoints(single)[-1])
+    assert _step(_checkpoints(resumed.run_dir)[-1]) > _step(_checkpoints(single.run_dir)[-1])
 
 
 def test_viewer_pause_is_a_busy_section():

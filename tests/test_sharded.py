@@ -1,12 +1,13 @@
 """Sharded mode (--pipeline.parallel sharded): owners hold rows and moments, readers cache.
 
-Real runs (gloo, street scene, across densifications): the merged checkpoint of sharded
+Real runs (gloo, street scene, across densifications; the session's shared 2- and 3-rank
+runs of tests/harness/street_runs.py): the merged checkpoint of sharded
 quality-first training equals replicated barrier training's checkpoint bitwise (parameters
 and Adam moments), each rank owns at most 1.1 N/R rows, the 2-rank sharded checkpoint
 evaluates in single-process ns-eval, and the 3-rank one gives the replicated run's ns-eval
-PSNR and exports one PLY with every Gaussian. Sharded runs feed the sync panels and
-odin_run.json as replicated runs do. Evaluation during training and the live viewer run in
-the 2-rank runs: the sharded run's evaluation metrics (rank 0 renders its gathered copy of
+PSNR and exports one PLY with every Gaussian (what ns-eval and ns-export run, in this
+process). Sharded runs feed the sync panels and
+odin_run.json as replicated runs do. Evaluation during training runs in the 2-rank runs and the live viewer in the sharded one: the sharded run's evaluation metrics (rank 0 renders its gathered copy of
 the model) equal the replicated run's at every evaluation step, and the viewer's copy is
 refreshed whole at every phase start. Unit tests: the per-rank step tables agree pairwise
 (every push / gradient message one rank sends is a receive its peer posts, same order,
@@ -16,42 +17,17 @@ same size), and bad input fails with one line before any rank starts.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
+from harness.runs import launch_in_process, ns_eval_in_process, ns_export_splat_in_process
 
-from odin_ns.bench.commands import (
-    BIN,
-    free_port,
-    quiet_flags,
-    run_dir,
-    run_env,
-    schedule_flags,
-    train_command,
-)
 from odin_ns.runtime.sharded import ShardLayout, phase_read_sets, step_tables
 from odin_ns.schedule import build_plan
 from odin_ns.schedule.ownership import random_ownership
-
-VIEWS = 60  # training views (steps x ranks: 30 steps on 2 ranks, 20 on 3)
-TRAINING = [
-    *quiet_flags(save_every=1000),
-    *schedule_flags(warmup=20, refine_every=15, densify_grad_thresh=0.0002),
-]  # default footprint reuse: both modes carry each Gaussian's footprint by the same rule
-
-
-def _train(data: Path, out: Path, ranks: int, name: str, extra: list[str]) -> Path:
-    flags = [*TRAINING, *extra]
-    cmd = train_command(
-        data, out, ranks=ranks, experiment="shard", name=name, steps=VIEWS, flags=flags
-    )
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=run_env())
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return run_dir(out, "shard", name)
 
 
 def _checkpoint(run: Path) -> dict:
@@ -59,43 +35,15 @@ def _checkpoint(run: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-# Evaluation during training every 20 views (10 steps on 2 ranks): one batch, one image, all.
-EVAL = [
-    *("--steps-per-eval-batch", "20", "--steps-per-eval-image", "20"),
-    *("--steps-per-eval-all-images", "20"),
-]
-
-
-def _live_viewer() -> list[str]:
-    return [
-        *("--vis", "viewer+tensorboard", "--viewer.quit-on-train-completion", "True"),
-        *("--viewer.websocket-port", str(free_port())),
-    ]
-
-
 @pytest.fixture(scope="module")
-def runs(street_scene, tmp_path_factory):
-    out = tmp_path_factory.mktemp("shard")
-    sharded = ["--pipeline.sync.mode", "quality-first", "--pipeline.parallel", "sharded"]
-    barrier = ["--pipeline.sync.mode", "barrier"]
-    sharded_tf = ["--pipeline.sync.mode", "throughput-first", "--pipeline.parallel", "sharded"]
+def runs(street_runs_2, street_runs_3):
+    """The session's shared runs (tests/harness/street_runs.py) by (ranks, mode)."""
     return {
-        (2, "replicated"): _train(street_scene, out, 2, "rep2", [*barrier, *EVAL]),
-        (2, "sharded"): _train(street_scene, out, 2, "shard2", [*sharded, *EVAL, *_live_viewer()]),
-        # throughput-first with tau = 0 admits nothing: it reads what quality-first reads
-        (2, "sharded-tf"): _train(
-            street_scene, out, 2, "shard2tf", [*sharded_tf, "--pipeline.sync.tau", "0"]
-        ),
-        (3, "replicated"): _train(street_scene, out, 3, "rep3", barrier),
-        # random ownership: most reads are remote, so pushes and gradient rows carry the run;
-        # credits of one message: every send waits until the peer took the previous one
-        (3, "sharded"): _train(
-            street_scene,
-            out,
-            3,
-            "shard3",
-            [*sharded, "--pipeline.ownership", "random", "--pipeline.sync.max-inflight-bytes", "1"],
-        ),
+        (2, "replicated"): street_runs_2["barrier"],
+        (2, "sharded"): street_runs_2["sharded"],  # with evaluation and the live viewer
+        (2, "sharded-tf"): street_runs_2["sharded-tf"],  # tau 0
+        (3, "replicated"): street_runs_3["barrier"],
+        (3, "sharded"): street_runs_3["sharded"],  # random owners, credits of one message
     }
 
 
@@ -277,14 +225,7 @@ def test_sharded_checkpoint_evaluates_in_single_process(runs, tmp_path):
 
 
 def _ns_eval_psnr(run: Path, out: Path) -> float:
-    proc = subprocess.run(
-        [str(BIN / "ns-eval"), "--load-config", str(run / "config.yml"), "--output-path", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return float(json.loads(out.read_text())["results"]["psnr"])
+    return float(ns_eval_in_process(run / "config.yml", out)["psnr"])
 
 
 @pytest.mark.slow
@@ -297,20 +238,7 @@ def test_3_rank_sharded_checkpoint_evaluates_and_exports_as_one_model(runs, tmp_
     assert psnr == _ns_eval_psnr(replicated, tmp_path / "replicated.json") and psnr > 10.0
     means = _checkpoint(sharded)["pipeline"]["_model.gauss_params.means"]
     assert torch.isfinite(means).all()
-    proc = subprocess.run(
-        [
-            str(BIN / "ns-export"),
-            "gaussian-splat",
-            "--load-config",
-            str(sharded / "config.yml"),
-            "--output-dir",
-            str(tmp_path / "ply"),
-        ],  # fmt: skip
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ns_export_splat_in_process(sharded / "config.yml", tmp_path / "ply")
     plys = list((tmp_path / "ply").glob("*.ply"))
     assert len(plys) == 1
     header = plys[0].read_bytes().split(b"end_header")[0].decode()
@@ -365,10 +293,9 @@ def test_step_tables_agree_pairwise(ranks):
 
 
 def _launch_line(args: list[str], tmp_path: Path) -> tuple[int, str]:
-    cmd = [str(BIN / "odin-ns-train"), *args, "--output-dir", str(tmp_path / "out")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    lines = (proc.stdout + proc.stderr).strip().splitlines()
-    return proc.returncode, lines[-1] if lines else ""
+    """The launcher's preflight, in this process: exit code and last line."""
+    code, lines = launch_in_process([*args, "--output-dir", str(tmp_path / "out")], tmp_path)
+    return code, lines[-1] if lines else ""
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 from test_ownership import street_footprints
-from test_sharded import _checkpoint, _train
+from test_sharded import _checkpoint
 
 from odin_ns.schedule import build_plan
 from odin_ns.schedule.ownership import (
@@ -144,22 +144,15 @@ def test_bad_mode():
 
 
 # ---------------------------------------------------------------- end to end (gloo ranks)
-SHARDED = ["--pipeline.sync.mode", "quality-first", "--pipeline.parallel", "sharded"]
-
-
 @pytest.fixture(scope="module")
-def rebalance_runs(street_scene, tmp_path_factory):
-    out = tmp_path_factory.mktemp("rebalance")
-    barrier = ["--pipeline.sync.mode", "barrier"]
-    always = [*SHARDED, "--pipeline.rebalance", "always"]
+def rebalance_runs(street_runs_2, street_runs_3):
+    """The session's shared runs (tests/harness/street_runs.py): replicated barrier and
+    sharded quality-first rebalancing at every phase start (3 ranks: from a random deal)."""
     return {
-        (2, "replicated"): _train(street_scene, out, 2, "rep2", barrier),
-        (2, "sharded"): _train(street_scene, out, 2, "rebal2", always),
-        (3, "replicated"): _train(street_scene, out, 3, "rep3", barrier),
-        # a random first deal: the first rebalance moves most rows, with non-zero moments
-        (3, "sharded"): _train(
-            street_scene, out, 3, "rebal3", [*always, "--pipeline.ownership", "random"]
-        ),
+        (2, "replicated"): street_runs_2["barrier"],
+        (2, "sharded"): street_runs_2["sharded-rebalance"],
+        (3, "replicated"): street_runs_3["barrier"],
+        (3, "sharded"): street_runs_3["sharded-rebalance"],
     }
 
 

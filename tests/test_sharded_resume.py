@@ -1,6 +1,8 @@
 """Sharded mode resumes, caps its rows, and refuses checkpoints that do not fit.
 
-Real runs (gloo, street scene, 1 torch thread per rank, steps not views): 40 steps with
+Real runs (gloo, street scene, 1 torch thread per rank, steps not views; the session's
+shared runs of tests/harness/street_runs.py, and the resumed and capped runs side by side):
+40 steps with
 checkpoints at step 28, between the refines at steps 24 and 32 (9600 -> ~22k -> ~52k
 Gaussians), so a resumed run needs the loaded moments, the densification statistics of
 steps 25-28, every rank's generators and the plan's epoch position to continue exactly.
@@ -25,68 +27,38 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from harness.runs import (
+    RunResult,
+    TrainJob,
+    launch_in_process,
+    ns_eval_in_process,
+    train_side_by_side,
+)
+from harness.street_runs import (
+    BARRIER,
+    CAP,
+    SAVED,
+    SHARDED,
+    STEPS,
+    checkpoint_path,
+    street_command,
+)
 
-from odin_ns.bench.commands import BIN, quiet_flags, run_dir, run_env, schedule_flags, train_command
+from odin_ns.bench.commands import run_dir
 from odin_ns.distributed.sharded_checkpoint import row_ranges
 from odin_ns.errors import OdinInputError
 from odin_ns.preflight import check_checkpoint_gaussians, gaussian_row_shapes
 
 PREFIX = "odin-ns-train: error: "
-STEPS = 40
-SAVED = 28  # the checkpoint resumed from: steps 29..39 remain
-CAP = 32000  # below the model's ~52k Gaussians, above each of 2 sharded ranks' ~27k rows
-TRAINING = [
-    *quiet_flags(save_every=SAVED, keep_checkpoints=True),
-    *schedule_flags(warmup=10, refine_every=8, densify_grad_thresh=0.0002),
-    *("--pipeline.schedule-in-views", "False"),  # steps, not views: runs are compared step by step
-]
-SHARDED = ["--pipeline.parallel", "sharded", "--pipeline.sync.mode", "quality-first"]
-BARRIER = ["--pipeline.sync.mode", "barrier"]
-
-
-def _train(
-    data: Path, out: Path, name: str, ranks: int, *extra: str, steps: int = STEPS
-) -> tuple[int, list[str], Path]:
-    """odin-ns-train: (exit code, non-empty output lines, run dir)."""
-    flags = [*TRAINING, *extra]
-    cmd = train_command(
-        data, out, ranks=ranks, experiment="resume", name=name, steps=steps, flags=flags
-    )
-    env = run_env()
-    proc = subprocess.run(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900, env=env
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.strip()]
-    return proc.returncode, lines, run_dir(out, "resume", name)
-
-
-def _trained(data: Path, out: Path, name: str, ranks: int, *extra: str, steps=STEPS) -> Path:
-    code, lines, run = _train(data, out, name, ranks, *extra, steps=steps)
-    assert code == 0, "\n".join(lines[-40:])
-    return run
-
-
-def _resumed(data: Path, out: Path, name: str, ranks: int, source: Path, *extra: str) -> Path:
-    """A run resumed from ``source``'s step-SAVED checkpoint, to the same last step."""
-    ckpt = _ckpt_path(source, SAVED)
-    # nerfstudio resumes at SAVED + 1 and counts --max-num-iterations from there
-    return _trained(
-        data, out, name, ranks, *extra, "--load-checkpoint", str(ckpt), steps=STEPS - SAVED - 1
-    )
-
-
-def _ckpt_path(run: Path, step: int) -> Path:
-    return run / "nerfstudio_models" / f"step-{step:09d}.ckpt"
 
 
 def _load(run: Path, step: int = STEPS - 1) -> dict:
-    return torch.load(_ckpt_path(run, step), map_location="cpu", weights_only=True)
+    return torch.load(checkpoint_path(run, step), map_location="cpu", weights_only=True)
 
 
 def _gaussians_and_moments(ckpt: dict) -> dict[str, torch.Tensor]:
@@ -110,15 +82,43 @@ def _assert_bitwise(ours: dict, theirs: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(street_scene, tmp_path_factory):
-    """Uninterrupted 2-rank runs: sharded (with the row cap) and replicated barrier."""
-    out = tmp_path_factory.mktemp("resume")
+def runs(street_runs_2):
+    """The session's uninterrupted 2-rank runs: sharded (with the row cap) and replicated
+    barrier."""
+    return {"sharded": street_runs_2["sharded"], "replicated": street_runs_2["barrier"]}
+
+
+@pytest.fixture(scope="module")
+def cap_runs(street_scene, runs, tmp_path_factory) -> dict[str, RunResult]:
+    """Runs the row cap stops or lets through, side by side; name -> result:
+
+    - ``capped``: replicated barrier under the cap (stops when the model outgrows it);
+    - ``resumed-capped``: the final sharded checkpoint (above the cap) resumed sharded under
+      the cap for three steps without densifying (the next refine would grow the model past
+      what two ranks may hold), then the final merged checkpoint;
+    - ``tiny-barrier`` / ``tiny-sharded``: a cap below a rank's share of the initial model.
+    """
+    out = tmp_path_factory.mktemp("cap")
     cap = ["--pipeline.max-rows-per-rank", str(CAP)]
-    return {
-        "out": out,
-        "sharded": _trained(street_scene, out, "sharded", 2, *SHARDED, *cap),
-        "replicated": _trained(street_scene, out, "replicated", 2, *BARRIER),
+    tiny = ["--pipeline.max-rows-per-rank", "4000"]
+    final = checkpoint_path(runs["sharded"], STEPS - 1)
+    resumed = [*SHARDED, *cap, "--pipeline.model.stop-split-at", str(STEPS - 1)]
+    resumed += ["--load-checkpoint", str(final)]
+    specs = {
+        "capped": ([*BARRIER, *cap], STEPS),
+        "resumed-capped": (resumed, 3),
+        "tiny-barrier": ([*BARRIER, *tiny], STEPS),
+        "tiny-sharded": ([*SHARDED, *tiny], STEPS),
     }
+    jobs = [
+        TrainJob(
+            name,
+            street_command(street_scene, out, 2, name, flags, steps),
+            run_dir(out, "street", name),
+        )
+        for name, (flags, steps) in specs.items()
+    ]
+    return train_side_by_side(jobs, out / "logs")
 
 
 @pytest.mark.slow
@@ -139,8 +139,8 @@ def test_sharded_checkpoint_carries_the_replicated_resume_state(runs):
 
 
 @pytest.mark.slow
-def test_sharded_resume_on_the_same_world_size_is_exact(runs, street_scene):
-    resumed = _resumed(street_scene, runs["out"], "sharded-on-2", 2, runs["sharded"], *SHARDED)
+def test_sharded_resume_on_the_same_world_size_is_exact(runs, street_resumed):
+    resumed = street_resumed["sharded"].check()
     _assert_bitwise(_load(resumed), _load(runs["sharded"]))
     # each rank read only its contiguous range of the checkpoint's rows
     n = _load(runs["sharded"], SAVED)["pipeline"]["_model.gauss_params.means"].shape[0]
@@ -150,14 +150,14 @@ def test_sharded_resume_on_the_same_world_size_is_exact(runs, street_scene):
 
 
 @pytest.mark.slow
-def test_sharded_checkpoint_resumes_exactly_in_replicated_barrier(runs, street_scene):
-    resumed = _resumed(street_scene, runs["out"], "sharded-as-rep", 2, runs["sharded"], *BARRIER)
+def test_sharded_checkpoint_resumes_exactly_in_replicated_barrier(runs, street_resumed):
+    resumed = street_resumed["sharded-as-barrier"].check()
     _assert_bitwise(_load(resumed), _load(runs["replicated"]))
 
 
 @pytest.mark.slow
-def test_replicated_checkpoint_resumes_exactly_in_sharded(runs, street_scene):
-    resumed = _resumed(street_scene, runs["out"], "rep-as-sharded", 2, runs["replicated"], *SHARDED)
+def test_replicated_checkpoint_resumes_exactly_in_sharded(runs, street_resumed):
+    resumed = street_resumed["barrier-as-sharded"].check()
     _assert_bitwise(_load(resumed), _load(runs["sharded"]))
 
 
@@ -165,15 +165,13 @@ NOTE = re.compile(r"note: checkpoint of a (\d)-rank run resumed on (\d) rank\(s\
 
 
 @pytest.mark.slow
-def test_3_rank_sharded_checkpoint_resumes_on_2_ranks(street_scene, tmp_path):
-    three = _trained(street_scene, tmp_path, "three", 3, *SHARDED, steps=SAVED + 1)
-    saved = _load(three, SAVED)
+def test_3_rank_sharded_checkpoint_resumes_on_2_ranks(street_runs_3, street_resumed, tmp_path):
+    """The 3-rank sharded run's step-28 checkpoint (random owners), resumed sharded on 2."""
+    saved = _load(street_runs_3["sharded"], SAVED)
     n = saved["pipeline"]["_model.gauss_params.means"].shape[0]
     assert n > 9600  # densified at step 24
-    ckpt = _ckpt_path(three, SAVED)
-    code, lines, two = _train(
-        street_scene, tmp_path, "two", 2, *SHARDED, "--load-checkpoint", str(ckpt), steps=11
-    )
+    resumed = street_resumed["3-on-2"]
+    code, lines, two = resumed.code, resumed.lines, resumed.run_dir
     output = "\n".join(lines[-40:])
     assert code == 0, output
     notes = {m.groups() for line in lines for m in [NOTE.search(line)] if m}
@@ -193,27 +191,17 @@ def test_3_rank_sharded_checkpoint_resumes_on_2_ranks(street_scene, tmp_path):
     for key, tensor in _gaussians_and_moments(final).items():
         assert torch.isfinite(tensor).all(), key
 
-    out = tmp_path / "eval.json"
-    proc = subprocess.run(
-        [str(BIN / "ns-eval"), "--load-config", str(two / "config.yml"), "--output-path", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert json.loads(out.read_text())["results"]["psnr"] > 10.0
+    assert ns_eval_in_process(two / "config.yml", tmp_path / "eval.json")["psnr"] > 10.0
 
 
 @pytest.mark.slow
-def test_row_cap_trains_sharded_and_stops_replicated(runs, street_scene, tmp_path):
+def test_row_cap_trains_sharded_and_stops_replicated(runs, cap_runs):
     summary = json.loads((runs["sharded"] / "odin_run.json").read_text())
     n = _load(runs["sharded"])["pipeline"]["_model.gauss_params.means"].shape[0]
     resident = [max(s["resident_rows"] for s in r["steps"]) for r in summary["ranks"]]
     assert max(resident) <= CAP < n, (resident, CAP, n)  # trained with the cap
 
-    code, lines, _ = _train(
-        street_scene, tmp_path, "capped", 2, *BARRIER, "--pipeline.max-rows-per-rank", str(CAP)
-    )
+    code, lines = cap_runs["capped"].code, cap_runs["capped"].lines
     assert code != 0
     reason = re.fullmatch(rf"{PREFIX}rank [01]: (.*)", lines[-1])  # every rank fails so
     assert reason is not None, "\n".join(lines[-30:])
@@ -226,23 +214,17 @@ def test_row_cap_trains_sharded_and_stops_replicated(runs, street_scene, tmp_pat
 
 @pytest.mark.slow
 def test_model_above_the_cap_resumes_sharded_and_is_refused_replicated(
-    runs, street_scene, tmp_path
+    runs, cap_runs, street_scene, tmp_path
 ):
     """A checkpoint of more Gaussians than the cap: sharded resume reads one range per rank
     (below the cap) and trains; replicated resume, or ranges above the cap, are refused by
     the launcher in one line before any rank starts or any output exists."""
     final = STEPS - 1
-    ckpt = _ckpt_path(runs["sharded"], final)
+    ckpt = checkpoint_path(runs["sharded"], final)
     n = _load(runs["sharded"])["pipeline"]["_model.gauss_params.means"].shape[0]
     assert -(-n // 2) <= CAP < n, (n, CAP)
     cap = ["--pipeline.max-rows-per-rank", str(CAP)]
-    # three steps without densifying (the next refine would grow the model past what two
-    # ranks may hold), then the final merged checkpoint
-    code, lines, run = _train(
-        street_scene, tmp_path, "resumed-capped", 2, *SHARDED, *cap,
-        "--pipeline.model.stop-split-at", str(final), "--load-checkpoint", str(ckpt), steps=3,
-    )  # fmt: skip
-    assert code == 0, "\n".join(lines[-40:])
+    run = cap_runs["resumed-capped"].check()  # three steps under the cap (see cap_runs)
     summary = json.loads((run / "odin_run.json").read_text())
     loaded = [r["loaded_rows"] for r in summary["ranks"]]
     resident = [max(s["resident_rows"] for s in r["steps"]) for r in summary["ranks"]]
@@ -277,31 +259,30 @@ def test_model_above_the_cap_resumes_sharded_and_is_refused_replicated(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("extra", "needle"),
+    ("name", "needle"),
     [
-        (BARRIER, "the model has 9600 Gaussians before training"),
-        (SHARDED, "at step 0 rank "),
+        ("tiny-barrier", "the model has 9600 Gaussians before training"),
+        ("tiny-sharded", "at step 0 rank "),
     ],
 )
-def test_row_cap_below_a_ranks_share_is_one_line(street_scene, tmp_path, extra, needle):
-    code, lines, _ = _train(
-        street_scene, tmp_path, "tiny", 2, *extra, "--pipeline.max-rows-per-rank", "4000"
-    )
+def test_row_cap_below_a_ranks_share_is_one_line(cap_runs, name, needle):
+    code, lines = cap_runs[name].code, cap_runs[name].lines
     assert code != 0
     assert lines[-1].startswith(f"{PREFIX}rank ") and needle in lines[-1], "\n".join(lines[-30:])
     assert "--pipeline.max-rows-per-rank 4000" in lines[-1]
 
 
 def _launch_line(args: list[str], out: Path) -> tuple[int, str]:
-    cmd = [str(BIN / "odin-ns-train"), *args, "--output-dir", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    lines = (proc.stdout + proc.stderr).strip().splitlines()
-    return proc.returncode, lines[-1] if lines else ""
+    """The launcher's preflight, in this process: exit code and last line."""
+    code, lines = launch_in_process([*args, "--output-dir", str(out)], out.parent)
+    return code, lines[-1] if lines else ""
 
 
 @pytest.mark.slow
 def test_checkpoint_that_does_not_fit_is_one_line_before_training(runs, street_scene, tmp_path):
-    state = torch.load(_ckpt_path(runs["sharded"], SAVED), map_location="cpu", weights_only=True)
+    state = torch.load(
+        checkpoint_path(runs["sharded"], SAVED), map_location="cpu", weights_only=True
+    )
     rows = state["pipeline"]["_model.gauss_params.features_dc"].shape[0]
     state["pipeline"]["_model.gauss_params.features_dc"] = state["pipeline"][
         "_model.gauss_params.features_dc"
@@ -320,7 +301,7 @@ def test_checkpoint_that_does_not_fit_is_one_line_before_training(runs, street_s
         (
             [
                 "--load-checkpoint",
-                str(_ckpt_path(runs["sharded"], SAVED)),
+                str(checkpoint_path(runs["sharded"], SAVED)),
                 "--pipeline.model.sh-degree",
                 "1",
             ],

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from harness.runs import RunResult, TrainJob, train_side_by_side
 
 BIN = Path(sys.executable).parent
 TINY_TRAINING = [
@@ -30,42 +31,43 @@ TINY_TRAINING = [
 ]
 
 
-def _run(cmd: list[str], timeout: float = 600, threads: int | None = None):
+def _run(cmd: list[str], timeout: float = 600):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if threads is not None:
-        env["OMP_NUM_THREADS"] = str(threads)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def _train(
-    data: Path,
-    out: Path,
-    steps: int,
-    extra: list[str] = (),
-    name: str = "run",
-    threads: int | None = None,
-) -> Path:
-    proc = _run(
-        [
-            str(BIN / "ns-train"),
-            "odin-splatfacto",
-            "--data",
-            str(data),
-            "--output-dir",
-            str(out),
-            "--experiment-name",
-            "e2e",
-            "--timestamp",
-            name,
-            "--max-num-iterations",
-            str(steps),
-            *TINY_TRAINING,
-            *extra,
-        ],
-        threads=threads,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out / "e2e" / "odin-splatfacto" / name / "config.yml"
+def _job(
+    data: Path, out: Path, steps: int, extra: list[str] = (), name: str = "run", threads=None
+) -> TrainJob:
+    cmd = [
+        str(BIN / "ns-train"), "odin-splatfacto", "--data", str(data), "--output-dir", str(out),
+        "--experiment-name", "e2e", "--timestamp", name, "--max-num-iterations", str(steps),
+        *TINY_TRAINING, *extra,
+    ]  # fmt: skip
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return TrainJob(name, cmd, out / "e2e" / "odin-splatfacto" / name, env=env)
+
+
+# The resume test's schedule: checkpoint at step 40 of 80, across a refine (at 60).
+RESUME = [
+    *("--steps-per-save", "40", "--save-only-latest-checkpoint", "False"),
+    *("--pipeline.model.warmup-length", "20", "--pipeline.model.refine-every", "30"),
+]
+
+
+@pytest.fixture(scope="module")
+def trained(object_scene, tmp_path_factory) -> dict[str, Path]:
+    """Side by side: ``psnr`` (200 steps) and ``full`` (the resume test's uninterrupted 80
+    steps, one torch thread); name -> config.yml, and ``out``."""
+    out = tmp_path_factory.mktemp("e2e")
+    jobs = [
+        _job(object_scene, out, 200, name="psnr"),
+        _job(object_scene, out, 80, RESUME, name="full", threads=1),
+    ]
+    results = train_side_by_side(jobs, out / "logs")
+    return {"out": out, **{name: r.check() / "config.yml" for name, r in results.items()}}
 
 
 def _initial_psnr(config_path: Path) -> float:
@@ -81,8 +83,8 @@ def _initial_psnr(config_path: Path) -> float:
 
 
 @pytest.mark.slow
-def test_train_then_eval_improves_psnr(object_scene, tmp_path):
-    config = _train(object_scene, tmp_path / "out", steps=200)
+def test_train_then_eval_improves_psnr(trained, tmp_path):
+    config = trained["psnr"]
     checkpoints = sorted((config.parent / "nerfstudio_models").glob("step-*.ckpt"))
     assert checkpoints, "training wrote no checkpoint"
 
@@ -99,56 +101,61 @@ def test_train_then_eval_improves_psnr(object_scene, tmp_path):
     assert results["psnr"] > before + 3.0, (before, results["psnr"])
 
 
-def _assert_one_line_error(data: Path, out: Path, extra: list[str], message: str) -> None:
-    """`ns-train odin-splatfacto` fails with ``message`` on stderr and no traceback."""
-    proc = _run(
-        [
-            str(BIN / "ns-train"),
-            "odin-splatfacto",
-            "--data",
-            str(data),
-            "--output-dir",
-            str(out),
-            "--vis",
-            "tensorboard",
-            *extra,
-        ],
-        timeout=300,
-    )
-    assert proc.returncode != 0
-    assert message in proc.stderr, proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr
+def _error_job(name: str, data: Path, out: Path, extra: list[str]) -> TrainJob:
+    """`ns-train odin-splatfacto` on input it must refuse."""
+    cmd = [
+        str(BIN / "ns-train"), "odin-splatfacto", "--data", str(data),
+        "--output-dir", str(out), "--vis", "tensorboard", *extra,
+    ]  # fmt: skip
+    return TrainJob(name, cmd, out, env=dict(os.environ, PYTHONUNBUFFERED="1"), timeout_s=300)
 
 
-def test_missing_data_path_is_one_clear_line(tmp_path):
-    _assert_one_line_error(tmp_path / "nope", tmp_path / "out", [], "does not exist")
-
-
-def test_scene_without_images_is_one_clear_line(tmp_path):
-    scene = tmp_path / "empty"
-    scene.mkdir()
-    (scene / "transforms.json").write_text(
+@pytest.fixture(scope="module")
+def refused_runs(object_scene, tmp_path_factory) -> dict[str, RunResult]:
+    """Each bad input's ns-train run, side by side (each is mostly nerfstudio's import)."""
+    out = tmp_path_factory.mktemp("refused")
+    empty = out / "empty"
+    empty.mkdir()
+    (empty / "transforms.json").write_text(
         json.dumps({"fl_x": 50, "fl_y": 50, "cx": 16, "cy": 16, "w": 32, "h": 32, "frames": []})
     )
-    _assert_one_line_error(scene, tmp_path, [], "odin-ns: error")
+    ckpt = out / "step-000000010.ckpt"
+    ckpt.write_bytes(b"this is not a checkpoint")
+    jobs = [
+        _error_job("missing", out / "nope", out / "missing", []),
+        _error_job("empty", empty, out / "empty-out", []),
+        _error_job("corrupt", object_scene, out / "corrupt", ["--load-checkpoint", str(ckpt)]),
+    ]
+    if not torch.cuda.is_available():
+        gsplat = ["--pipeline.model.rasterizer", "gsplat"]
+        jobs.append(_error_job("gsplat", object_scene, out / "gsplat", gsplat))
+    return train_side_by_side(jobs, out / "logs")
 
 
-def test_gsplat_backend_without_cuda_is_one_clear_line(object_scene, tmp_path):
-    import torch
+def _assert_one_line_error(result: RunResult, message: str) -> None:
+    """`ns-train odin-splatfacto` failed with ``message`` on its last line, no traceback."""
+    output = "\n".join(result.lines)
+    assert result.code != 0
+    assert message in result.lines[-1], output[-2000:]
+    assert "Traceback" not in output
 
+
+def test_missing_data_path_is_one_clear_line(refused_runs):
+    _assert_one_line_error(refused_runs["missing"], "does not exist")
+
+
+def test_scene_without_images_is_one_clear_line(refused_runs):
+    _assert_one_line_error(refused_runs["empty"], "odin-ns: error")
+
+
+def test_gsplat_backend_without_cuda_is_one_clear_line(refused_runs):
     if torch.cuda.is_available():
         pytest.skip("CUDA is available: the gsplat backend is valid here")
-    _assert_one_line_error(
-        object_scene, tmp_path, ["--pipeline.model.rasterizer", "gsplat"], "needs CUDA"
-    )
+    _assert_one_line_error(refused_runs["gsplat"], "needs CUDA")
 
 
-def test_corrupt_checkpoint_is_one_clear_line(object_scene, tmp_path):
-    ckpt = tmp_path / "step-000000010.ckpt"
-    ckpt.write_bytes(b"this is not a checkpoint")
-    _assert_one_line_error(
-        object_scene, tmp_path, ["--load-checkpoint", str(ckpt)], "cannot resume from checkpoint"
-    )
+def test_corrupt_checkpoint_is_one_clear_line(refused_runs):
+    _assert_one_line_error(refused_runs["corrupt"], "cannot resume from checkpoint")
 
 
 def _gaussians(checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -157,25 +164,19 @@ def _gaussians(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_single_process_resume_is_exact(object_scene, tmp_path):
+def test_single_process_resume_is_exact(trained, object_scene, tmp_path):
     """Checkpoint at step 40 of 80, across a refine (at 60), resume: the same parameters
     as the uninterrupted run, bit for bit (strategy statistics, RNG and epoch restored).
 
     One torch thread: with two, CPU training is not bitwise reproducible even between two
     uninterrupted runs (some multi-threaded CPU kernel sums in a varying order), so
     bitwise resume is only defined, and checked, where the run itself is deterministic."""
-    every = ["--steps-per-save", "40", "--save-only-latest-checkpoint", "False"]
-    schedule = ["--pipeline.model.warmup-length", "20", "--pipeline.model.refine-every", "30"]
-    full = _train(object_scene, tmp_path / "out", 80, [*every, *schedule], name="full", threads=1)
+    full = trained["full"]
     models = full.parent / "nerfstudio_models"
-    resumed = _train(
-        object_scene,
-        tmp_path / "out",
-        80 - 41,  # resumes at step 41; nerfstudio counts iterations from there
-        [*every, *schedule, "--load-checkpoint", str(models / "step-000000040.ckpt")],
-        name="resumed",
-        threads=1,
-    )
+    resume = [*RESUME, "--load-checkpoint", str(models / "step-000000040.ckpt")]
+    # resumes at step 41; nerfstudio counts iterations from there
+    job = _job(object_scene, trained["out"], 80 - 41, resume, name="resumed", threads=1)
+    resumed = train_side_by_side([job], tmp_path)["resumed"].check() / "config.yml"
     ours = _gaussians(resumed.parent / "nerfstudio_models" / "step-000000079.ckpt")
     theirs = _gaussians(models / "step-000000079.ckpt")
     assert ours.keys() == theirs.keys()
