@@ -19,7 +19,7 @@ import pytest
 import torch
 from harness.runs import RunResult, TrainJob, train_side_by_side
 
-from odin_ns.bench.commands import BIN, quiet_flags, run_env, train_command
+from odin_ns.bench.commands import BIN, quiet_flags, run_dir, run_env, train_command
 
 SMALL = [*quiet_flags(save_every=4000), "--pipeline.model.num-downscales", "0"]
 SMALL += ["--pipeline.model.densify-grad-thresh", "0.0002"]
@@ -209,7 +209,7 @@ def runs(street_scene, tmp_path_factory) -> dict[str, RunResult]:
             name,
             train_command(data=street_scene, out=out, ranks=2, experiment="batch", name=name,
                           flags=[*SMALL, *extra]),
-            out / "batch" / "odin-splatfacto" / name,
+            run_dir(out, "batch", name),
         )
         for name, extra in variants.items()
     ]  # fmt: skip
@@ -218,7 +218,7 @@ def runs(street_scene, tmp_path_factory) -> dict[str, RunResult]:
         "--output-dir", str(out), "--experiment-name", "batch", "--timestamp", "one",
         *SMALL, *VIEWS_40, "--pipeline.views-per-rank", "2",
     ]  # fmt: skip
-    jobs.append(TrainJob("one", one, out / "batch" / "odin-splatfacto" / "one", env=run_env(None)))
+    jobs.append(TrainJob("one", one, run_dir(out, "batch", "one"), env=run_env(None)))
     return train_side_by_side(jobs, out / "logs")
 
 

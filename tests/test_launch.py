@@ -2,7 +2,8 @@
 
 Bad input is caught by the launcher's preflight before torchrun starts any rank, so no
 output folder exists afterwards (one case through the ``odin-ns-train`` script, the others
-through the same preflight in this process); a rank that fails after spawn has its reason printed after
+through the same preflight in this process); a rank that fails after spawn has its reason
+printed after
 torchrun's own report.
 """
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 from harness.runs import TrainJob, train_side_by_side
 
-from odin_ns.bench.commands import run_env
+from odin_ns.bench.commands import run_dir, run_env
 from odin_ns.distributed.densify import MCMCDensifier
 from odin_ns.distributed.mcmc_noise import (
     MCMCNoise,
@@ -259,7 +259,7 @@ def _train(
         TrainJob(
             name,
             _command(data, out, name, iterations, opts, ranks),
-            out / "mcmc" / "odin-splatfacto-mcmc" / name,
+            run_dir(out, "mcmc", name, method="odin-splatfacto-mcmc"),
             env=run_env(threads=1),
         )
         for name, opts in runs.items()

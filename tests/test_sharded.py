@@ -1,15 +1,16 @@
 """Sharded mode (--pipeline.parallel sharded): owners hold rows and moments, readers cache.
 
 Real runs (gloo, street scene, across densifications; the session's shared 2- and 3-rank
-runs of tests/harness/street_runs.py): the merged checkpoint of sharded
-quality-first training equals replicated barrier training's checkpoint bitwise (parameters
+runs of tests/harness/street_runs.py): the merged checkpoint of sharded quality-first
+training equals replicated barrier training's checkpoint bitwise (parameters
 and Adam moments), each rank owns at most 1.1 N/R rows, the 2-rank sharded checkpoint
 evaluates in single-process ns-eval, and the 3-rank one gives the replicated run's ns-eval
 PSNR and exports one PLY with every Gaussian (what ns-eval and ns-export run, in this
-process). Sharded runs feed the sync panels and
-odin_run.json as replicated runs do. Evaluation during training runs in the 2-rank runs and the live viewer in the sharded one: the sharded run's evaluation metrics (rank 0 renders its gathered copy of
-the model) equal the replicated run's at every evaluation step, and the viewer's copy is
-refreshed whole at every phase start. Unit tests: the per-rank step tables agree pairwise
+process). Sharded runs feed the sync panels and odin_run.json as replicated runs do.
+Evaluation during training runs in the 2-rank runs and the live viewer in the sharded one:
+the sharded run's evaluation metrics (rank 0 renders its gathered copy of the model) equal
+the replicated run's at every evaluation step, and the viewer's copy is refreshed whole at
+every phase start. Unit tests: the per-rank step tables agree pairwise
 (every push / gradient message one rank sends is a receive its peer posts, same order,
 same size), and bad input fails with one line before any rank starts.
 """
@@ -23,7 +24,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
-from harness.runs import launch_in_process, ns_eval_in_process, ns_export_splat_in_process
+from harness.runs import ns_eval_in_process, ns_export_splat_in_process, preflight_last_line
 
 from odin_ns.runtime.sharded import ShardLayout, phase_read_sets, step_tables
 from odin_ns.schedule import build_plan
@@ -292,12 +293,6 @@ def test_step_tables_agree_pairwise(ranks):
             last[np.unique(np.concatenate([plan.step_footprint(t, q) for q in range(ranks)]))] = t
 
 
-def _launch_line(args: list[str], tmp_path: Path) -> tuple[int, str]:
-    """The launcher's preflight, in this process: exit code and last line."""
-    code, lines = launch_in_process([*args, "--output-dir", str(tmp_path / "out")], tmp_path)
-    return code, lines[-1] if lines else ""
-
-
 @pytest.mark.parametrize(
     ("ranks", "extra", "needle"),
     [
@@ -313,7 +308,7 @@ def test_bad_input_is_one_line_before_training(street_scene, tmp_path, ranks, ex
     args += ["--vis", "tensorboard", "--pipeline.parallel", "sharded"]
     args += ["--steps-per-eval-image", "0", "--steps-per-eval-batch", "0"]
     args += ["--steps-per-eval-all-images", "0", *extra]
-    code, last = _launch_line(args, tmp_path)
+    code, last = preflight_last_line(args, tmp_path / "out")
     assert code != 0
     assert last.startswith("odin-ns-train: error:") and needle in last, last
     assert not (tmp_path / "out").exists()  # nothing started

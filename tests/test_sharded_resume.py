@@ -35,8 +35,8 @@ import torch
 from harness.runs import (
     RunResult,
     TrainJob,
-    launch_in_process,
     ns_eval_in_process,
+    preflight_last_line,
     train_side_by_side,
 )
 from harness.street_runs import (
@@ -251,7 +251,7 @@ def test_model_above_the_cap_resumes_sharded_and_is_refused_replicated(
     ]
     for extra, needle in cases:
         out = tmp_path / "refused"
-        code, last = _launch_line([*base, *extra], out)
+        code, last = preflight_last_line([*base, *extra], out)
         assert code != 0
         assert last.startswith(f"{PREFIX}{needle}"), last
         assert not out.exists()  # nothing started
@@ -270,12 +270,6 @@ def test_row_cap_below_a_ranks_share_is_one_line(cap_runs, name, needle):
     assert code != 0
     assert lines[-1].startswith(f"{PREFIX}rank ") and needle in lines[-1], "\n".join(lines[-30:])
     assert "--pipeline.max-rows-per-rank 4000" in lines[-1]
-
-
-def _launch_line(args: list[str], out: Path) -> tuple[int, str]:
-    """The launcher's preflight, in this process: exit code and last line."""
-    code, lines = launch_in_process([*args, "--output-dir", str(out)], out.parent)
-    return code, lines[-1] if lines else ""
 
 
 @pytest.mark.slow
@@ -310,7 +304,7 @@ def test_checkpoint_that_does_not_fit_is_one_line_before_training(runs, street_s
     ]
     for extra, needle in cases:
         out = tmp_path / "out"
-        code, last = _launch_line([*base, *extra], out)
+        code, last = preflight_last_line([*base, *extra], out)
         assert code != 0
         assert last.startswith(f"{PREFIX}cannot resume from checkpoint '") and needle in last, last
         assert not out.exists()  # nothing started

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 from harness.runs import RunResult, TrainJob, train_side_by_side
+
+from odin_ns.bench.commands import run_dir, run_env
 
 BIN = Path(sys.executable).parent
 TINY_TRAINING = [
@@ -32,8 +33,7 @@ TINY_TRAINING = [
 
 
 def _run(cmd: list[str], timeout: float = 600):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=run_env(None))
 
 
 def _job(
@@ -44,10 +44,7 @@ def _job(
         "--experiment-name", "e2e", "--timestamp", name, "--max-num-iterations", str(steps),
         *TINY_TRAINING, *extra,
     ]  # fmt: skip
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if threads is not None:
-        env["OMP_NUM_THREADS"] = str(threads)
-    return TrainJob(name, cmd, out / "e2e" / "odin-splatfacto" / name, env=env)
+    return TrainJob(name, cmd, run_dir(out, "e2e", name), env=run_env(threads))
 
 
 # The resume test's schedule: checkpoint at step 40 of 80, across a refine (at 60).
@@ -107,7 +104,7 @@ def _error_job(name: str, data: Path, out: Path, extra: list[str]) -> TrainJob:
         str(BIN / "ns-train"), "odin-splatfacto", "--data", str(data),
         "--output-dir", str(out), "--vis", "tensorboard", *extra,
     ]  # fmt: skip
-    return TrainJob(name, cmd, out, env=dict(os.environ, PYTHONUNBUFFERED="1"), timeout_s=300)
+    return TrainJob(name, cmd, out, env=run_env(None), timeout_s=300)
 
 
 @pytest.fixture(scope="module")

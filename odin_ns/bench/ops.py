@@ -4,8 +4,8 @@
 
 Sizes come from the engine's real workload on the built-in street scene, the one ``make
 demo`` makes (``python -m odin_ns.data.synthetic --out demo_data/street --layout street``;
-without ``--data``: ``demo_data/street`` when it holds that scene, else the scene is made
-once, in seconds, in ``<temp folder>/odin-ns/street``, so a fresh clone needs no set-up):
+without ``--data`` it is made once, in seconds, in ``<temp folder>/odin-ns/street``, so a
+fresh clone needs no set-up):
 ~20k Gaussians in the scene's bounding box (``odin_ns.bench.schedule.load_transforms_scene``),
 footprints with ``compute_footprints`` and a 2-rank odin plan of one epoch with
 ``build_plan``. The step with the median union size gives U (union rows), M_r (rank r's
@@ -31,10 +31,8 @@ the per-pair ratios; ``speedup_<op>_<size>`` keys at the top level. A PNG beside
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import math
-import shutil
 import statistics
 import tempfile
 import time
@@ -49,59 +47,19 @@ from torch import Tensor
 from odin_ns.cuda import build, cases, ops, reference
 
 OPS = ops.OPS
-DEMO_SCENE = Path("demo_data/street")  # what `make demo` makes (relative to the working folder)
 RANKS = 2
 
 
-def is_builtin_street(folder: Path) -> bool:
-    """``folder`` holds the built-in street scene with ``make_scene``'s defaults (the scene
-    ``make demo`` and ``python -m odin_ns.data.synthetic --layout street`` make), complete
-    (``make_scene`` writes ``transforms.json`` last)."""
-    from odin_ns.data.synthetic import STREET_POINTS_PER_VIEW, make_scene
-
-    try:
-        meta = json.loads((Path(folder) / "transforms.json").read_text())
-    except (OSError, ValueError):
-        return False
-    defaults = {k: p.default for k, p in inspect.signature(make_scene).parameters.items()}
-    views = defaults["num_views"]
-    points = STREET_POINTS_PER_VIEW * views
-    return (
-        meta.get("odin_synthetic")
-        == {"layout": "street", "seed": defaults["seed"], "num_points": points}
-        and (meta.get("w"), meta.get("h")) == (defaults["width"], defaults["height"])
-        and len(meta.get("train_filenames", [])) == views
-        and len(meta.get("frames", [])) == views + defaults["num_eval_views"]
-    )
-
-
-def default_street_scene(demo: Path = DEMO_SCENE, cache: Path | None = None) -> Path:
-    """The built-in street scene: ``demo`` if it holds it, else ``cache`` (default
-    ``<temp folder>/odin-ns/street``), made there first when it does not hold it yet.
-
-    The scene is made in a fresh sibling folder and renamed into place, so an interrupted
-    or concurrent run never leaves (or reads) a half-written scene.
-    """
+def default_street_scene() -> Path:
+    """The built-in street scene (``make_scene``'s defaults, the scene ``make demo`` makes),
+    made once in ``<temp folder>/odin-ns/street`` (``make_scene`` writes ``transforms.json``
+    last, so a folder that has it holds the whole scene)."""
     from odin_ns.data.synthetic import make_scene
 
-    if is_builtin_street(demo):
-        return demo
-    cache = Path(tempfile.gettempdir()) / "odin-ns" / "street" if cache is None else Path(cache)
-    if is_builtin_street(cache):
-        return cache
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f"{cache.name}-", dir=cache.parent))
-    try:
-        print(f"making the built-in street scene in {cache} (once)", flush=True)
-        make_scene(work, layout="street")
-        shutil.rmtree(cache, ignore_errors=True)  # an incomplete or different scene
-        work.rename(cache)
-    except OSError:
-        if not is_builtin_street(cache):  # not another process's scene, renamed in first
-            raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return cache
+    scene = Path(tempfile.gettempdir()) / "odin-ns" / "street"
+    if not (scene / "transforms.json").exists():
+        make_scene(scene, layout="street")
+    return scene
 
 
 def street_workload(data: Path, num_gaussians: int, seed: int) -> dict[str, Any]:

@@ -12,8 +12,9 @@ run's single-core launcher overlaps another run's ranks.
     results = train_side_by_side(jobs, work_dir=out)   # name -> RunResult
 
 Checks that only concern the launcher's preflight (bad input rejected with one line before
-any rank starts) call :func:`launch_in_process`: the same ``odin_ns.launch.main`` the
-``odin-ns-train`` script runs, without paying nerfstudio's import again; one test per entry
+any rank starts) call :func:`launch_in_process`: what ``odin_ns.launch.main`` (the
+``odin-ns-train`` script) runs before it starts torchrun, without paying nerfstudio's import
+again; one test per entry
 point still runs the real script (tests/test_launch.py, tests/test_train_e2e.py). Likewise
 :func:`ns_eval_in_process` and :func:`ns_export_splat_in_process` run what ``ns-eval`` and
 ``ns-export gaussian-splat`` run, on checkpoints of multi-rank runs.
@@ -120,6 +121,13 @@ def launch_in_process(argv: Sequence[str], cwd: Path) -> tuple[int, list[str]]:
     return (code if isinstance(code, int) else 1), lines
 
 
+def preflight_last_line(argv: Sequence[str], out: Path) -> tuple[int, str]:
+    """:func:`launch_in_process` of ``odin-ns-train ARGV --output-dir OUT``, run from OUT's
+    parent: its exit code and last output line."""
+    code, lines = launch_in_process([*argv, "--output-dir", str(out)], out.parent)
+    return code, lines[-1] if lines else ""
+
+
 def ns_eval_in_process(config: Path, output: Path) -> dict:
     """``ns-eval --load-config CONFIG --output-path OUTPUT`` in this process (nerfstudio's
     ``ComputePSNR.main``, what the script runs): the written results. The real script runs in
@@ -146,5 +154,6 @@ __all__ = [
     "launch_in_process",
     "ns_eval_in_process",
     "ns_export_splat_in_process",
+    "preflight_last_line",
     "train_side_by_side",
 ]
