@@ -15,6 +15,13 @@ exists, then runs torchrun's agent (``torch.distributed.run``) with this module 
 process group from torchrun's environment and runs nerfstudio's own train loop. torchrun
 ends all workers when one fails, so a dead rank never leaves the others hanging.
 
+How ranks start (:func:`rank_start_method`): CPU ranks are forked from the launcher, which
+has already imported nerfstudio for its checks (about 10 CPU-seconds a process), and run
+the worker module as ``python -m`` would (:class:`ForkedRank`); GPU ranks are started
+fresh (``python -u -m``), since a CUDA context does not survive a fork. GNU OpenMP's
+thread pool does not survive a fork either (a forked child waits forever for the
+parent's pool threads), so the launcher computes with one thread and never starts it.
+
 Failures end with one line, last: ``odin-ns-train: error: <reason>``. A rank that fails
 with a reason (``OdinInputError``, ``SyncTimeout`` / ``PeerFailure``, ``FloatingPointError``)
 appends ``rank R: ...`` to the file named by ``ODIN_NS_FAILURE_FILE`` (chosen per run by the
@@ -25,8 +32,11 @@ reason, or the root-cause rank's exit code or signal when it left none.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import runpy
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -41,6 +51,8 @@ from odin_ns.errors import OdinInputError, first_line, rank_reason
 
 FAILURE_FILE_ENV = "ODIN_NS_FAILURE_FILE"
 PROG = "odin-ns-train"
+TORCHRUN_FORK_LOGGER = "torch.distributed.elastic.multiprocessing.api"  # logs forked ranks' exits
+RANK_PROCESS_NAME = "odin-ns-rank"  # + the rank: what ps and top show for each rank
 
 
 def _split_launcher_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -61,9 +73,12 @@ def _split_launcher_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]
     return known, rest
 
 
-def _torchrun_args(args: argparse.Namespace, rest: list[str], worker_module: str) -> list[str]:
+def _torchrun_args(
+    args: argparse.Namespace, rest: list[str], worker_module: str, start_method: str
+) -> list[str]:
     """Arguments of ``python -m torch.distributed.run`` that run ``worker_module`` per rank."""
     return [
+        f"--start-method={start_method}",
         f"--nproc-per-node={args.nproc_per_node}",
         f"--nnodes={args.nnodes}",
         f"--node-rank={args.node_rank}",
@@ -83,8 +98,9 @@ def _fail(reason: str, code: int = 1) -> NoReturn:
     sys.exit(code)
 
 
-def _preflight(args: argparse.Namespace, rest: list[str]) -> None:
-    """Check the run in this process; exit 2 (bad arguments) or 1 (bad input) on failure."""
+def _preflight(args: argparse.Namespace, rest: list[str]):
+    """Check the run in this process and return its config; exit 2 (bad arguments) or 1
+    (bad input) on failure."""
     from odin_ns.preflight import parse_training_config, preflight
 
     try:
@@ -99,6 +115,33 @@ def _preflight(args: argparse.Namespace, rest: list[str]) -> None:
         preflight(config, args.nproc_per_node * args.nnodes)
     except OdinInputError as err:
         _fail(err.message)
+    return config
+
+
+def prepare_ranks(args: argparse.Namespace, rest: list[str]) -> str:
+    """The launcher's work before torchrun: check the run (:func:`_preflight`) and return
+    how its ranks start (:func:`rank_start_method`)."""
+    import torch
+
+    # GNU OpenMP's thread pool does not survive a fork: a forked rank would wait forever for
+    # pool threads that exist only here. The launcher computes little: one thread, no pool.
+    torch.set_num_threads(1)
+    config = _preflight(args, rest)
+    return rank_start_method(config.machine.device_type)
+
+
+def rank_start_method(device_type: str) -> str:
+    """How torchrun starts this node's ranks for ``--machine.device-type``: ``"fork"`` for
+    CPU ranks (no new interpreter, no second import of nerfstudio), ``"spawn"`` (a fresh
+    ``python -u -m`` per rank) where ranks may use a GPU. ``cuda`` without a GPU trains on
+    the CPU (:func:`_train_rank`), so it forks too."""
+    if device_type == "cpu":
+        return "fork"
+    if device_type == "cuda":
+        import torch
+
+        return "spawn" if torch.cuda.is_available() else "fork"
+    return "spawn"
 
 
 @contextmanager
@@ -153,15 +196,50 @@ def _failure_reason(written: list[tuple[float, str]], err) -> str:
     return f"rank {rank} exited with code {failure.exitcode}"
 
 
-def _run_torchrun(args: argparse.Namespace, rest: list[str], worker_module: str) -> int:
+class ForkedRank:
+    """torchrun's entrypoint for ranks forked from the launcher: ``python -u -m module``,
+    run in the launcher's already initialised interpreter. Its ``__name__`` and
+    ``__qualname__`` (which torchrun's agent reads from a function entrypoint) are the
+    module: torchrun's report names the ranks as it does for ``python -m module``."""
+
+    def __init__(self, module: str) -> None:
+        self.module = self.__name__ = self.__qualname__ = module
+
+    def __call__(self, *argv: str) -> None:
+        # The launcher's torchrun agent turns these signals into exceptions; a rank dies of them.
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for stream in (sys.stdout, sys.stderr):
+            stream.reconfigure(line_buffering=True)  # lines reach a log as they are printed
+        sys.argv = [self.module, *argv]
+        with warnings.catch_warnings():  # the module is imported here already: expected
+            warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)
+            runpy.run_module(self.module, run_name="__main__", alter_sys=True)
+
+
+def _without_traceback(record: logging.LogRecord) -> bool:
+    """Keep a log line, drop its traceback: torchrun logs a forked rank's exit with the
+    traceback of its own polling loop (torch internals, not the rank's error, which the
+    rank wrote to the failure file and the launcher prints last)."""
+    record.exc_info = record.exc_text = None
+    return True
+
+
+def _run_torchrun(
+    args: argparse.Namespace, rest: list[str], worker_module: str, start_method: str
+) -> int:
     """Run torchrun's agent here (``python -m torch.distributed.run`` in this process).
 
     In-process so that a failed run ends with torchrun's report and then the reason, not
-    with the ``ChildFailedError`` traceback of a torchrun subprocess.
+    with the ``ChildFailedError`` traceback of a torchrun subprocess. ``start_method``:
+    ``"spawn"`` runs ``python -u -m worker_module`` per rank, ``"fork"``
+    :class:`ForkedRank`.
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, parse_args, run
 
     run_dir = Path(tempfile.mkdtemp(prefix="odin-ns-train-"))
     failure_file = run_dir / "failures.tsv"
@@ -170,9 +248,16 @@ def _run_torchrun(args: argparse.Namespace, rest: list[str], worker_module: str)
         # Ranks share the machine's cores: spinning OpenMP workers steal them from each other.
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
     }
+    torchrun = parse_args(_torchrun_args(args, rest, worker_module, start_method))
     try:
         with environment(env):
-            run(parse_args(_torchrun_args(args, rest, worker_module)))
+            if start_method == "fork":
+                logging.getLogger(TORCHRUN_FORK_LOGGER).addFilter(_without_traceback)
+                launch_config, _, _ = config_from_args(torchrun)
+                ranks = elastic_launch(launch_config, entrypoint=ForkedRank(worker_module))
+                ranks(*torchrun.training_script_args)
+            else:
+                run(torchrun)
     except ChildFailedError as err:
         print(err.format_msg(), file=sys.stderr)  # torchrun's own report
         _fail(_failure_reason(read_failures(failure_file), err))
@@ -218,6 +303,7 @@ def _worker(args: argparse.Namespace, rest: list[str]) -> None:
 
     rank = int(os.environ["RANK"])
     failure_file = os.environ.get(FAILURE_FILE_ENV)
+    name_process(f"{RANK_PROCESS_NAME}{rank}")
     try:
         _train_rank(args, rest)
     except (OdinInputError, SyncError, FloatingPointError) as err:
@@ -229,6 +315,15 @@ def _worker(args: argparse.Namespace, rest: list[str]) -> None:
         if failure_file:
             record_failure(Path(failure_file), rank_reason(rank, err, with_type=True))
         raise
+
+
+def name_process(name: str) -> None:
+    """Show ``name`` (at most 15 bytes) as this process's name in ``ps`` and ``top``: forked
+    ranks share the launcher's command line. Linux only; elsewhere nothing changes."""
+    try:
+        Path("/proc/self/comm").write_text(name[:15])
+    except OSError:
+        pass
 
 
 def _train_rank(args: argparse.Namespace, rest: list[str]) -> None:
@@ -295,8 +390,7 @@ def main(argv: list[str] | None = None, worker_module: str = "odin_ns.launch") -
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         _worker(args, rest)
         return
-    _preflight(args, rest)
-    sys.exit(_run_torchrun(args, rest, worker_module))
+    sys.exit(_run_torchrun(args, rest, worker_module, prepare_ranks(args, rest)))
 
 
 if __name__ == "__main__":

@@ -152,6 +152,24 @@ def test_ns_viewer_shows_the_runs_sync_panels(street_runs_2, tmp_path):
         viewer.wait(timeout=30)
 
 
+def rank_processes(launcher_pid: int) -> dict:
+    """rank -> psutil.Process of the launcher's ranks, found by the name each rank gives
+    itself (``odin-ns-rank<R>``): forked ranks share the launcher's command line."""
+    import psutil
+
+    from odin_ns.launch import RANK_PROCESS_NAME
+
+    ranks = {}
+    for proc in psutil.Process(launcher_pid).children(recursive=True):
+        try:
+            name = proc.name()
+        except psutil.NoSuchProcess:
+            continue
+        if name.startswith(RANK_PROCESS_NAME):
+            ranks[int(name.removeprefix(RANK_PROCESS_NAME))] = proc
+    return ranks
+
+
 @pytest.mark.slow
 def test_a_dead_rank_ends_the_whole_run(street_scene, tmp_path):
     """SIGKILL rank 1 mid-run: every rank ends, non-zero, well within the sync timeout."""
@@ -167,35 +185,24 @@ def test_a_dead_rank_ends_the_whole_run(street_scene, tmp_path):
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=run_env()
     )
     try:
-        victim, deadline = None, time.time() + 300
-        while victim is None and time.time() < deadline:
+        ranks, deadline = {}, time.time() + 300
+        while 1 not in ranks and time.time() < deadline:
             time.sleep(2.0)
             assert launcher.poll() is None, launcher.stdout.read()[-3000:]
             if not list(tmp_path.rglob("config.yml")):
                 continue  # not training yet
-            for proc in psutil.Process(launcher.pid).children(recursive=True):
-                try:
-                    if proc.environ().get("RANK") == "1" and "odin_ns.launch" in " ".join(
-                        proc.cmdline()
-                    ):
-                        victim = proc
-                except (psutil.NoSuchProcess, psutil.AccessDenied):
-                    continue
-        assert victim is not None, "rank 1 never started"
+            ranks = rank_processes(launcher.pid)
+        assert sorted(ranks) == [0, 1], f"rank 1 never started: {ranks}"
         time.sleep(3.0)  # let it train a few steps (about 0.1 s each)
         killed_at = time.time()
-        victim.kill()
+        ranks[1].kill()
         output, _ = launcher.communicate(timeout=120)
         print(output[-2500:])
         assert launcher.returncode != 0
         assert time.time() - killed_at < 90, "the surviving rank did not end in time"
         assert "rank" in output.lower() and ("failed" in output.lower() or "peer" in output.lower())
-        leftovers = [
-            p
-            for p in psutil.Process().children(recursive=True)
-            if "odin_ns.launch" in " ".join(p.cmdline())
-        ]
-        assert not leftovers, "a rank survived its peer's death"
+        _, alive = psutil.wait_procs([ranks[0]], timeout=10)
+        assert not alive, "rank 0 survived its peer's death"
     finally:
         if launcher.poll() is None:
             launcher.kill()

@@ -123,6 +123,54 @@ def test_a_rank_failing_after_spawn_prints_its_reason_last(tmp_path):
     assert sum(line.startswith(PREFIX) for line in lines) == 1, output
 
 
+FORK_AFTER_PREFLIGHT = """
+import os, sys, torch
+from odin_ns import launch
+
+args, rest = launch._split_launcher_args(sys.argv[1:])
+assert launch.prepare_ranks(args, rest) == "fork"
+pid = os.fork()
+if pid == 0:  # a rank: OpenMP work on two threads
+    torch.set_num_threads(2)
+    torch.randn(4_000_000).exp().sum()
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_rank_forked_after_the_preflight_can_use_openmp_threads(tmp_path):
+    """CPU ranks are forked from the launcher, and GNU OpenMP's thread pool does not survive
+    a fork: a child of a process whose pool started waits forever in its first parallel
+    region. After the launcher's own work (config, preflight, dataparser), a forked child
+    must run two-thread OpenMP work; this hangs (killed at the deadline) if the launcher
+    starts its pool. OMP_NUM_THREADS is unset, as for most users."""
+    import os
+    import signal
+    import sys
+
+    scene = _tiny_scene(tmp_path / "tiny", views=2)
+    argv = ["--nproc-per-node", "2", "odin-splatfacto", "--data", str(scene)]
+    env = run_env(threads=None)
+    env.pop("OMP_NUM_THREADS", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FORK_AFTER_PREFLIGHT, *argv],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail("a rank forked after the launcher's preflight hung in OpenMP\n" + output)
+    assert proc.returncode == 0, output[-3000:]
+
+
 # ------------------------------------------------------------------ the failure file
 
 

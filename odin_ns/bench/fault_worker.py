@@ -16,13 +16,13 @@ the one method where it strikes, then trains as usual. Faults (``kind``; ``rank`
 - ``stall``: a silent sleep of ``seconds`` before publishing ``step`` (a stuck rank);
 - ``nan_grad``: a NaN in the gradient of ``means`` at ``step``.
 
-On SIGTERM (torchrun ending the survivors) a rank with ``ODIN_NS_FAULT_REPORT`` set writes
-whether its replica is finite to ``<that folder>/rank<R>.finite`` before it exits.
+A rank with ``ODIN_NS_FAULT_REPORT`` set writes whether its replica is finite to
+``<that folder>/rank<R>.finite`` before it exits: when training returns or raises, and on
+SIGTERM (torchrun ending the survivors).
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import signal
@@ -127,13 +127,12 @@ def _report(folder: Path, rank: int) -> None:
     (folder / f"rank{rank}.finite").write_text(json.dumps({"finite": finite}))
 
 
-def _report_at_exit(folder: Path, rank: int) -> None:
+def _report_on_sigterm(folder: Path, rank: int) -> None:
     def handler(signum, frame):
         _report(folder, rank)
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, handler)
-    atexit.register(_report, folder, rank)
 
 
 _TRAINER: dict = {}
@@ -154,16 +153,22 @@ def _remember_trainer() -> None:
 def main() -> None:
     from odin_ns import launch
 
-    if "RANK" in os.environ:
-        rank = int(os.environ["RANK"])
-        fault = json.loads(os.environ.get(FAULT_ENV) or "{}")
-        if fault:
-            _install(fault, rank)
-        report = os.environ.get(REPORT_ENV)
+    if "RANK" not in os.environ:  # the launcher
+        launch.main(worker_module="odin_ns.bench.fault_worker")
+        return
+    rank = int(os.environ["RANK"])
+    fault = json.loads(os.environ.get(FAULT_ENV) or "{}")
+    if fault:
+        _install(fault, rank)
+    report = os.environ.get(REPORT_ENV)
+    if report:
+        _remember_trainer()
+        _report_on_sigterm(Path(report), rank)
+    try:
+        launch.main(worker_module="odin_ns.bench.fault_worker")
+    finally:  # a forked rank ends with os._exit: no atexit, so not one
         if report:
-            _remember_trainer()
-            _report_at_exit(Path(report), rank)
-    launch.main(worker_module="odin_ns.bench.fault_worker")
+            _report(Path(report), rank)
 
 
 if __name__ == "__main__":

@@ -134,11 +134,11 @@ def check_sharded_config(trainer_config, world_size: int) -> None:
             "odin-ns-train --nproc-per-node N); one process holds the whole model anyway"
         )
     check_dense_parameters(config.model)
-    if config.sync.mode not in ("quality-first", "barrier", "throughput-first"):
+    if config.sync.mode not in ("quality-first", "throughput-first"):
         raise OdinInputError(
             f"--pipeline.parallel sharded runs quality-first or throughput-first; sync mode "
             f"'{config.sync.mode}' is a replicated baseline (use --pipeline.parallel "
-            "replicated)"
+            "replicated; sharded quality-first gives barrier's parameters bit for bit)"
         )
     check_row_cap_option(getattr(config, "max_rows_per_rank", 0))
     cap = int(getattr(config, "eval_copy_max_rows", 0))

@@ -1,8 +1,8 @@
 """Training runs for tests: several ``odin-ns-train`` runs side by side, and the launcher's
 preflight in this process.
 
-Most of a tiny test run's wall time is not training: each of its processes (the launcher
-and every rank) imports nerfstudio, about 10 s of one core here, while the 40 training
+Most of a tiny test run's wall time is not training: its launcher imports nerfstudio
+(its CPU ranks are forked from it), about 10 s of one core here, while the 40 training
 steps of a 2-rank street run take about 4 s. Runs whose results never depend on timing
 (every bitwise comparison: quality-first and barrier, sharded and replicated, resumed and
 uninterrupted) therefore go side by side, two at a time on this 2-core machine, so one
@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Sequence
@@ -67,12 +68,17 @@ def _run(job: TrainJob, log: Path) -> RunResult:
     started = time.monotonic()
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            list(job.cmd), stdout=out, stderr=subprocess.STDOUT, text=True, env=job.env
+            list(job.cmd),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=job.env,
+            start_new_session=True,  # the launcher and its ranks: one group to end
         )
         try:
             code = proc.wait(timeout=job.timeout_s)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             code = -9
             out.write(f"\n[test harness] {job.name}: killed after {job.timeout_s:.0f} s\n")
