@@ -8,9 +8,9 @@ without CUDA. This entry point covers the rest with PyTorch's own launcher:
         odin-splatfacto --data DIR                                        # multi-node
 
 Without ``RANK`` in the environment it is the launcher: it parses the same tyro config the
-ranks will, runs the preflight checks (``odin_ns.preflight``: data path, images, world size
-against views, options that cannot run distributed) before any rank or output folder
-exists, then runs torchrun's agent (``torch.distributed.run``) with this module (or
+ranks will, runs the checks of :func:`check_run` (``odin_ns.preflight``'s: data path,
+images, world size against views, options that cannot run distributed) before any rank or
+output folder exists, then runs torchrun's agent (``torch.distributed.run``) with this module (or
 ``worker_module``) as each rank. Inside each worker it builds the config, initialises the
 process group from torchrun's environment and runs nerfstudio's own train loop. torchrun
 ends all workers when one fails, so a dead rank never leaves the others hanging.
@@ -41,13 +41,16 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from odin_ns.errors import OdinInputError, first_line, rank_reason
+
+if TYPE_CHECKING:
+    from nerfstudio.engine.trainer import TrainerConfig
 
 FAILURE_FILE_ENV = "ODIN_NS_FAILURE_FILE"
 PROG = "odin-ns-train"
@@ -98,11 +101,55 @@ def _fail(reason: str, code: int = 1) -> NoReturn:
     sys.exit(code)
 
 
-def _preflight(args: argparse.Namespace, rest: list[str]):
+def parse_training_config(args: Sequence[str]) -> TrainerConfig:
+    """The ``ns-train``-style tyro config, exactly as every rank parses it."""
+    import tyro
+    from nerfstudio.configs.method_configs import AnnotatedBaseConfigUnion
+
+    config = tyro.cli(AnnotatedBaseConfigUnion, args=list(args))
+    if config.data:
+        config.pipeline.datamanager.data = config.data
+    return config
+
+
+def check_run(config: TrainerConfig, world_size: int) -> None:
+    """What a run on ``world_size`` ranks can be checked for before any rank starts
+    (``odin_ns.preflight``'s checks). Cheap checks first (paths, options), then one parse
+    of the scene's training split. Creates nothing."""
+    from odin_ns import preflight as checks
+    from odin_ns.pipeline import OdinPipelineConfig
+
+    pipeline = config.pipeline
+    odin = isinstance(pipeline, OdinPipelineConfig)
+    datamanager = pipeline.datamanager
+    data = checks.check_data_path(datamanager.data or datamanager.dataparser.data)
+    checks.check_checkpoint_exists(config.load_checkpoint)
+    checkpoint = checks.resume_checkpoint(config)
+    checks.check_checkpoint_readable(checkpoint)
+    checkpoint_rows = checks.check_checkpoint_fits_config(checkpoint, pipeline.model)
+    checks.check_output_writable(config.output_dir)
+    if odin:
+        checks.check_row_cap_option(pipeline.max_rows_per_rank)
+        if checkpoint_rows is not None:
+            checks.check_checkpoint_row_cap(
+                checkpoint, checkpoint_rows, world_size, pipeline.max_rows_per_rank,
+                pipeline.parallel,
+            )  # fmt: skip
+    if hasattr(pipeline.model, "rasterizer"):
+        checks.check_rasterizer(pipeline.model.rasterizer)
+    if odin and pipeline.parallel == "sharded":
+        checks.check_sharded_config(config, world_size)
+    distributed = world_size > 1 and odin
+    if distributed:
+        checks.check_dense_parameters(pipeline.model)
+    num_views = checks.count_training_views(datamanager.dataparser, data)
+    if distributed:
+        checks.check_views_for_ranks(world_size, num_views)
+
+
+def _preflight(args: argparse.Namespace, rest: list[str]) -> TrainerConfig:
     """Check the run in this process and return its config; exit 2 (bad arguments) or 1
     (bad input) on failure."""
-    from odin_ns.preflight import parse_training_config, preflight
-
     try:
         with warnings.catch_warnings():  # nerfstudio's import-time deprecations: the ranks say them
             warnings.simplefilter("ignore", FutureWarning)
@@ -112,7 +159,7 @@ def _preflight(args: argparse.Namespace, rest: list[str]):
             raise
         _fail("invalid training arguments (see the message above)", code=2)
     try:
-        preflight(config, args.nproc_per_node * args.nnodes)
+        check_run(config, args.nproc_per_node * args.nnodes)
     except OdinInputError as err:
         _fail(err.message)
     return config
@@ -331,8 +378,6 @@ def _train_rank(args: argparse.Namespace, rest: list[str]) -> None:
     import torch.distributed as dist
     from nerfstudio.scripts.train import train_loop
     from nerfstudio.utils import comms
-
-    from odin_ns.preflight import parse_training_config
 
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])

@@ -1,10 +1,11 @@
 """Input checks that fail with one clear line, shared by the launcher and the ranks.
 
-``odin-ns-train`` runs :func:`preflight` in its own process, before torchrun starts any rank
-and before any output folder exists; the data manager, model and pipeline run the same
-``check_*`` functions inside every rank (where ``ns-train`` or a hand-made torchrun got
-there without the launcher). Each check raises :class:`OdinInputError` with the message the
-user sees.
+``odin-ns-train`` runs them in its own process (``launch.check_run``), before torchrun
+starts any rank and before any output folder exists; the data manager, model, pipeline and
+sessions run the same ``check_*`` functions inside every rank (where ``ns-train`` or a
+hand-made torchrun got there without the launcher). Each check raises
+:class:`OdinInputError` with the message the user sees. A leaf: it imports nothing of the
+project above ``errors`` and the rasterizer registry.
 """
 
 from __future__ import annotations
@@ -296,54 +297,23 @@ def check_output_writable(output_dir: Path | str) -> None:
         )
 
 
-# ------------------------------------------------------------------ the launcher's preflight
-
-
-def parse_training_config(args: Sequence[str]) -> TrainerConfig:
-    """The ``ns-train``-style tyro config, exactly as every rank parses it."""
-    import tyro
-    from nerfstudio.configs.method_configs import AnnotatedBaseConfigUnion
-
-    config = tyro.cli(AnnotatedBaseConfigUnion, args=list(args))
-    if config.data:
-        config.pipeline.datamanager.data = config.data
-    return config
-
-
-def _is_odin_pipeline(config: TrainerConfig) -> bool:
-    from odin_ns.pipeline import OdinPipelineConfig
-
-    return isinstance(config.pipeline, OdinPipelineConfig)
-
-
-def preflight(config: TrainerConfig, world_size: int) -> None:
-    """What a run on ``world_size`` ranks can be checked for before any rank starts.
-
-    Cheap checks first (paths, options), then one parse of the scene's training split.
-    Creates nothing.
-    """
-    datamanager = config.pipeline.datamanager
-    data = check_data_path(datamanager.data or datamanager.dataparser.data)
-    check_checkpoint_exists(config.load_checkpoint)
-    check_checkpoint_readable(resume_checkpoint(config))
-    checkpoint = resume_checkpoint(config)
-    checkpoint_rows = check_checkpoint_fits_config(checkpoint, config.pipeline.model)
-    check_output_writable(config.output_dir)
-    model_config = config.pipeline.model
-    cap = getattr(config.pipeline, "max_rows_per_rank", 0)
-    check_row_cap_option(cap)
-    if checkpoint_rows is not None and _is_odin_pipeline(config):
-        parallel = getattr(config.pipeline, "parallel", "replicated")
-        check_checkpoint_row_cap(checkpoint, checkpoint_rows, world_size, int(cap), parallel)
-    if hasattr(model_config, "rasterizer"):
-        check_rasterizer(model_config.rasterizer)
-    distributed = world_size > 1 and _is_odin_pipeline(config)
-    if getattr(config.pipeline, "parallel", "replicated") == "sharded":
-        from odin_ns.distributed.sharded_session import check_sharded_config
-
-        check_sharded_config(config, world_size)
-    if distributed:
-        check_dense_parameters(model_config)
-    num_views = count_training_views(datamanager.dataparser, data)
-    if distributed:
-        check_views_for_ranks(world_size, num_views)
+def check_sharded_config(trainer_config, world_size: int) -> None:
+    """One clear line for what sharded mode does not do (yet); config-only (the launcher runs
+    it before any rank starts, the trainer again in every rank)."""
+    config = trainer_config.pipeline
+    if world_size < 2:
+        raise OdinInputError(
+            "--pipeline.parallel sharded needs at least 2 ranks (launch with "
+            "odin-ns-train --nproc-per-node N); one process holds the whole model anyway"
+        )
+    check_dense_parameters(config.model)
+    if config.sync.mode not in ("quality-first", "barrier", "throughput-first"):
+        raise OdinInputError(
+            f"--pipeline.parallel sharded runs quality-first, barrier or throughput-first; "
+            f"sync mode '{config.sync.mode}' is a replicated baseline (use "
+            "--pipeline.parallel replicated)"
+        )
+    check_row_cap_option(getattr(config, "max_rows_per_rank", 0))
+    cap = int(getattr(config, "eval_copy_max_rows", 0))
+    if cap < 0:
+        raise OdinInputError(f"--pipeline.eval-copy-max-rows must be >= 0 (0: no bound), got {cap}")

@@ -23,7 +23,16 @@ from odin_ns.bench.simulate import (
     ring_allreduce_seconds,
     tf_needs,
 )
-from odin_ns.bench.sync import CONTROL, TRAIN_MODE, aggregate_rounds, pair_ratios, rotated_orders
+from odin_ns.bench.sync import (
+    CONTROL,
+    TRAIN_MODE,
+    aggregate_rounds,
+    pair_ratios,
+    rotated_orders,
+    round_psnrs,
+    runs_to_evaluate,
+    seed_control_figures,
+)
 from odin_ns.bench.trace import fit_cost_model, fit_jitter
 
 FAST = Network("ideal", 0.5, 1e30)  # 0.5 s latency, no bandwidth cost
@@ -272,4 +281,61 @@ def test_sync_control_without_barrier_is_refused_before_any_run(tmp_path, capsys
         sync.main([*argv, "--work-dir", str(tmp_path / "runs")])
     assert exc.value.code == 2
     assert "--modes must include barrier" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not out.exists() and not (tmp_path / "runs").exists()
+
+
+def test_sync_evaluates_every_run_whose_parameters_differ_from_barrier():
+    """Barrier once (deterministic); a quality-first run bitwise barrier's takes barrier's
+    PSNR; every throughput-first run (parameters differ) is evaluated in its own round."""
+    modes = ["barrier", "quality-first", "throughput-first", CONTROL]
+    rounds = [
+        {
+            "barrier": {},
+            "quality-first": {"max_param_diff_vs_barrier": 0.0},
+            "throughput-first": {"max_param_diff_vs_barrier": 0.02 * (i + 1)},
+            CONTROL: {"max_param_diff_vs_barrier": 0.0},
+        }
+        for i in range(3)
+    ]
+    evaluated = runs_to_evaluate(rounds, modes)
+    assert evaluated == [
+        ("barrier", 0),
+        ("throughput-first", 0),
+        *(("throughput-first", i) for i in (1, 2)),
+    ]
+    measured = {("barrier", 0): 20.0, **{("throughput-first", i): 19.5 + i for i in range(3)}}
+    psnrs = round_psnrs(rounds, modes, measured)
+    assert psnrs == {
+        "barrier": [20.0, 20.0, 20.0],
+        "quality-first": [20.0, 20.0, 20.0],
+        "throughput-first": [19.5, 20.5, 21.5],
+    }
+    without_barrier = runs_to_evaluate([{"quality-first": {}}] * 2, ["quality-first"])
+    assert without_barrier == [("quality-first", 0), ("quality-first", 1)]
+
+
+def test_seed_control_range_includes_barrier_itself():
+    figures = seed_control_figures(20.0, [20.25, 19.5])
+    assert figures["psnr_seed_deltas"] == [0.25, -0.5]
+    assert (figures["psnr_seed_delta_min"], figures["psnr_seed_delta_max"]) == (-0.5, 0.25)
+    assert seed_control_figures(20.0, [20.5])["psnr_seed_delta_min"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("extra", "reason"),
+    [
+        (["--modes", "quality-first"], "needs barrier and ns-eval"),
+        (["--no-eval"], "needs barrier and ns-eval"),
+        (["--seed-control", "-1"], "--seed-control must be >= 0"),
+    ],
+)
+def test_sync_seed_control_refusals_come_before_any_run(tmp_path, capsys, extra, reason):
+    from odin_ns.bench import sync
+
+    out = tmp_path / "sync.json"
+    argv = ["--data", str(tmp_path), "--seed-control", "2", "--out", str(out), *extra]
+    with pytest.raises(SystemExit) as exc:
+        sync.main([*argv, "--work-dir", str(tmp_path / "runs")])
+    assert exc.value.code == 2
+    assert reason in capsys.readouterr().err.strip().splitlines()[-1]
     assert not out.exists() and not (tmp_path / "runs").exists()

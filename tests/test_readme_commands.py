@@ -8,7 +8,7 @@ What is checked, without training and without touching the data:
   it, a leading ``$`` prompt and ``VAR=value`` assignments skipped). Inline code spans of prose and untagged
   blocks (the file layout) are not read. One test per command, named by the command.
 - Parsing, as the program does it: ``ns-train``'s arguments go to
-  ``odin_ns.preflight.parse_training_config`` (nerfstudio's own ``tyro.cli`` call on
+  ``odin_ns.launch.parse_training_config`` (nerfstudio's own ``tyro.cli`` call on
   ``AnnotatedBaseConfigUnion``, plus its ``--data`` alias); ``odin-ns-train``'s first go
   through the launcher's own argparse flags (``odin_ns.launch._split_launcher_args``) and the
   rest through the same ``parse_training_config``, as the launcher and every rank do. A
@@ -78,8 +78,7 @@ IDS = [shlex.join(argv) for argv in COMMANDS]
 
 def parse(argv: list[str]) -> tuple[Any | None, list[str], Any]:
     """(launcher namespace or None, training arguments, TrainerConfig) as ``argv[0]`` parses."""
-    from odin_ns.launch import _split_launcher_args
-    from odin_ns.preflight import parse_training_config
+    from odin_ns.launch import _split_launcher_args, parse_training_config
 
     launcher, rest = None, list(argv[1:])
     if argv[0] == "odin-ns-train":

@@ -43,6 +43,8 @@ def runs(street_runs_2, street_runs_3):
         (2, "replicated"): street_runs_2["barrier"],
         (2, "sharded"): street_runs_2["sharded"],  # with evaluation and the live viewer
         (2, "sharded-tf"): street_runs_2["sharded-tf"],  # tau 0
+        (2, "sharded-barrier"): street_runs_2["sharded-barrier"],  # per-step delays
+        (2, "sharded-jitter"): street_runs_2["sharded-jitter"],  # quality-first, same delays
         (3, "replicated"): street_runs_3["barrier"],
         (3, "sharded"): street_runs_3["sharded"],  # random owners, credits of one message
     }
@@ -96,6 +98,49 @@ def test_sharded_checkpoint_equals_replicated_barrier(runs, ranks):
     }
     assert computed["sharded"] == computed["replicated"], computed
     assert any(0 < c < n_rows for n_rows, c in computed["sharded"][1:]), computed
+
+
+def _compute_starts_and_ends(run: Path) -> tuple[list[dict], list[dict], set[int]]:
+    """Per rank, step -> when its compute began (the step's start plus its wait) and when
+    the step ended; and the steps to leave out: phase starts (their collectives and the
+    phase start's own time precede the compute) and steps after a structural change."""
+    summary = json.loads((run / "odin_run.json").read_text())
+    starts = [{s["step"]: s["start"] + s["wait_s"] for s in r["steps"]} for r in summary["ranks"]]
+    ends = [{s["step"]: s["end"] for s in r["steps"]} for r in summary["ranks"]]
+    rank0 = summary["ranks"][0]
+    skip = {p["start_step"] for p in rank0["phases"]}
+    skip |= {c["step"] + 1 for c in rank0["structural_changes"]}
+    return starts, ends, skip
+
+
+@pytest.mark.slow
+def test_sharded_barrier_is_a_barrier(runs):
+    """Sharded barrier under per-step compute delays (mean 80 ms per rank and step, the
+    same in both runs): its checkpoint is replicated barrier's bitwise, and no rank began
+    computing step t before its peer had ended step t - 1. Sharded quality-first under the
+    same delays does: a rank runs ahead where its reads do not depend on the slower peer.
+    Slack for the barrier (100 ms): a peer records a step's end after it signalled it."""
+    rep, barrier = _checkpoint(runs[2, "replicated"]), _checkpoint(runs[2, "sharded-barrier"])
+    keys = [k for k in rep["pipeline"] if "gauss_params" in k]
+    for key in keys:
+        assert torch.equal(barrier["pipeline"][key], rep["pipeline"][key]), key
+    summary = json.loads((runs[2, "sharded-barrier"] / "odin_run.json").read_text())
+    assert summary["ranks"][0]["engine"]["mode"] == "barrier"
+
+    def lead_s(mode: str) -> list[float]:
+        """Per (rank, step t): how long before its peer ended t - 1 the rank began t."""
+        starts, ends, skip = _compute_starts_and_ends(runs[2, mode])
+        return [
+            ends[1 - r][t - 1] - start
+            for r in (0, 1)
+            for t, start in starts[r].items()
+            if t > 0 and t not in skip and t - 1 in ends[1 - r]
+        ]
+
+    barrier_leads, qf_leads = lead_s("sharded-barrier"), lead_s("sharded-jitter")
+    assert len(barrier_leads) >= 40, len(barrier_leads)
+    assert max(barrier_leads) < 0.1, sorted(barrier_leads)[-5:]
+    assert max(qf_leads) > 0.15, sorted(qf_leads)[-5:]
 
 
 @pytest.mark.slow
@@ -301,8 +346,6 @@ def test_step_tables_agree_pairwise(ranks):
         (2, ["--pipeline.model.use-bilateral-grid", "True"], "dense parameters"),
         (2, ["--pipeline.eval-copy-max-rows", "-1"], "eval-copy-max-rows must be >= 0"),
         (2, ["--pipeline.sync.mode", "ddp"], "is a replicated baseline"),
-        # sharded has no global step barrier: refused, not run as quality-first
-        (2, ["--pipeline.sync.mode", "barrier"], "is a replicated baseline"),
     ],
 )
 def test_bad_input_is_one_line_before_training(street_scene, tmp_path, ranks, extra, needle):

@@ -1,8 +1,9 @@
 """Sync benchmark: the same training under each synchronization mode, interleaved.
 
     python -m odin_ns.bench.sync --data DIR [--downscale-factor F] --ranks 2 --steps N \
-        --modes ddp,barrier,quality-first,throughput-first --repeats 3 \
-        [--jitter-ms 20] --out bench/sync_street.json [-- more ns-train options]
+        --modes ddp,barrier,quality-first,throughput-first --repeats 3 [--control] \
+        [--seed-control K] [--jitter-ms 20] --out bench/sync_street.json \
+        [-- more ns-train options]
 
 Every mode trains the same scene with the same seed, plan strategy, step count and world
 size through the real entry point (``odin-ns-train``, or ``odin_ns.bench.jitter`` around it
@@ -11,7 +12,15 @@ in every mode). ``--repeats N`` runs N rounds with the modes in rotated order (A
 CDAB, ...), so the machine's drift lands on every mode alike. Per mode, each figure is the
 median over rounds, with ``<key>_min`` / ``<key>_max``; a ratio between two modes is the
 median of the same-round ratios (``_min`` / ``_max`` their spread). ``ns-eval`` measures
-PSNR on the held-out views of round 0's runs. Figures come from each run's ``odin_run.json``
+PSNR on the held-out views: barrier's run once (barrier is deterministic), and in every
+round each run whose parameters differ from that round's barrier run (the others have
+barrier's PSNR: bitwise its parameters); per mode the median over rounds, and
+``psnr_delta_<mode>_vs_barrier`` the median of same-round deltas. ``--seed-control K``
+trains barrier K more times with seeds ``seed + 1 .. seed + K`` (``--machine.seed`` and the
+view order's ``train-cameras-sampling-seed``) after the rounds and evaluates them: the
+spread of those PSNRs around barrier's (``psnr_seed_deltas``) is what a different
+trajectory alone costs on the scene, the yardstick for a mode's PSNR delta. Figures come
+from each run's ``odin_run.json``
 (per-rank, per-step timestamps, compute and wait seconds; the engine's bytes; per-phase
 start seconds). Per mode, ``mean_dependency_rows_per_step`` is the run's plan density: the
 rows of the dependency table ``dependency_rows[t]`` [R, R] a step waits for, summed over
@@ -20,7 +29,7 @@ noise adds none. ``--control`` adds an A/A control: barrier trained a second tim
 round (``barrier-again``, rotated like the modes); its same-round ratio to barrier,
 ``throughput_ratio_again_vs_barrier``, is the spread this machine puts on the ratio of two
 runs that do bitwise the same work (``max_param_diff_again_vs_barrier``: 0). Writes JSON,
-a PNG of round 0's timelines and ``<out>_ratios.png``.
+a PNG of round 0's timelines, ``<out>_ratios.png`` and ``<out>_psnr.png``.
 """
 
 from __future__ import annotations
@@ -66,14 +75,23 @@ def rotated_orders(modes: list[str], repeats: int) -> list[list[str]]:
     return [modes[i % n :] + modes[: i % n] for i in range(repeats)]
 
 
-def _train(args, mode: str, out: Path, name: str, port: int) -> Path:
+def seed_flags(seed: int) -> list[str]:
+    """A run's seeds: nerfstudio's (initial draws) and the view order's (the plan)."""
+    return [
+        *("--machine.seed", str(seed)),
+        *("--pipeline.datamanager.train-cameras-sampling-seed", str(seed)),
+    ]
+
+
+def _train(args, mode: str, out: Path, name: str, port: int, seed: int | None = None) -> Path:
+    """Train ``mode`` (``seed``: default ``--seed``; jitter keeps ``--seed``)."""
     launcher = None  # odin-ns-train
     if args.jitter_ms > 0:
         launcher = module_launcher("odin_ns.bench.jitter")
         launcher += ["--jitter-ms", str(args.jitter_ms), "--jitter-seed", str(args.seed)]
     flags = [
         *quiet_flags(save_every=10 * args.steps),
-        *("--machine.seed", str(args.seed)),
+        *seed_flags(args.seed if seed is None else seed),
         *schedule_flags(warmup=args.warmup, refine_every=args.refine_every),
         *("--pipeline.sync.mode", TRAIN_MODE.get(mode, mode)),
         *args.extra,
@@ -217,6 +235,50 @@ def mode_figures(summary: dict, skip_steps: int) -> dict:
     }
 
 
+def runs_to_evaluate(rounds: list[dict[str, dict]], modes: list[str]) -> list[tuple[str, int]]:
+    """(mode, round) of the runs ns-eval measures: barrier's round 0 (barrier is
+    deterministic, the same parameters every round) and every other run whose parameters
+    differ from its round's barrier run; without barrier, every run. The A/A control is
+    barrier again: never."""
+    evaluated = []
+    for i, figures in enumerate(rounds):
+        for mode in modes:
+            if mode == CONTROL or (mode == "barrier" and i > 0):
+                continue
+            if mode != "barrier" and figures[mode].get("max_param_diff_vs_barrier") == 0.0:
+                continue  # bitwise barrier's parameters: barrier's PSNR
+            evaluated.append((mode, i))
+    return evaluated
+
+
+def round_psnrs(
+    rounds: list[dict[str, dict]], modes: list[str], measured: dict[tuple[str, int], float]
+) -> dict[str, list[float]]:
+    """Per mode (not the control), the PSNR of each round's run: measured, or barrier's
+    where the run's parameters are bitwise barrier's."""
+    out: dict[str, list[float]] = {}
+    for mode in modes:
+        if mode == CONTROL:
+            continue
+        key = ("barrier", 0)
+        out[mode] = [
+            measured[(mode, i) if (mode, i) in measured else key] for i in range(len(rounds))
+        ]
+    return out
+
+
+def seed_control_figures(barrier_psnr: float, control_psnrs: list[float]) -> dict:
+    """What a different trajectory costs: the K seed controls' PSNR deltas to barrier's,
+    and their range with barrier's own run (delta 0) in it."""
+    deltas = [p - barrier_psnr for p in control_psnrs]
+    return {
+        "psnr_seed_control": control_psnrs,
+        "psnr_seed_deltas": deltas,
+        "psnr_seed_delta_min": min([0.0, *deltas]),
+        "psnr_seed_delta_max": max([0.0, *deltas]),
+    }
+
+
 def spread(values: list[float]) -> dict[str, float]:
     """Median, min and max of the rounds' values (NaN-free input)."""
     a = np.asarray(values, dtype=np.float64)
@@ -296,6 +358,29 @@ def plot_ratios(ratios: dict[str, list[float]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def plot_psnr(psnrs: dict[str, list[float]], results: dict, path: Path) -> None:
+    """Each mode's PSNR per round (measured), over the band of barrier's seed controls."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    base = psnrs["barrier"][0] if "barrier" in psnrs else None
+    if base is not None and "psnr_seed_deltas" in results:
+        low, high = results["psnr_seed_delta_min"], results["psnr_seed_delta_max"]
+        ax.axhspan(base + low, base + high, color="0.85", label="barrier, other seeds")
+    for x, (mode, values) in enumerate(psnrs.items()):
+        ax.plot([x] * len(values), values, "o", alpha=0.7, label=f"{SHORT[mode]} (rounds)")
+    ax.set_xticks(range(len(psnrs)), [SHORT[m] for m in psnrs])
+    ax.set_ylabel("held-out PSNR (dB)")
+    ax.set_title("PSNR per round (measured)")
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def pair_ratios(rounds: list[dict[str, dict]], modes: list[str]) -> dict[str, dict]:
     """Same-round throughput ratios and wait hidden of every mode against each base."""
     out: dict[str, dict] = {}
@@ -344,6 +429,13 @@ def main(argv: list[str] | None = None) -> dict:
         help=f"A/A control: barrier again in every round, as mode '{CONTROL}'",
     )
     parser.add_argument(
+        "--seed-control",
+        type=int,
+        default=0,
+        metavar="K",
+        help="train barrier K more times with other seeds (the PSNR of another trajectory)",
+    )
+    parser.add_argument(
         "--work-dir", type=Path, default=None, help="default: outputs/bench_sync/<data name>"
     )
     parser.add_argument("--out", type=Path, required=True)
@@ -355,6 +447,8 @@ def main(argv: list[str] | None = None) -> dict:
         args.work_dir = Path("outputs/bench_sync") / args.data.name
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
+    if args.seed_control < 0:
+        parser.error("--seed-control must be >= 0")
     requested = [m.strip() for m in args.modes.split(",") if m.strip()]
     known = available_modes()
     unknown = [m for m in requested if m not in SHORT or m == CONTROL]
@@ -368,9 +462,11 @@ def main(argv: list[str] | None = None) -> dict:
         )
     if not modes:
         parser.error(f"none of {requested} exists in this engine (MODES = {known})")
+    if args.control and "barrier" not in modes:
+        parser.error("--control trains barrier again: --modes must include barrier")
+    if args.seed_control and ("barrier" not in modes or args.no_eval):
+        parser.error("--seed-control compares PSNR with barrier's: needs barrier and ns-eval")
     if args.control:
-        if "barrier" not in modes:
-            parser.error("--control trains barrier again: --modes must include barrier")
         modes.append(CONTROL)
 
     orders = rotated_orders(modes, args.repeats)
@@ -418,12 +514,28 @@ def main(argv: list[str] | None = None) -> dict:
         "orders": orders,
         "modes": {},
     }
+    psnrs: dict[str, list[float]] = {}
+    if not args.no_eval:
+        measured = {
+            (mode, i): _psnr(Path(run_dirs[mode][i])) for mode, i in runs_to_evaluate(rounds, modes)
+        }
+        psnrs = round_psnrs(rounds, modes, measured)
+        results["psnr_runs_evaluated"] = len(measured)
+    if args.seed_control:
+        controls = []
+        for k in range(1, args.seed_control + 1):
+            port = 29400 + (os.getpid() + 97 * k) % 500
+            run = _train(args, "barrier", args.work_dir, f"barrier-seed{k}", port, args.seed + k)
+            controls.append(_psnr(run))
+        results.update(seed_control_figures(psnrs["barrier"][0], controls))
+        results["seed_control_seeds"] = [args.seed + k for k in range(1, args.seed_control + 1)]
     for mode in modes:
         figures = aggregate_rounds([r[mode] for r in rounds])
         figures["run_dirs"] = run_dirs[mode]
         figures["run_dir"] = run_dirs[mode][0]
-        if not args.no_eval and mode != CONTROL:  # the control's PSNR is barrier's
-            figures["psnr"] = _psnr(Path(run_dirs[mode][0]))  # round 0's run
+        if mode in psnrs:  # the control's PSNR is barrier's
+            put_spread(figures, "psnr", psnrs[mode])
+            figures["psnr_rounds"] = psnrs[mode]
         figures["ideal_share"] = figures["views_per_second"] / figures["ideal_views_per_second"]
         results["modes"][mode] = figures
         results.setdefault("mean_dependency_rows_per_step", {})[mode] = figures[
@@ -446,16 +558,16 @@ def main(argv: list[str] | None = None) -> dict:
     for mode in modes:  # the old keys: wait hidden against barrier
         if mode != "barrier" and f"{SHORT[mode]}_vs_barrier" in pairs:
             results[f"wait_hidden_{SHORT[mode]}"] = results[f"wait_hidden_{SHORT[mode]}_vs_barrier"]
-    base = results["modes"].get("barrier")
-    for mode, figures in results["modes"].items():
-        if base is None or mode == "barrier":
+    for mode in results["modes"]:
+        if "barrier" not in results["modes"] or mode == "barrier":
             continue
         key = SHORT[mode]
         results[f"max_param_diff_{key}_vs_barrier"] = max(
             r[mode]["max_param_diff_vs_barrier"] for r in rounds
         )
-        if "psnr" in figures:
-            results[f"psnr_delta_{key}_vs_barrier"] = figures["psnr"] - base["psnr"]
+        if mode in psnrs:  # same-round deltas (barrier's PSNR is one value)
+            deltas = [p - psnrs["barrier"][0] for p in psnrs[mode]]
+            put_spread(results, f"psnr_delta_{key}_vs_barrier", deltas)
     if "quality-first" in results["modes"]:
         results["ideal_views_per_second"] = results["modes"]["quality-first"][
             "ideal_views_per_second"
@@ -475,15 +587,15 @@ def main(argv: list[str] | None = None) -> dict:
             for k, v in e["staleness_hist"].items():
                 hist[k] = hist.get(k, 0) + v
         results["staleness_hist_tf"] = hist
-        qf = results["modes"].get("quality-first")
-        if qf is not None and "psnr" in qf:
-            results["psnr_delta_tf_vs_qf"] = (
-                results["modes"]["throughput-first"]["psnr"] - qf["psnr"]
-            )
+        if "quality-first" in psnrs and "throughput-first" in psnrs:
+            pairs_tf = zip(psnrs["throughput-first"], psnrs["quality-first"], strict=True)
+            put_spread(results, "psnr_delta_tf_vs_qf", [tf - qf for tf, qf in pairs_tf])
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
     plot_timeline(summaries0, args.out.with_suffix(".png"))
+    if psnrs:
+        plot_psnr(psnrs, results, args.out.with_name(args.out.stem + "_psnr.png"))
     if pairs:
         plot_ratios(
             {k: v["throughput"] for k, v in pairs.items()},

@@ -57,7 +57,7 @@ from odin_ns.distributed.sharded_eval import (
 from odin_ns.distributed.telemetry import SyncTelemetry
 from odin_ns.errors import OdinInputError
 from odin_ns.model import GAUSSIAN_GROUPS
-from odin_ns.preflight import check_dense_parameters, check_row_cap_option
+from odin_ns.preflight import check_sharded_config
 from odin_ns.runtime import P2PTransport, ParamGroupState, SyncTimeout
 from odin_ns.runtime.liveness import (
     PeerSilence,
@@ -67,6 +67,7 @@ from odin_ns.runtime.liveness import (
 )
 from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, phase_read_sets
 from odin_ns.runtime.sharded_admission import merge_admission_summaries
+from odin_ns.runtime.step_signal import StepSignal
 from odin_ns.schedule.ownership import (
     assign_ownership,
     ownership_report,
@@ -122,28 +123,6 @@ class ShardedPhaseController(PhaseController):
             return super()._gaussians(model, ids)
         table = torch.from_numpy(np.searchsorted(self.owned, ids))  # owned rows lead the table
         return GaussianRows.of(model, table.to(model.means.device))
-
-
-def check_sharded_config(trainer_config, world_size: int) -> None:
-    """One clear line for what sharded mode does not do (yet); config-only (the launcher's
-    preflight runs it before any rank starts, the trainer again in every rank)."""
-    config = trainer_config.pipeline
-    if world_size < 2:
-        raise OdinInputError(
-            "--pipeline.parallel sharded needs at least 2 ranks (launch with "
-            "odin-ns-train --nproc-per-node N); one process holds the whole model anyway"
-        )
-    check_dense_parameters(config.model)
-    if config.sync.mode not in ("quality-first", "throughput-first"):
-        raise OdinInputError(
-            f"--pipeline.parallel sharded runs quality-first or throughput-first; sync mode "
-            f"'{config.sync.mode}' is a replicated baseline (use --pipeline.parallel "
-            "replicated; sharded quality-first gives barrier's parameters bit for bit)"
-        )
-    check_row_cap_option(getattr(config, "max_rows_per_rank", 0))
-    cap = int(getattr(config, "eval_copy_max_rows", 0))
-    if cap < 0:
-        raise OdinInputError(f"--pipeline.eval-copy-max-rows must be >= 0 (0: no bound), got {cap}")
 
 
 class ShardedSession:
@@ -202,6 +181,9 @@ class ShardedSession:
         self.group = dist.new_group(backend="gloo")
         grads_group = dist.new_group(backend="gloo")
         push_group = dist.new_group(backend="gloo")
+        # barrier mode: a fourth group for the global step signal (runtime/step_signal.py)
+        barrier = config.sync.mode == "barrier"
+        self.step_signal = StepSignal(dist.new_group(backend="gloo")) if barrier else None
         idle = float(config.sync.idle_timeout_s)
         self.grads_tx = P2PTransport(self.rank, self.world_size, grads_group, idle)
         self.push_tx = P2PTransport(self.rank, self.world_size, push_group, idle)
@@ -516,6 +498,7 @@ class ShardedSession:
             silence=self.silence,
             max_inflight_bytes=int(self.pipeline.config.sync.max_inflight_bytes),
             sync=self.pipeline.config.sync,
+            step_signal=self.step_signal,
         )
 
     def _fill_cache(self, rows: OwnedRows, owned: np.ndarray, caches: list[np.ndarray]) -> dict:

@@ -22,6 +22,11 @@ Per step ``t`` (all sizes and peers known from the plan, ``StepTables``):
   engine's apply, so bitwise the replicated update. A push leaves once every row in it
   has its last update before the read applied.
 
+**Barrier** (``sync.mode``, with a ``StepSignal``): step ``t`` waits, besides the above,
+until every rank has finished step ``t - 1`` (the signal) and every update of this rank's
+owned rows from the steps before ``t`` is applied: the synchronous baseline. Parameters
+equal quality-first's; only when steps start differs.
+
 **Throughput-first** (``sync.mode``): ``before_step`` decides on the step's pending
 sources (owned rows still waiting for a writer's gradient, cached rows whose push is late)
 with ``sharded_admission``; a step reads around the admitted ones, and pushes carry one
@@ -62,6 +67,7 @@ from odin_ns.runtime.config import ParamGroupState, SyncConfig
 from odin_ns.runtime.errors import SyncTimeout
 from odin_ns.runtime.liveness import PeerSilence
 from odin_ns.runtime.sharded_admission import PendingSource, ShardedAdmission
+from odin_ns.runtime.step_signal import StepSignal
 from odin_ns.runtime.transport import Transport, has_credits
 from odin_ns.runtime.update_log import UpdateLog
 
@@ -260,6 +266,7 @@ class ShardedEngine:
         sync: the run's ``SyncConfig``; mode ``throughput-first`` reads around lagging
             rows that ``sharded_admission`` admits (pushes then carry one more column: the
             rows' evidence); any other mode (or None) reads exactly (quality-first).
+        step_signal: barrier mode's ``StepSignal`` (module docstring); None: no global wait.
     """
 
     def __init__(
@@ -278,8 +285,10 @@ class ShardedEngine:
         silence: PeerSilence | None = None,
         max_inflight_bytes: int | None = None,
         sync: SyncConfig | None = None,
+        step_signal: StepSignal | None = None,
     ):
         self.groups = list(groups)
+        self.step_signal = step_signal
         self.layout = layout
         self.plan = plan
         self.rank = rank
@@ -504,7 +513,9 @@ class ShardedEngine:
             expected = len(st.push_in)
             self._wait(
                 lambda: (
-                    self._current(st.own_rows, st.own_prev) and self.push_got.get(t, 0) >= expected
+                    self._current(st.own_rows, st.own_prev)
+                    and self.push_got.get(t, 0) >= expected
+                    and self._everyone_finished_before(t)
                 ),
                 what,
                 t,
@@ -513,6 +524,17 @@ class ShardedEngine:
             self._admit(t, what)
         self._cur.wait_s = time.perf_counter() - start - self._cur.apply_s
         return self._cur.wait_s
+
+    def _everyone_finished_before(self, t: int) -> bool:
+        """Barrier mode: every rank finished local step t - 1 and this rank applied every
+        update of its owned rows before t. Other modes (and a phase's first step, which
+        follows the phase start's collectives): True."""
+        if self.step_signal is None or t == 0:
+            return True
+        return (
+            self.step_signal.everyone_finished(self.offset + t - 1)
+            and self.log.oldest_unapplied(t) is None
+        )
 
     def _pending(self, t: int) -> list[PendingSource]:
         """Throughput-first: local step t's pending sources (``sharded_admission``): owned reads whose last
@@ -598,6 +620,8 @@ class ShardedEngine:
         else:
             self.log.record(t)  # the step's record exists (drain and admission read it)
         self.done = t
+        if self.step_signal is not None:
+            self.step_signal.finished(self.offset + t)
         self._poll()
         self._apply_ready()
 
@@ -614,7 +638,8 @@ class ShardedEngine:
 
         def sent() -> bool:
             idle = self.grads_tx.oldest_unsent() is None and self.push_tx.oldest_unsent() is None
-            return idle and not any(self._deferred.values())
+            signalled = self.step_signal is None or self.step_signal.settled()
+            return idle and signalled and not any(self._deferred.values())
 
         self._wait(sent, "drain (sends)", last)
         if self.versions is not self.log.versions:  # the caller's copy on the device
@@ -644,6 +669,11 @@ class ShardedEngine:
             return start + self.timeout_s
         return self.silence.latest_deadline(peers, start)
 
+    def _mode(self) -> str:
+        if self.admission is not None:
+            return "throughput-first"
+        return "barrier" if self.step_signal is not None else "quality-first"
+
     def summary(self) -> dict:
         ms = self.metrics
         return {
@@ -657,7 +687,7 @@ class ShardedEngine:
             "pushes_deferred": int(sum(m.pushes_deferred for m in ms)),
             "deferred_bytes_max": max((m.deferred_bytes_max for m in ms), default=0),
             "inflight_bytes_max": max((m.inflight_bytes_max for m in ms), default=0),
-            "mode": "quality-first" if self.admission is None else "throughput-first",
+            "mode": self._mode(),
             **({} if self.admission is None else self.admission.summary()),
         }
 

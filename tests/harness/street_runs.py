@@ -4,7 +4,8 @@ read by tests/test_distributed.py, test_sharded.py, test_sharded_resume.py and
 test_sharded_rebalance.py.
 
 Every run of a family has the same scene, seed, schedule and steps; only the mode flags
-differ, so any two of them are comparable parameter for parameter. The schedule is in
+differ (and two runs sleep per-step delays, :data:`JITTERED`, which change no parameter), so
+any two of them are comparable parameter for parameter. The schedule is in
 steps (not views) so runs and checkpoints compare step by step:
 
 - 2 ranks, :data:`STEPS` = 40 steps, refines at steps 24 and 32 (9600 -> ~22k -> ~52k
@@ -20,7 +21,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.runs import TrainJob, train_side_by_side
-from odin_ns.bench.commands import free_port, quiet_flags, run_dir, schedule_flags, train_command
+from odin_ns.bench.commands import (
+    free_port,
+    module_launcher,
+    quiet_flags,
+    run_dir,
+    schedule_flags,
+    train_command,
+)
 
 STEPS = 40  # 2-rank runs
 STEPS_3 = 30  # 3-rank runs: one refine (step 24) is enough there
@@ -64,7 +72,15 @@ TWO_RANK_RUNS: dict[str, list[str]] = {
         *("--pipeline.sync.tau", "0"),
     ],
     "sharded-rebalance": [*SHARDED, "--pipeline.rebalance", "always"],
+    # sharded barrier and sharded quality-first under the same per-step compute delays
+    "sharded-barrier": ["--pipeline.parallel", "sharded", *BARRIER],
+    "sharded-jitter": SHARDED,
 }
+# Runs launched through odin_ns.bench.jitter: every rank sleeps an exponential delay (mean
+# 80 ms, drawn per (seed, rank, step), so the same in both runs) before each step's loss,
+# so ranks finish steps far apart; sleeping changes no parameter.
+JITTERED = {"sharded-barrier", "sharded-jitter"}
+JITTER = ["--jitter-ms", "80", "--jitter-seed", "0"]
 THREE_RANK_RUNS: dict[str, list[str]] = {
     "barrier": BARRIER,
     # random ownership: most reads are remote, so pushes and gradient rows carry the run;
@@ -84,7 +100,9 @@ THREE_RANK_RUNS: dict[str, list[str]] = {
 def street_command(
     data: Path, out: Path, ranks: int, name: str, extra: list[str], steps: int
 ) -> list[str]:
-    """The family's ``odin-ns-train`` command for run ``name`` with ``extra`` flags."""
+    """The family's ``odin-ns-train`` command for run ``name`` with ``extra`` flags (through
+    ``odin_ns.bench.jitter`` for the :data:`JITTERED` runs)."""
+    jittered = name in JITTERED
     return train_command(
         data,
         out,
@@ -93,6 +111,8 @@ def street_command(
         name=name,
         steps=steps,
         flags=[*TRAINING, *extra],
+        launcher=module_launcher("odin_ns.bench.jitter") if jittered else None,
+        launcher_flags=JITTER if jittered else (),
     )
 
 
@@ -128,6 +148,8 @@ __all__ = [
     "BARRIER",
     "CAP",
     "EVAL",
+    "JITTER",
+    "JITTERED",
     "QUALITY_FIRST",
     "SAVED",
     "SHARDED",
