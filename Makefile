@@ -72,9 +72,9 @@ bench: venv
 	$(PY) -m odin_ns.bench.viewer_overhead --out bench/viewer_overhead.json
 	$(PY) -m odin_ns.data.synthetic --out $(DEMO_DIR) --layout street
 	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 5 --control \
-		--modes ddp,barrier,quality-first,throughput-first --out bench/sync_street.json
+		--seed-control 2 --modes ddp,barrier,quality-first,throughput-first --out bench/sync_street.json
 	$(PY) -m odin_ns.bench.sync --data ../shared/data/fox --downscale-factor 8 --ranks 2 --steps 300 \
-		--repeats 5 --control --modes ddp,barrier,quality-first,throughput-first \
+		--repeats 5 --control --seed-control 2 --modes ddp,barrier,quality-first,throughput-first \
 		--out bench/sync_fox.json \
 		-- --pipeline.datamanager.camera-res-scale-factor 0.5
 	$(PY) -m odin_ns.bench.methods --data ../shared/data/fox --downscale-factor 8 --steps 300 \

@@ -70,6 +70,12 @@ def _split_launcher_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]
     parser.add_argument("--master-addr", default="127.0.0.1")
     parser.add_argument("--master-port", type=int, default=29500)
     parser.add_argument("--distributed-timeout-s", type=float, default=300.0)
+    parser.add_argument(
+        "--start-method",
+        choices=("auto", "fork", "spawn"),
+        default="auto",
+        help="how ranks start: auto forks CPU ranks and spawns GPU ranks (rank_start_method)",
+    )
     known, rest = parser.parse_known_args(argv)
     if known.nproc_per_node < 1 or known.nnodes < 1:
         parser.error("--nproc-per-node and --nnodes must be at least 1")
@@ -167,13 +173,15 @@ def _preflight(args: argparse.Namespace, rest: list[str]) -> TrainerConfig:
 
 def prepare_ranks(args: argparse.Namespace, rest: list[str]) -> str:
     """The launcher's work before torchrun: check the run (:func:`_preflight`) and return
-    how its ranks start (:func:`rank_start_method`)."""
+    how its ranks start (``--start-method``; ``auto``: :func:`rank_start_method`)."""
     import torch
 
     # GNU OpenMP's thread pool does not survive a fork: a forked rank would wait forever for
     # pool threads that exist only here. The launcher computes little: one thread, no pool.
     torch.set_num_threads(1)
     config = _preflight(args, rest)
+    if args.start_method != "auto":
+        return args.start_method
     return rank_start_method(config.machine.device_type)
 
 

@@ -23,9 +23,12 @@ from odin_ns.bench.commands import BIN, free_port, run_env
 PREFIX = "odin-ns-train: error: "
 
 
-def _launch(cwd: Path, nproc: int, *train_args: str) -> tuple[int, list[str]]:
+def _launch(
+    cwd: Path, nproc: int, *train_args: str, start_method: str = "auto"
+) -> tuple[int, list[str]]:
     """Run odin-ns-train in ``cwd``; its exit code and output lines (stderr+stdout, in order)."""
     cmd = [str(BIN / "odin-ns-train"), "--nproc-per-node", str(nproc)]
+    cmd += ["--start-method", start_method]
     cmd += ["--master-port", str(free_port()), "odin-splatfacto", *train_args]
     cmd += ["--vis", "tensorboard"]
     env = run_env()
@@ -104,16 +107,21 @@ def test_unknown_training_option_is_a_usage_error(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
-def test_a_rank_failing_after_spawn_prints_its_reason_last(tmp_path):
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_rank_failing_after_spawn_prints_its_reason_last(tmp_path, start_method):
     """A readable archive that is not a checkpoint passes the launcher's archive check and
     fails in the ranks (truncated or corrupt files fail in preflight: test_reliability):
-    the reason follows torchrun's report."""
+    the reason follows torchrun's report. Both ways ranks start: forked (CPU ranks, every
+    other run of the suite) and spawned (``python -u -m``, as GPU ranks start)."""
     import torch
 
     scene = _tiny_scene(tmp_path / "tiny", views=2)
     ckpt = tmp_path / "step-000000010.ckpt"
     torch.save({"this is": "not a checkpoint"}, ckpt)
-    code, lines = _launch(tmp_path, 2, "--data", str(scene), "--load-checkpoint", str(ckpt))
+    code, lines = _launch(
+        tmp_path, 2, "--data", str(scene), "--load-checkpoint", str(ckpt),
+        start_method=start_method,
+    )  # fmt: skip
     output = "\n".join(lines[-60:])
     assert code == 1, output
     assert "odin_ns.launch FAILED" in output, "torchrun's report is missing"
