@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from odin_ns.bench.commands import quiet_flags, run_env, schedule_flags, train_command
+from odin_ns.bench.commands import quiet_flags, run_dir, run_env, schedule_flags, train_command
 from odin_ns.bench.sync import mode_figures, put_spread
 
 METHODS = ("fork", "spawn")
@@ -63,9 +63,7 @@ def measure_run(args, method: str, name: str) -> dict:
     wall, cpu = time.time() - started, _children_cpu_s() - cpu
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    summary = json.loads(
-        (args.work_dir / "rank_start" / "odin-splatfacto" / name / "odin_run.json").read_text()
-    )
+    summary = json.loads((run_dir(args.work_dir, "rank_start", name) / "odin_run.json").read_text())
     first_step = min(r["steps"][0]["start"] for r in summary["ranks"])
     return {
         "wall_s": wall,
