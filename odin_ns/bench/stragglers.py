@@ -1,0 +1,181 @@
+"""Stragglers: how much of barrier's wait each mode hides as per-step delays grow.
+
+    python -m odin_ns.bench.stragglers --data DIR [--downscale-factor F] --ranks 2 \
+        --shares 0,0.25,0.5 --steps 200 --repeats 4 --out bench/stragglers_street.json \
+        [-- more ns-train options]
+
+For each share J of a step, one ``odin_ns.bench.sync`` invocation trains barrier,
+quality-first and throughput-first, plus barrier again as the A/A control, in rotated
+rounds, with exponential per-step delays of mean J x (one step's compute) on every rank
+(``odin_ns.bench.jitter``: the same delays at the same steps in every mode, so the
+comparison is paired). The step's compute comes from the first share, which must be 0:
+barrier's busy seconds per step without delays (``ranks / ideal_views_per_second``).
+
+Per share, from that invocation's same-round figures (median and min-max over rounds):
+barrier's critical-path wait (the most any rank waited in total: what a barrier pays over
+the no-wait ideal), and the share of it each mode hides,
+``1 - wait(mode) / wait(barrier)``. The A/A control's "hidden" share is what the machine's
+noise alone produces: a mode hides wait only beyond that spread. This is the CPU-measurable
+version of the Odin paper's "82% of critical-path wait hidden". Writes the JSON, a PNG of
+wait hidden and throughput against the share, and each share's ``bench.sync`` JSON (and
+its PNGs) under ``<out stem>/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from odin_ns.bench import sync  # noqa: E402
+
+CONSOLE = Console()
+MODES = ("barrier", "quality-first", "throughput-first")
+HIDERS = ("qf", "tf", "again")  # the modes whose hidden share is reported, and the control
+
+
+def parse_shares(text: str) -> list[float]:
+    """``"0,0.25,0.5"`` -> [0.0, 0.25, 0.5]: ascending, starting at 0 (the calibration)."""
+    shares = [float(s) for s in text.split(",") if s.strip()]
+    if (
+        not shares
+        or shares[0] != 0.0
+        or sorted(shares) != shares
+        or len(set(shares)) != len(shares)
+    ):
+        raise ValueError(f"--shares must start at 0 and increase, got '{text}'")
+    return shares
+
+
+def step_seconds(sync_results: dict, ranks: int) -> float:
+    """One rank's busy seconds per step under barrier (no delays): the unit of the shares."""
+    return ranks / float(sync_results["modes"]["barrier"]["ideal_views_per_second"])
+
+
+def share_figures(share: float, jitter_ms: float, sync_results: dict) -> dict:
+    """The straggler figures of one share from its ``bench.sync`` results."""
+    barrier = sync_results["modes"]["barrier"]
+    out = {
+        "share": share,
+        "jitter_ms": jitter_ms,
+        "barrier_wait_s": barrier["critical_path_wait_s"],
+        "barrier_wait_s_min": barrier["critical_path_wait_s_min"],
+        "barrier_wait_s_max": barrier["critical_path_wait_s_max"],
+        "barrier_ideal_share": barrier["ideal_share"],
+    }
+    for key in HIDERS:
+        for suffix in ("", "_min", "_max"):
+            out[f"wait_hidden_{key}{suffix}"] = sync_results[
+                f"wait_hidden_{key}_vs_barrier{suffix}"
+            ]
+            out[f"throughput_ratio_{key}{suffix}"] = sync_results[
+                f"throughput_ratio_{key}_vs_barrier{suffix}"
+            ]
+    return out
+
+
+def plot(rows: list[dict], title: str, path: Path) -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    x = [r["share"] for r in rows]
+    for key, label in (("qf", "quality-first"), ("tf", "throughput-first"), ("again", "A/A")):
+        for ax, what in zip(axes, ("wait_hidden", "throughput_ratio"), strict=True):
+            mid = [r[f"{what}_{key}"] for r in rows]
+            low = [m - r[f"{what}_{key}_min"] for m, r in zip(mid, rows, strict=True)]
+            high = [r[f"{what}_{key}_max"] - m for m, r in zip(mid, rows, strict=True)]
+            ax.errorbar(x, mid, yerr=[low, high], marker="o", capsize=3, label=label)
+    axes[0].set_ylabel("share of barrier's critical-path wait hidden")
+    axes[1].set_ylabel("throughput / barrier (same round)")
+    for ax in axes:
+        ax.set_xlabel("mean per-step delay / step compute")
+        ax.axhline(0.0 if ax is axes[0] else 1.0, color="gray", lw=0.8)
+        ax.legend()
+    fig.suptitle(f"{title} (median, min-max over rounds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--downscale-factor", type=int, default=0)
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--shares", default="0,0.25,0.5", help="delays, in steps of compute")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=4, help="rounds per share")
+    parser.add_argument("--skip-steps", type=int, default=20)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("extra", nargs="*", help="more ns-train options, after --")
+    args = parser.parse_args(argv)
+    if not args.data.exists():
+        parser.error(f"--data {args.data} does not exist")
+    try:
+        shares = parse_shares(args.shares)
+    except ValueError as err:
+        parser.error(str(err))
+    parts = args.out.with_suffix("")  # each share's bench.sync JSON and PNGs
+    work = Path("outputs/bench_stragglers") / f"{args.data.name}_{args.ranks}r"
+    rows: list[dict] = []
+    unit_s = None
+    for share in shares:
+        jitter_ms = 0.0 if unit_s is None else share * unit_s * 1000.0
+        CONSOLE.rule(f"{args.data.name}, {args.ranks} ranks: delays {share:.0%} of a step")
+        results = sync.main(
+            [
+                *("--data", str(args.data), "--downscale-factor", str(args.downscale_factor)),
+                *("--ranks", str(args.ranks), "--steps", str(args.steps)),
+                *("--modes", ",".join(MODES), "--repeats", str(args.repeats), "--control"),
+                *("--jitter-ms", f"{jitter_ms:.3f}", "--skip-steps", str(args.skip_steps)),
+                *("--no-eval", "--work-dir", str(work / f"share{share:g}")),
+                *("--out", str(parts / f"share{share:g}.json")),
+                *(["--", *args.extra] if args.extra else []),
+            ]
+        )
+        if unit_s is None:
+            unit_s = step_seconds(results, args.ranks)
+        rows.append(share_figures(share, jitter_ms, results))
+    out = {
+        "data": str(args.data),
+        "ranks": args.ranks,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "source": "measured (CPU ranks on this machine)",
+        "step_compute_s": unit_s,
+        "shares": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1))
+    plot(
+        rows,
+        f"{args.data.name}: {args.ranks} ranks, {args.steps} steps",
+        args.out.with_suffix(".png"),
+    )
+    table = Table(title=f"stragglers: {args.data.name}, {args.ranks} ranks (medians, min-max)")
+    for col in ("delay", "ms", "barrier wait s", "qf hides", "tf hides", "A/A", "qf / barrier"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            f"{r['share']:.0%}",
+            f"{r['jitter_ms']:.0f}",
+            f"{r['barrier_wait_s']:.2f}",
+            *(
+                f"{r[f'wait_hidden_{k}']:.0%} ({r[f'wait_hidden_{k}_min']:.0%}..{r[f'wait_hidden_{k}_max']:.0%})"
+                for k in HIDERS
+            ),
+            f"{r['throughput_ratio_qf']:.3f}",
+        )
+    CONSOLE.print(table)
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""bench.stragglers: the shares it sweeps and the figures it takes from bench.sync."""
+
+import pytest
+
+from odin_ns.bench import stragglers
+
+
+def test_shares_start_at_zero_and_increase():
+    assert stragglers.parse_shares("0,0.25,0.5") == [0.0, 0.25, 0.5]
+    for bad in ("0.25,0.5", "0,0.5,0.25", "0,0.5,0.5", ""):
+        with pytest.raises(ValueError, match="start at 0"):
+            stragglers.parse_shares(bad)
+
+
+def test_step_seconds_is_one_ranks_busy_time_per_step():
+    # 2 ranks at 20 ideal views/s together: each rank computes a step in 0.1 s
+    results = {"modes": {"barrier": {"ideal_views_per_second": 20.0}}}
+    assert stragglers.step_seconds(results, 2) == pytest.approx(0.1)
+
+
+def test_share_figures_take_same_round_spreads_against_barrier():
+    barrier = {
+        "critical_path_wait_s": 3.0,
+        "critical_path_wait_s_min": 2.0,
+        "critical_path_wait_s_max": 4.0,
+        "ideal_share": 0.8,
+    }
+    results = {"modes": {"barrier": barrier}}
+    for i, key in enumerate(stragglers.HIDERS):
+        for suffix, offset in (("", 0.0), ("_min", -0.1), ("_max", 0.1)):
+            results[f"wait_hidden_{key}_vs_barrier{suffix}"] = 0.1 * i + offset
+            results[f"throughput_ratio_{key}_vs_barrier{suffix}"] = 1.0 + 0.1 * i + offset
+    row = stragglers.share_figures(0.25, 26.0, results)
+    assert row["barrier_wait_s"] == 3.0 and row["barrier_wait_s_max"] == 4.0
+    assert row["wait_hidden_tf"] == pytest.approx(0.1)
+    assert row["wait_hidden_again_min"] == pytest.approx(0.1)
+    assert row["throughput_ratio_qf_max"] == pytest.approx(1.1)
+    assert row["jitter_ms"] == 26.0 and row["share"] == 0.25
