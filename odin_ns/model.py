@@ -7,8 +7,9 @@ same densification strategy):
   CUDA, ``torch`` on CPU), so training and evaluation run on machines without a GPU;
 - the step's visible primitives (``radii > 0``) feed ``SelectiveAdam``: invisible
   primitives keep parameters and moments bit-identical (DESIGN 3.2);
-- ``active_rows`` restricts rendering to a primitive subset (the Odin runtime's planned
-  footprint), which makes a rank's read and write set exactly the plan's;
+- ``render_training_view(camera, rows)`` restricts rendering to a primitive subset (the
+  Odin runtime's planned footprint), which makes a rank's read and write set exactly the
+  plan's, and returns what the distributed session needs of the view (``RenderedView``);
 - ``eval_copy`` (sharded training, rank 0): evaluation and the viewer render this copy of
   the whole model (``odin_ns.distributed.sharded_eval``) instead of the rank's own table;
 - LPIPS is built lazily at evaluation and only from weights already on disk, so
@@ -46,6 +47,30 @@ from odin_ns.preflight import check_rasterizer
 from odin_ns.render import rasterize
 
 GAUSSIAN_GROUPS = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
+
+
+@dataclass(frozen=True)
+class RenderedView:
+    """What one training view's render tells the step beyond its image.
+
+    Attributes:
+        visible_rows: [N] bool over the model's rows: drawn with ``radii > 0``.
+        info: gsplat's projection info of the view (``means2d`` keeps its gradient after
+            backward; ``radii``, ``width``, ``height``, ``n_cameras``, ...), over the drawn rows.
+        pixels: H x W of the rendered image.
+    """
+
+    visible_rows: Tensor
+    info: dict
+    pixels: int
+
+
+def union_visible(views: list[RenderedView]) -> Tensor:
+    """[N] bool: rows visible in any of the views (a step of B views)."""
+    visible = views[0].visible_rows
+    for view in views[1:]:
+        visible = visible | view.visible_rows
+    return visible
 
 
 @dataclass
@@ -159,9 +184,10 @@ class OdinSplatfactoModel(SplatfactoModel):
         )
         self._lpips = None
         self._lpips_checked = False
-        self.active_rows: Tensor | None = None
+        self._drawn_rows: Tensor | None = None  # set only inside render_training_view
+        self._last_view: RenderedView | None = None
         self.external_densification = False
-        self.visible_rows: Tensor | None = None
+        self.visible_rows: Tensor | None = None  # SelectiveAdam's mask of the last step
         # Sharded training, rank 0: the whole model's parameters (``sharded_eval``), which
         # evaluation and the viewer render while ``gauss_params`` is only this rank's table.
         self.eval_copy: dict[str, Tensor] | None = None
@@ -319,6 +345,20 @@ class OdinSplatfactoModel(SplatfactoModel):
 
     # ------------------------------------------------------------------ rendering
 
+    def render_training_view(
+        self, camera: Cameras, rows: Tensor | None
+    ) -> tuple[dict[str, Tensor | list], RenderedView]:
+        """The training forward of one view, drawing only ``rows`` ([K] int64; None: every
+        row). Returns nerfstudio's outputs and the view's ``RenderedView``."""
+        self._drawn_rows = rows
+        try:
+            outputs = self(camera)
+        finally:
+            self._drawn_rows = None
+        assert self._last_view is not None
+        view, self._last_view = self._last_view, None
+        return outputs, view
+
     def get_outputs(self, camera: Cameras) -> dict[str, Tensor | list]:
         if not isinstance(camera, Cameras):
             raise TypeError(f"get_outputs expects a Cameras object, got {type(camera).__name__}")
@@ -329,7 +369,7 @@ class OdinSplatfactoModel(SplatfactoModel):
         else:
             camera_to_worlds = camera.camera_to_worlds
 
-        rows = self.active_rows if self.training else None  # evaluation sees every primitive
+        rows = self._drawn_rows if self.training else None  # evaluation sees every primitive
         if not self.training:
             self._flush_lazy_noise()  # lazy single process: what the last step added
         # What is drawn: the parameters, or (not training, sharded) rank 0's whole-model copy.
@@ -353,7 +393,6 @@ class OdinSplatfactoModel(SplatfactoModel):
         viewmat = get_viewmat(camera_to_worlds.to(self.device))
         K = camera.get_intrinsics_matrices().to(self.device)
         W, H = int(camera.width.item()), int(camera.height.item())
-        self.last_size = (H, W)
         camera.rescale_output_resolution(scale_fac)
 
         render_mode = (
@@ -391,6 +430,7 @@ class OdinSplatfactoModel(SplatfactoModel):
                 full[rows] = visible
                 visible = full
             self.visible_rows = visible
+            self._last_view = RenderedView(visible, info, pixels=H * W)
             if rows is None:
                 self.strategy.step_pre_backward(
                     self.gauss_params, self.optimizers, self.strategy_state, self.step, info

@@ -2,8 +2,8 @@
 
 One process: VanillaPipeline unchanged (the model's SelectiveAdam steps locally).
 Several processes: the model is not wrapped in DDP; ``OdinTrainer`` drives each step
-through an ``odin_ns.distributed.DistributedSession`` that synchronizes per primitive. The
-pipeline holds what nerfstudio looks for on a pipeline: the model, the data manager, the
+through a distributed session (``odin_ns.distributed.session_api``) that synchronizes per
+primitive. The pipeline holds what nerfstudio looks for on a pipeline: the model, the data manager, the
 config, and the viewer element with the Odin panels (live on rank 0, or a finished run's).
 """
 

@@ -2,8 +2,9 @@
 
 With one process it is nerfstudio's Trainer unchanged. With several, ``train_iteration``
 keeps nerfstudio's step shape (zero_grad, forward, loss, backward, scheduler step) and asks
-a ``DistributedSession`` before and after backward: wait for the peer updates the step
-reads, publish its own, apply what arrived. There is no local ``optimizer.step()`` and no
+a ``TrainingSession`` (``odin_ns.distributed.session_api``; replicated or sharded layout)
+before and after backward: wait for the peer updates the step reads, publish its own, apply
+what arrived. There is no local ``optimizer.step()`` and no
 DDP all-reduce: the runtime applies each Gaussian update. Every point where someone reads
 the whole model (checkpoint, evaluation, end of training) first drains the runtime, so what
 is saved or measured is exactly the barrier-synchronous state.
@@ -21,6 +22,7 @@ and the optimizers are scaled for E (``optimizer_binding.apply_batch_scaling``).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import time
 from collections.abc import Mapping
@@ -44,11 +46,12 @@ from odin_ns.distributed.optimizer_binding import (
     rebind_optimizer_params,
     store_plain_float_learning_rates,
 )
-from odin_ns.distributed.session import DistributedSession
+from odin_ns.distributed.session import ReplicatedSession
+from odin_ns.distributed.session_api import StepReads, StepTiming, TrainingSession
 from odin_ns.distributed.sharded_checkpoint import read_checkpoint, row_ranges, take_rows
 from odin_ns.errors import OdinInputError, first_line
-from odin_ns.model import GAUSSIAN_GROUPS
-from odin_ns.pipeline import OdinPipeline
+from odin_ns.model import GAUSSIAN_GROUPS, RenderedView, union_visible
+from odin_ns.pipeline import OdinPipeline, OdinPipelineConfig
 from odin_ns.preflight import check_checkpoint_gaussians, check_checkpoint_row_cap, check_row_cap
 
 
@@ -57,6 +60,7 @@ class OdinTrainerConfig(TrainerConfig):
     """Trainer config for odin-splatfacto."""
 
     _target: type = field(default_factory=lambda: OdinTrainer)
+    pipeline: OdinPipelineConfig = field(default_factory=OdinPipelineConfig)
 
     def save_config(self) -> None:
         # Saved configs point at the run's sync summary, so ns-viewer can show its panels.
@@ -88,15 +92,16 @@ class OdinTrainer(Trainer):
     """Trainer whose distributed step synchronizes per primitive (see the module docstring)."""
 
     pipeline: OdinPipeline
-    session: DistributedSession | None = None
+    config: OdinTrainerConfig
+    session: TrainingSession | None = None
     _resumed: dict[str, Any] | None = None  # the checkpoint's "odin" entry, same world size
     _checkpoint_rows: int | None = None  # sharded resume: N of the checkpoint read in ranges
     _densifier: ReplicatedDensifier | None = None  # one process, B > 1: per-view statistics
 
     @property
     def views_per_rank(self) -> int:
-        """B (1 for pipelines other than ``OdinPipeline``)."""
-        return int(getattr(self.config.pipeline, "views_per_rank", 1))
+        """B: views each rank trains per step."""
+        return int(self.config.pipeline.views_per_rank)
 
     @property
     def effective_batch(self) -> int:
@@ -107,7 +112,7 @@ class OdinTrainer(Trainer):
         """nerfstudio's optimizers, scaled for the effective batch (before any checkpoint
         is loaded: a checkpoint's param groups and schedulers hold the scaled values)."""
         optimizers = super().setup_optimizers()
-        rule = getattr(self.config.pipeline, "batch_scaling", "none")
+        rule = self.config.pipeline.batch_scaling
         scaling = apply_batch_scaling(optimizers, rule, self.effective_batch)
         if self.effective_batch > 1 and comms.get_rank() == 0:
             CONSOLE.print(
@@ -121,7 +126,7 @@ class OdinTrainer(Trainer):
         super().setup(test_mode)  # loads a checkpoint, if one is given
         resumed = self._resumed
         self._adapt_strategy_to_batch()
-        if isinstance(self.pipeline, OdinPipeline) and not self.pipeline.distributed:
+        if not self.pipeline.distributed:
             if self.views_per_rank > 1:
                 # The loop accumulates each view's statistics (gsplat's strategy sees one
                 # view per step_post_backward), then refines after the optimizer step.
@@ -136,9 +141,8 @@ class OdinTrainer(Trainer):
                 self._densifier = ReplicatedDensifier(model.strategy, model.strategy_state, seed)
                 self._densifier.ensure_state(model.num_points, model.means.device)
         self._check_row_cap("before training")
-        if isinstance(self.pipeline, OdinPipeline):
-            self._load_kernels()
-        if isinstance(self.pipeline, OdinPipeline) and self.pipeline.distributed:
+        self._load_kernels()
+        if self.pipeline.distributed:
             self.session = self._open_session(resumed)
         if resumed is not None:
             # Last, so that nothing in the set-up draws from the restored generators.
@@ -162,14 +166,14 @@ class OdinTrainer(Trainer):
                 f"{time.perf_counter() - tic:.2f} s"
             )
 
-    def _open_session(self, resumed: dict | None):
+    def _open_session(self, resumed: dict | None) -> TrainingSession:
         """The distributed step's session: sharded ownership or replicated replicas."""
         phase = resumed["phase"] if resumed is not None else None
         if self.sharded:
             return sharded_session.open_session(
                 self, resumed_phase=phase, checkpoint_rows=self._checkpoint_rows
             )
-        return DistributedSession(
+        return ReplicatedSession(
             self.pipeline,
             self.optimizers,
             checkpoint_every=self.config.steps_per_save,
@@ -184,29 +188,29 @@ class OdinTrainer(Trainer):
 
     @property
     def sharded(self) -> bool:
-        return getattr(self.config.pipeline, "parallel", "replicated") == "sharded"
+        return self.config.pipeline.parallel == "sharded"
 
     def _check_row_cap(self, when: str) -> None:
         """``--pipeline.max-rows-per-rank`` in replicated training (every rank holds the
         whole model); the sharded session checks its resident rows at each phase start."""
-        cap = int(getattr(self.config.pipeline, "max_rows_per_rank", 0))
+        cap = int(self.config.pipeline.max_rows_per_rank)
         if not self.sharded:
             check_row_cap(self.pipeline.model.num_points, cap, when)
 
     @property
     def _rank(self) -> int:
-        return self.pipeline.rank if isinstance(self.pipeline, OdinPipeline) else 0
+        return self.pipeline.rank
 
     def _adapt_strategy_to_batch(self) -> None:
         """splatfacto builds the strategy's pause after an opacity reset as
         ``num_train_data + refine_every`` steps; with ``schedule_in_views`` the epoch of
         views it stands for is converted to steps of the effective batch too."""
         batch = self.effective_batch
-        if batch == 1 or not getattr(self.config.pipeline, "schedule_in_views", False):
+        if batch == 1 or not self.config.pipeline.schedule_in_views:
             return
         model = self.pipeline.model
-        strategy = getattr(model, "strategy", None)
-        if strategy is None or not hasattr(strategy, "pause_refine_after_reset"):
+        strategy = model.strategy
+        if not isinstance(strategy, DefaultStrategy):  # MCMC resets no opacities
             return
         views = int(model.num_train_data) + int(self.config.pipeline.model.refine_every) * batch
         strategy.pause_refine_after_reset = batch_schedule.pause_refine_after_reset_steps(
@@ -227,39 +231,39 @@ class OdinTrainer(Trainer):
             self._check_row_cap(f"after step {step}")
             return out
         started = time.time()
-        wait_s = self.session.before_step(step)
+        reads = self.session.before_step(step)
         tic = time.perf_counter()
         self.optimizers.zero_grad_all()
-        loss, loss_dict, metrics_dict, infos = self._views_forward_backward(step)
+        loss, loss_dict, metrics_dict, views = self._views_forward_backward(step, reads)
         compute_s = time.perf_counter() - tic
-        self.session.after_backward(
-            step, compute_s=compute_s, wait_s=wait_s, started=started, infos=infos
-        )
+        timing = StepTiming(started=started, wait_s=reads.wait_s, compute_s=compute_s)
+        self.session.after_backward(step, views, timing)
         self.optimizers.scheduler_step_all(step)
         self._check_row_cap(f"after step {step}")  # densification grows the replicas
-        metrics_dict["odin_wait_s"] = wait_s
+        metrics_dict["odin_wait_s"] = reads.wait_s
         metrics_dict["odin_compute_s"] = compute_s
         return loss, loss_dict, metrics_dict
 
-    def _views_forward_backward(self, step: int, mixed_precision: bool = False):
+    def _views_forward_backward(
+        self, step: int, reads: StepReads | None = None, mixed_precision: bool = False
+    ):
         """Forward, loss / B and backward for each of the step's B views (gradients
-        accumulate). Leaves ``model.visible_rows`` = OR over the views; returns (loss,
-        loss_dict, metrics_dict, infos): the mean over the views of the losses and
-        metrics, and each view's rasterizer info with ``n_cameras`` scaled by B (what
+        accumulate), drawing the rows ``reads`` allows (None: every row). Returns (loss,
+        loss_dict, metrics_dict, views): the mean over the views of the losses and metrics,
+        and each view's ``RenderedView`` with ``n_cameras`` scaled by B in its info (what
         gsplat's strategy does for a batch whose loss is the mean over its cameras)."""
         count = self.views_per_rank
         model = self.pipeline.model
-        views = self.pipeline.datamanager.next_train_views(step, count)
+        rows = None if reads is None else reads.rows
         device = self.device.split(":")[0]
         device = "cpu" if device == "mps" else device
-        visible: torch.Tensor | None = None
-        infos: list[Mapping] = []
+        views: list[RenderedView] = []
         losses: list[torch.Tensor] = []
         loss_dicts: list[dict] = []
         metrics_dicts: list[dict] = []
-        for camera, batch in views:
+        for camera, batch in self.pipeline.datamanager.next_train_views(step, count):
             with torch.autocast(device_type=device, enabled=mixed_precision):
-                outputs = model(camera)
+                outputs, view = model.render_training_view(camera, rows)
                 metrics = model.get_metrics_dict(outputs, batch)
                 loss_dict = model.get_loss_dict(outputs, batch, metrics)
                 loss = functools.reduce(torch.add, loss_dict.values())
@@ -273,17 +277,14 @@ class OdinTrainer(Trainer):
                 self.grad_scaler.scale(scaled).backward()
             else:
                 scaled.backward()
-            mask = model.visible_rows
-            visible = mask if visible is None else visible | mask
-            infos.append(batch_view_info(model.info, count))
+            views.append(dataclasses.replace(view, info=batch_view_info(view.info, count)))
             losses.append(loss)
             loss_dicts.append(loss_dict)
             metrics_dicts.append(metrics)
-        model.visible_rows = visible
         if count == 1:
-            return losses[0], loss_dicts[0], metrics_dicts[0], infos
+            return losses[0], loss_dicts[0], metrics_dicts[0], views
         loss = torch.stack([x.detach() for x in losses]).mean()
-        return loss, mean_dicts(loss_dicts), mean_dicts(metrics_dicts), infos
+        return loss, mean_dicts(loss_dicts), mean_dicts(metrics_dicts), views
 
     def _train_iteration_one_process(self, step: int):
         """One process, B > 1: the same loop, one optimizer step, then gsplat's refine on the
@@ -292,12 +293,13 @@ class OdinTrainer(Trainer):
         assert self._densifier is not None
         model = self.pipeline.model
         self.optimizers.zero_grad_all()
-        loss, loss_dict, metrics_dict, infos = self._views_forward_backward(
+        loss, loss_dict, metrics_dict, views = self._views_forward_backward(
             step, mixed_precision=self.mixed_precision
         )
+        model.visible_rows = union_visible(views)  # SelectiveAdam's mask for the step
         rows = torch.arange(model.num_points, device=model.means.device)
-        for info in infos:
-            self._densifier.accumulate(step, info, rows, model.num_points)
+        for view in views:
+            self._densifier.accumulate(step, view.info, rows, model.num_points)
         self.optimizers.optimizer_scaler_step_all(self.grad_scaler)
         scale = self.grad_scaler.get_scale()
         self.grad_scaler.update()
@@ -324,32 +326,9 @@ class OdinTrainer(Trainer):
         if self.session is None or not due:
             return super().eval_iteration(step)
         self.session.drain()
-        if self.sharded:
-            return self._eval_iteration_sharded(step)
-        with self.session.busy("evaluating"):  # peers wait for a slow rank 0 without timing out
-            super().eval_iteration(step)
-
-    def _eval_iteration_sharded(self, step: int) -> None:
-        """Sharded: rank 0 gathers a copy of the whole model (collective, after the drain)
-        and evaluates it alone; the other ranks go on and wait for it at their next read.
-        A copy bounded below the model (``--pipeline.eval-copy-max-rows``) is not evaluated:
-        its metrics would not be the model's."""
-        copy = self.session.refresh_eval_copy(step)
-        if copy is None:  # not rank 0
-            return
-        try:
-            if not copy.complete:
-                CONSOLE.print(
-                    f"[yellow]step {step}: evaluation skipped: the model has {copy.num_rows} "
-                    f"Gaussians and --pipeline.eval-copy-max-rows is "
-                    f"{self.config.pipeline.eval_copy_max_rows}; ns-eval on a checkpoint "
-                    "evaluates the whole model[/yellow]"
-                )
-                return
-            with self.session.busy("evaluating"):  # peers wait for rank 0 without timing out
+        with self.session.evaluation(step) as evaluate_here:
+            if evaluate_here:
                 super().eval_iteration(step)
-        finally:
-            self.session.release_eval_copy()
 
     @property
     def training_state(self) -> Literal["training", "paused", "completed"]:
@@ -390,7 +369,7 @@ class OdinTrainer(Trainer):
                 f"cannot resume from checkpoint '{path}': {first_line(err)}"
             ) from err
         rows = self._check_checkpoint_gaussians(path, loaded)
-        if self.sharded and isinstance(self.pipeline, OdinPipeline) and self.pipeline.distributed:
+        if self.sharded and self.pipeline.distributed:
             loaded = self._take_loaded_range(path, loaded, rows)
         try:
             self.pipeline.load_pipeline(loaded["pipeline"], loaded["step"])
@@ -426,13 +405,11 @@ class OdinTrainer(Trainer):
         """The checkpoint's Gaussians fit this run's model (group row counts agree, per-row
         shapes and moments match), before anything is loaded: one line, not a state-dict
         size mismatch from deep inside torch. Returns their number (None: no Gaussians)."""
-        gauss = getattr(self.pipeline.model, "gauss_params", None)
+        gauss = self.pipeline.model.gauss_params
         if not isinstance(loaded, Mapping) or not isinstance(loaded.get("pipeline"), Mapping):
             raise OdinInputError(
                 f"cannot resume from checkpoint '{path}': not a nerfstudio checkpoint"
             )
-        if gauss is None:
-            return None
         shapes = {name: tuple(gauss[name].shape[1:]) for name in GAUSSIAN_GROUPS if name in gauss}
         return check_checkpoint_gaussians(
             path, loaded["pipeline"], loaded.get("optimizers"), shapes
@@ -440,7 +417,7 @@ class OdinTrainer(Trainer):
 
     def _restore_odin_state(self, odin: dict | None, path: Path) -> None:
         model = self.pipeline.model
-        world_size = self.pipeline.world_size if isinstance(self.pipeline, OdinPipeline) else 1
+        world_size = self.pipeline.world_size
         if odin is None or odin.get("format") != resume.FORMAT:
             CONSOLE.print(
                 f"note: '{path}' has no odin-ns resume state; training continues from its "
@@ -470,26 +447,28 @@ class OdinTrainer(Trainer):
         if self.session is not None:
             self.session.drain()
         odin = self._resume_entry(step)
-        if hasattr(self.session, "save_checkpoint"):  # sharded: one merged checkpoint
-            return self.session.save_checkpoint(self, step, odin)
         store_plain_float_learning_rates(self.optimizers)
-        if not comms.is_main_process():
-            return
-        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         path = self.checkpoint_dir / f"step-{step:09d}.ckpt"
-        state = {
-            "step": step,
-            "pipeline": self.pipeline.state_dict(),
-            "optimizers": {k: v.state_dict() for k, v in self.optimizers.optimizers.items()},
-            "schedulers": {k: v.state_dict() for k, v in self.optimizers.schedulers.items()},
-            "scalers": self.grad_scaler.state_dict(),
-            "odin": odin,
-        }
-        if self.session is not None:
-            with self.session.busy("writing a checkpoint"):  # peers wait: slow is not dead
-                self._write_checkpoint(state, path)
+        if self._rank == 0:
+            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+
+        def build_state() -> dict:
+            """nerfstudio's checkpoint of this rank's model, with the resume entry."""
+            return {
+                "step": step,
+                "pipeline": self.pipeline.state_dict(),
+                "optimizers": {k: v.state_dict() for k, v in self.optimizers.optimizers.items()},
+                "schedulers": {k: v.state_dict() for k, v in self.optimizers.schedulers.items()},
+                "scalers": self.grad_scaler.state_dict(),
+                "odin": odin,
+            }
+
+        if self.session is not None:  # collective: the layout merges the whole model
+            self.session.save_checkpoint(path, build_state, self._write_checkpoint)
         else:
-            self._write_checkpoint(state, path)
+            self._write_checkpoint(build_state(), path)
+        if self._rank != 0:
+            return
         if self.config.save_only_latest_checkpoint:
             for old in self.checkpoint_dir.glob("*.ckpt"):
                 if old != path:

@@ -317,7 +317,7 @@ def test_viewer_pause_is_a_busy_section():
     (rank 0 beats while paused), "training" closes it."""
     from contextlib import contextmanager
 
-    from odin_ns.distributed.session import DistributedSession
+    from odin_ns.distributed.session import ReplicatedSession
     from odin_ns.trainer import OdinTrainer
 
     events: list[str] = []
@@ -329,7 +329,7 @@ def test_viewer_pause_is_a_busy_section():
             yield
             events.append("exit")
 
-    session = DistributedSession.__new__(DistributedSession)
+    session = ReplicatedSession.__new__(ReplicatedSession)
     session.engine, session._paused = Engine(), None
     trainer = OdinTrainer.__new__(OdinTrainer)
     trainer.training_state = "training"  # before the session exists (Trainer.__init__)

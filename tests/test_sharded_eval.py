@@ -9,6 +9,7 @@ and times out on a silent one.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -112,44 +113,39 @@ def test_rendezvous_waits_for_a_busy_peer_and_times_out_on_a_silent_one(busy):
         assert "busy notice" not in silence.describe(1)
 
 
-class _Session:
-    """What ``OdinTrainer._eval_iteration_sharded`` asks of the sharded session."""
+def _session(copy):
+    """A sharded session whose rank-0 copy is ``copy`` (None: another rank), for what
+    ``ShardedSession.evaluation`` decides; busy sections are recorded."""
+    from odin_ns.distributed.sharded_session import ShardedSession
 
-    def __init__(self, copy):
-        self.copy = copy
-        self.released = 0
-        self.busy_for: list[str] = []
+    session = ShardedSession.__new__(ShardedSession)  # only what evaluation reads
+    session.eval_copy_max_rows, session.released, session.busy_for = 5, 0, []
+    session.refresh_eval_copy = lambda step: copy
 
-    def refresh_eval_copy(self, step):
-        return self.copy
+    def release():
+        session.released += 1
 
-    def release_eval_copy(self):
-        self.released += 1
+    def busy(what):
+        session.busy_for.append(what)
+        return contextlib.nullcontext()
 
-    def busy(self, what):
-        self.busy_for.append(what)
-        raise AssertionError("a bounded copy must not be evaluated")
-
-
-def _trainer(session, cap: int):
-    from types import SimpleNamespace
-
-    from odin_ns.trainer import OdinTrainer
-
-    trainer = OdinTrainer.__new__(OdinTrainer)  # only what the method reads
-    trainer.session = session
-    trainer.config = SimpleNamespace(pipeline=SimpleNamespace(eval_copy_max_rows=cap))
-    return trainer
+    session.release_eval_copy, session.busy = release, busy
+    return session
 
 
 def test_a_bounded_copy_is_not_evaluated_and_is_released(capsys):
     from odin_ns.distributed.sharded_eval import EvalCopy
 
-    partial = EvalCopy({}, np.arange(5), num_rows=9, step=3)
-    session = _Session(partial)
-    _trainer(session, cap=5)._eval_iteration_sharded(3)
-    assert session.released == 1 and session.busy_for == []
+    partial = _session(EvalCopy({}, np.arange(5), num_rows=9, step=3))
+    with partial.evaluation(3) as evaluate_here:
+        assert not evaluate_here
+    assert partial.released == 1 and partial.busy_for == []
     assert "evaluation skipped" in capsys.readouterr().out
-    other_rank = _Session(None)  # ranks other than 0 get no copy and evaluate nothing
-    _trainer(other_rank, cap=5)._eval_iteration_sharded(3)
+    other_rank = _session(None)  # ranks other than 0 get no copy and evaluate nothing
+    with other_rank.evaluation(3) as evaluate_here:
+        assert not evaluate_here
     assert other_rank.released == 0 and other_rank.busy_for == []
+    whole = _session(EvalCopy({}, np.arange(9), num_rows=9, step=3))
+    with whole.evaluation(3) as evaluate_here:  # rank 0 evaluates while peers wait
+        assert evaluate_here and whole.busy_for == ["evaluating"] and whole.released == 0
+    assert whole.released == 1

@@ -46,7 +46,7 @@ def _kill() -> None:
 
 
 def _install(fault: dict, rank: int) -> None:
-    from odin_ns.distributed.session import DistributedSession
+    from odin_ns.distributed.session import ReplicatedSession
     from odin_ns.runtime.engine import PrimitiveSyncEngine
     from odin_ns.trainer import OdinTrainer
 
@@ -55,7 +55,7 @@ def _install(fault: dict, rank: int) -> None:
     seconds = float(fault.get("seconds", 0.0))
 
     if kind in ("kill_step", "stall", "nan_grad") and mine:
-        after_backward = DistributedSession.after_backward
+        after_backward = ReplicatedSession.after_backward
 
         def hooked(self, step, *args, **kwargs):
             if step == at:
@@ -69,7 +69,7 @@ def _install(fault: dict, rank: int) -> None:
                     self.model.gauss_params["means"].grad[self._rows[:1]] = float("nan")
             return after_backward(self, step, *args, **kwargs)
 
-        DistributedSession.after_backward = hooked
+        ReplicatedSession.after_backward = hooked
 
     if kind == "kill_drain" and mine:
         drain = PrimitiveSyncEngine.drain_and_apply_all
@@ -82,7 +82,7 @@ def _install(fault: dict, rank: int) -> None:
         PrimitiveSyncEngine.drain_and_apply_all = hooked_drain
 
     if kind == "kill_structural" and mine:
-        change = DistributedSession._apply_structural_change
+        change = ReplicatedSession._apply_structural_change
 
         def hooked_change(self, step):
             if step >= at:
@@ -90,7 +90,7 @@ def _install(fault: dict, rank: int) -> None:
                 _kill()
             return change(self, step)
 
-        DistributedSession._apply_structural_change = hooked_change
+        ReplicatedSession._apply_structural_change = hooked_change
 
     if kind in ("kill_checkpoint", "slow_checkpoint") and rank == 0:
         write = OdinTrainer._write_checkpoint

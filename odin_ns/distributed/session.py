@@ -1,12 +1,13 @@
 """One rank's side of a distributed training step: what the trainer calls around backward.
 
-``OdinTrainer.train_iteration`` keeps nerfstudio's step shape and calls, per global step::
+``OdinTrainer.train_iteration`` keeps nerfstudio's step shape and calls, per global step
+(``session_api.TrainingSession``, the replicated layout: every rank holds every Gaussian)::
 
-    wait_s = session.before_step(step)      # phase start if due; wait for (and apply) the
+    reads = session.before_step(step)       # phase start if due; wait for (and apply) the
                                             # peer updates this step's read set needs
-    ...zero_grad, forward, loss, backward on the planned view (footprint rows only)...
-    session.after_backward(step, ...)       # publish gradient rows, apply what arrived,
-                                            # structural change at refine / reset steps
+    ...zero_grad, forward, loss, backward on the planned view (reads.rows only)...
+    session.after_backward(step, views, timing)  # publish gradient rows, apply what
+                                            # arrived, structural change at refine / reset
     session.drain()                         # before checkpoints and evaluation
 
 The session wires the pieces, each in its own module: ``PhaseController`` (footprints and
@@ -20,20 +21,20 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from nerfstudio.engine.optimizers import Optimizers
-from nerfstudio.utils.rich_utils import CONSOLE
 
-from odin_ns.distributed.densify import make_densifier
+from odin_ns.distributed.densify import MCMCDensifier, make_densifier
 from odin_ns.distributed.optimizer_binding import bind_param_groups, set_step_counts
 from odin_ns.distributed.phase import PhaseController, geometry_keys, row_sources
-from odin_ns.distributed.telemetry import SyncTelemetry
-from odin_ns.model import GAUSSIAN_GROUPS
+from odin_ns.distributed.session_api import CheckpointState, StepReads, StepTiming
+from odin_ns.distributed.session_flow import SessionFlow
+from odin_ns.model import GAUSSIAN_GROUPS, RenderedView, union_visible
 from odin_ns.runtime import PrimitiveSyncEngine
-from odin_ns.runtime.liveness import switch_held_section
 
 
 def runtime_process_group():
@@ -48,20 +49,10 @@ def runtime_process_group():
     return dist.new_group(backend="gloo")
 
 
-class DistributedSession:
-    """The distributed step of one rank (see the module docstring for the call order).
-
-    Args:
-        pipeline: the ``OdinPipeline`` (model, data manager, sync config, telemetry, panels).
-        optimizers: nerfstudio's optimizers; the runtime applies the Gaussian groups' Adam
-            updates with their moments.
-        checkpoint_every: the trainer's ``steps_per_save``; a checkpoint step ends a phase,
-            so a resumed run re-plans exactly where the uninterrupted run does.
-        resumed_phase: a checkpoint's ``PhaseController.resume_state`` (same world size).
-        live_panels: the run shows rank 0's live viewer panels (the viewer is on), so every
-            phase start ships the peers' recent steps to rank 0; without them the steps
-            travel only at the end (``finish``), for the run's final snapshot.
-    """
+class ReplicatedSession(SessionFlow):
+    """The replicated layout's distributed step of one rank: every rank holds every
+    Gaussian (see the module docstring for the call order; ``SessionFlow`` for the
+    arguments and what both layouts share)."""
 
     def __init__(
         self,
@@ -71,25 +62,16 @@ class DistributedSession:
         resumed_phase: dict | None = None,
         live_panels: bool = True,
     ):
+        super().__init__(pipeline, optimizers, checkpoint_every, resumed_phase, live_panels)
         config = pipeline.config
-        self.pipeline = pipeline
-        self.model = pipeline.model
-        self.datamanager = pipeline.datamanager
-        self.optimizers = optimizers
         self.sync_config = config.sync
         # The phase-start exchange compares every rank's plan hash; the engine need not.
         self.sync_config.verify_plan = False
-        self.rank = pipeline.rank
-        self.world_size = pipeline.world_size
-        self.snapshot_every = config.snapshot_every
-        self.live_panels = bool(live_panels)
-        self.telemetry: SyncTelemetry = pipeline.telemetry
         self.group = runtime_process_group()
-        seed = int(self.datamanager.config.train_cameras_sampling_seed)
         self.phases = PhaseController(
             self.rank,
             self.world_size,
-            seed=seed,
+            seed=self.seed,
             strategy=config.plan_strategy,
             max_phase_steps=config.max_phase_steps,
             margin_px=config.footprint_margin_px,
@@ -97,88 +79,51 @@ class DistributedSession:
             group=self.group,
             views_per_rank=config.views_per_rank,
         )
-        self.noise = getattr(self.model, "mcmc_noise", None)  # MCMC's lazy position noise
+        self.noise = self.model.mcmc_noise  # MCMC's lazy position noise (None: default)
         self.densifier = make_densifier(
-            self.model.strategy, self.model.strategy_state, seed, self.noise
+            self.model.strategy, self.model.strategy_state, self.seed, self.noise
         )
         self.densifier.ensure_state(self.model.num_points, self.model.means.device)
-        self.checkpoint_every = int(checkpoint_every)
-        self._resumed_phase = resumed_phase
         self.engine: PrimitiveSyncEngine | None = None
-        self._paused = None  # the viewer pause's busy section, while paused
-        self._rows: torch.Tensor | None = None
-        self._start_replicas_from_rank0()
-
-    @torch.no_grad()
-    def _start_replicas_from_rank0(self) -> None:
-        """Ranks are seeded differently (nerfstudio seeds seed + rank), so random parts of
-        the initialisation (quaternions) differ: every replica starts from rank 0's
-        parameters, as DDP does when it wraps a model."""
-        for tensor in list(self.model.parameters()) + list(self.model.buffers()):
-            dist.broadcast(tensor.data, src=0)
+        self._start_from_rank0()
 
     # ------------------------------------------------------------------ the step
-    def before_step(self, step: int) -> float:
+    def before_step(self, step: int) -> StepReads:
         """Start a phase if one is due, then wait until this step's read set is current
-        (applying peer updates as they arrive). Returns the seconds spent waiting."""
+        (applying peer updates as they arrive). Returns the rows the step draws and the
+        seconds spent waiting."""
         if self.phases.due(step):
             self._start_phase(step)
         assert self.engine is not None
         wait_s = self.engine.apply_until_readable(step)
         self._rows = self.phases.step_rows(step, self.model.means.device)
-        self.model.active_rows = self._rows
         if self.noise is not None:  # MCMC: the read set carries every earlier step's noise
             self.noise.catch_up(self.engine.current_reads(step), step - 1)
-        return wait_s
+        return StepReads(self._rows, wait_s)
 
-    def after_backward(
-        self,
-        step: int,
-        compute_s: float,
-        wait_s: float,
-        started: float,
-        infos: list | None = None,
-    ) -> None:
+    def after_backward(self, step: int, views: Sequence[RenderedView], timing: StepTiming) -> None:
         """Publish this rank's gradient rows, apply what has arrived, make the structural
-        change at refine / reset steps, and log the step. ``infos``: the rasterizer info of
-        each of the step's B views (default: the model's last), statistics per view."""
+        change at refine / reset steps, and log the step. ``views``: each of the step's B
+        views (densification statistics per view; published rows visible in any)."""
         assert self.engine is not None and self._rows is not None
-        rows = self._rows
-        grads = {name: self.model.gauss_params[name].grad for name in GAUSSIAN_GROUPS}
-        for name, grad in grads.items():
-            if grad is not None and not torch.isfinite(grad[rows]).all():
-                raise FloatingPointError(
-                    f"rank {self.rank}: non-finite gradient of '{name}' at step {step}; "
-                    "refusing to publish it"
-                )
-        self.engine.publish(step, grads, self.model.visible_rows)
-        infos = infos if infos is not None else [self.model.info]
-        for info in infos:
-            self.densifier.accumulate(step, info, rows, self.model.num_points)
+        visible = union_visible(views)
+        self.engine.publish(step, self._gradients(step), visible)
+        for view in views:
+            self.densifier.accumulate(step, view.info, self._rows, self.model.num_points)
         self.engine.apply_arrived()
         dependency_rows = self._dependency_rows(step)  # this step's plan, before a re-plan
         if self.densifier.is_structural(step):
             self._apply_structural_change(step)
         metrics = self.engine.metrics[-1]
-        height, width = self.model.last_size
-        self.telemetry.record_step(
-            {
-                "step": step,
-                "view": self.datamanager.plan_view(step),
-                "compute_s": compute_s,
-                "wait_s": wait_s,
-                "start": started,
-                "end": time.time(),
-                "footprint_rows": int(rows.numel()),
-                "dependency_rows": dependency_rows,
-                "visible_rows": self.model.visible_rows.sum(),
-                "pixels": int(height * width) * len(infos),
-                "bytes_sent": metrics.bytes_sent,
-                "bytes_recv": metrics.bytes_recv,
-            }
+        self._record_step(
+            step,
+            views,
+            timing,
+            visible,
+            dependency_rows,
+            bytes_sent=metrics.bytes_sent,
+            bytes_recv=metrics.bytes_recv,
         )
-        if self.telemetry.snapshot_due(step, self.pipeline.panels, self.snapshot_every):
-            self.telemetry.refresh_snapshot(step, self._engine_counters())
 
     # ------------------------------------------------------------------ phases
     def _start_phase(self, step: int) -> None:
@@ -192,28 +137,8 @@ class DistributedSession:
             # checkpoint write): a heartbeat-aware wait, not gloo's timeout.
             self.engine.rendezvous(f"phase start at step {step}")
         drain_s = time.perf_counter() - tic
-        if self.checkpoint_every > 0 and step > 1 and (step - 1) % self.checkpoint_every == 0:
-            self.phases.forget_footprints()  # as a run resumed from that checkpoint does
-        plan, record = self.phases.start(
-            step,
-            self.model,
-            self.datamanager.train_dataset.cameras,
-            self.phases.boundary(step, self.densifier, self.checkpoint_every),
-            resumed=self._resumed_phase,
-        )
-        self._resumed_phase = None
-        exchange_tic = time.perf_counter()
-        request = self.telemetry.start_phase(
-            self.pipeline.panels,
-            self._engine_counters(),
-            plan_check=(str(plan.plan_hash), self.model.num_points),
-            step=step,
-            with_steps=self.live_panels,
-        )
-        self.sync_config.apply_panel_request(request)  # on every rank at once
+        plan, record = self._plan_phase(step, self.model.num_points)
         bind_tic = time.perf_counter()
-        record.exchange_s = bind_tic - exchange_tic
-        self.datamanager.set_plan_views(plan.views[:, self.rank, :], start_step=step)
         groups = bind_param_groups(self.model.gauss_params, self.optimizers, GAUSSIAN_GROUPS)
         if self.engine is None:
             self.engine = PrimitiveSyncEngine(
@@ -235,13 +160,6 @@ class DistributedSession:
         toc = time.perf_counter()
         record.drain_s, record.bind_s, record.phase_start_s = drain_s, toc - bind_tic, toc - tic
         self.telemetry.record_phase(vars(record))
-
-    def _dependency_rows(self, step: int) -> int:
-        """Rows of this rank's read set at ``step`` that the plan says it waits for: the
-        plan's ``dependency_rows[t, rank]`` summed over peers."""
-        plan = self.phases.plan
-        assert plan is not None
-        return int(plan.dependency_rows[self.phases.local_step(step), self.rank].sum())
 
     def _apply_structural_change(self, step: int) -> None:
         assert self.engine is not None
@@ -274,11 +192,10 @@ class DistributedSession:
             "gaussians_before": before,
             "gaussians_after": self.model.num_points,
         }
-        if hasattr(self.densifier, "last_change"):  # MCMC: (relocated, added)
+        if isinstance(self.densifier, MCMCDensifier):  # (relocated, added)
             change["relocated"], change["added"] = self.densifier.last_change
         self.telemetry.record_structural(change)
-        if self.rank == 0 and self.model.num_points != before:
-            CONSOLE.log(f"step {step}: densification {before} -> {self.model.num_points} Gaussians")
+        self._log_densification(step, before, self.model.num_points)
 
     def _catch_up_noise(self) -> None:
         """MCMC, after a drain: every row carries the noise of every finished step, so every
@@ -301,23 +218,22 @@ class DistributedSession:
         applied = int(self.engine.versions.max().item()) + 1
         set_step_counts(self.optimizers, GAUSSIAN_GROUPS, applied)
 
-    def busy(self, reason: str):
+    def busy(self, what: str):
         """Context manager: this rank is busy with work of its own; peers keep waiting."""
-        return self.engine.busy(reason) if self.engine is not None else contextlib.nullcontext()
+        return self.engine.busy(what) if self.engine is not None else contextlib.nullcontext()
 
-    def set_paused(self, paused: bool) -> None:
-        """The viewer paused (or resumed) this rank: a busy section while it lasts."""
-        self._paused = switch_held_section(self._paused, paused, lambda: self.busy("viewer paused"))
-
-    def resume_state(self, step: int) -> dict:
-        """The phase state a checkpoint taken after ``step`` needs (call after ``drain``)."""
-        return self.phases.resume_state(step + 1)
-
-    def gather(self, obj) -> list:
-        """``obj`` of every rank, in rank order (an all-gather; call on every rank)."""
-        parts: list = [None] * self.world_size
-        dist.all_gather_object(parts, obj)
-        return parts
+    def save_checkpoint(
+        self,
+        path: Path,
+        build_state: Callable[[], CheckpointState],
+        write: Callable[[CheckpointState, Path], None],
+    ) -> None:
+        """Rank 0 writes its replica, the whole model (after a drain)."""
+        if self.rank != 0:
+            return
+        state = build_state()
+        with self.busy("writing a checkpoint"):  # peers wait: slow is not dead
+            write(state, path)
 
     def replica_hash(self) -> str:
         """sha256 of every Gaussian parameter: equal on all ranks after a drain."""
@@ -328,15 +244,14 @@ class DistributedSession:
             )
         return digest.hexdigest()
 
-    def finish(self, run_summary_path: Path) -> None:
-        """End of training: drain, gather every rank's logs, write ``odin_run.json``."""
-        self.drain()
-        engine = self.engine.summary() if self.engine is not None else {}
-        self.telemetry.finish(
-            self._engine_counters(), engine, self.replica_hash(), Path(run_summary_path)
-        )
-        if self.rank == 0:
-            CONSOLE.log(f"Odin run summary written to {run_summary_path}")
+    def _engine_summary(self) -> dict:
+        return self.engine.summary() if self.engine is not None else {}
+
+    def _summary_extra(self) -> tuple[dict | None, dict]:
+        """Throughput-first: every delayed read this rank admitted (step, peer, staleness,
+        overlap and evidence ratios), for the run's analysis."""
+        admitted = self.engine.admission_log() if self.engine is not None else []
+        return ({"admitted_reads": admitted} if admitted else None), {}
 
     def close(self) -> None:
         """Stop the runtime's transport threads (after the last drain)."""

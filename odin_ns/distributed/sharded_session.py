@@ -1,6 +1,5 @@
-"""Sharded distributed step (``--pipeline.parallel sharded``): the ``DistributedSession``
-interface (before_step / after_backward / drain / finish / resume_state / gather / close)
-over owner-sharded Gaussians (``odin_ns.runtime.sharded``, DESIGN 3.11).
+"""Sharded distributed step (``--pipeline.parallel sharded``): the trainer's
+``session_api.TrainingSession`` over owner-sharded Gaussians (``odin_ns.runtime.sharded``, DESIGN 3.11).
 
 Storage per rank: ``model.gauss_params`` is the local table (owned rows, then the phase's
 cache); Adam moments exist for owned rows only (held here, not in the optimizers' state).
@@ -27,8 +26,10 @@ as long as a peer beats.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -38,8 +39,10 @@ from nerfstudio.engine.optimizers import Optimizers
 from nerfstudio.utils.rich_utils import CONSOLE
 
 from odin_ns.distributed.densify import ReplicatedDensifier, reset_opacities_in_place
-from odin_ns.distributed.optimizer_binding import learning_rate_at, store_plain_float_learning_rates
+from odin_ns.distributed.optimizer_binding import learning_rate_at
 from odin_ns.distributed.phase import GaussianRows, PhaseController
+from odin_ns.distributed.session_api import CheckpointState, StepReads, StepTiming
+from odin_ns.distributed.session_flow import SessionFlow
 from odin_ns.distributed.sharded_checkpoint import merge_owned_rows, range_owner, remove_row_files
 from odin_ns.distributed.sharded_densify import (
     OwnedRows,
@@ -54,15 +57,13 @@ from odin_ns.distributed.sharded_eval import (
     pack_param_rows,
     unpack_param_rows,
 )
-from odin_ns.distributed.telemetry import SyncTelemetry
 from odin_ns.errors import OdinInputError
-from odin_ns.model import GAUSSIAN_GROUPS
+from odin_ns.model import GAUSSIAN_GROUPS, RenderedView, union_visible
 from odin_ns.preflight import check_sharded_config
 from odin_ns.runtime import P2PTransport, ParamGroupState, SyncTimeout
 from odin_ns.runtime.liveness import (
     PeerSilence,
     StoreLiveness,
-    switch_held_section,
     wait_for_rendezvous,
 )
 from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, phase_read_sets
@@ -125,11 +126,11 @@ class ShardedPhaseController(PhaseController):
         return GaussianRows.of(model, table.to(model.means.device))
 
 
-class ShardedSession:
-    """The sharded distributed step of one rank (same interface as DistributedSession).
+class ShardedSession(SessionFlow):
+    """The sharded distributed step of one rank (a ``TrainingSession``).
 
     Args:
-        pipeline, optimizers, checkpoint_every: as ``DistributedSession``.
+        pipeline, optimizers, checkpoint_every: as ``SessionFlow``.
         resumed_phase: a checkpoint's ``PhaseController.resume_state`` (same world size:
             the first phase continues the plan's epoch where the checkpointed run was), or
             None.
@@ -140,8 +141,8 @@ class ShardedSession:
             phase start moves every row to its owner.
         stop_step: the trainer's ``max_num_iterations`` (no push for steps never run).
         ownership: "locality" (from the plan) or "random" (Grendel-style baseline).
-        viewer_copy: refresh rank 0's copy of the model (``sharded_eval``) at every phase
-            start, for the live viewer.
+        live_panels: as ``SessionFlow``; rank 0 also refreshes its copy of the model
+            (``sharded_eval``) at every phase start, for the live viewer.
     """
 
     def __init__(
@@ -152,31 +153,22 @@ class ShardedSession:
         resumed_phase: dict | None = None,
         stop_step: int | None = None,
         ownership: str = "locality",
-        viewer_copy: bool = False,
+        live_panels: bool = False,
         checkpoint_rows: int | None = None,
     ):
+        super().__init__(pipeline, optimizers, checkpoint_every, resumed_phase, live_panels)
         config = pipeline.config
-        self._resumed_phase = resumed_phase
-        self.max_rows_per_rank = int(getattr(config, "max_rows_per_rank", 0))
-        self.pipeline = pipeline
-        self.model = pipeline.model
-        self.datamanager = pipeline.datamanager
-        self.optimizers = optimizers
-        self.rank = pipeline.rank
-        self.world_size = pipeline.world_size
+        self.max_rows_per_rank = int(config.max_rows_per_rank)
         self.timeout_s = float(config.sync.timeout_s)
         self.ownership = ownership
         self.stop_step = stop_step
-        self.checkpoint_every = int(checkpoint_every)
-        self.viewer_copy = bool(viewer_copy)
-        self.eval_copy_max_rows = int(getattr(config, "eval_copy_max_rows", 0))
+        self.eval_copy_max_rows = int(config.eval_copy_max_rows)
         # Slow is not dead: rank 0 evaluating, writing a checkpoint or paused in the viewer
         # beats (``busy``); peers' waits and rendezvous last while it does.
         sync = config.sync
         self.liveness = StoreLiveness(self.rank, self.world_size, sync.beat_s)
         self.silence = PeerSilence(self.liveness, self.world_size, sync.beat_s, sync.timeout_s)
         self._rendezvous = 0
-        self._paused = None  # the viewer pause's busy section, while paused
         # three gloo groups: gradients, pushes, phase-start collectives (cache fill, ...)
         self.group = dist.new_group(backend="gloo")
         grads_group = dist.new_group(backend="gloo")
@@ -187,10 +179,7 @@ class ShardedSession:
         idle = float(config.sync.idle_timeout_s)
         self.grads_tx = P2PTransport(self.rank, self.world_size, grads_group, idle)
         self.push_tx = P2PTransport(self.rank, self.world_size, push_group, idle)
-        self.seed = int(self.datamanager.config.train_cameras_sampling_seed)
-        if not hasattr(PhaseController, "_footprints"):
-            raise RuntimeError("sharded mode needs PhaseController._footprints (phase.py)")
-        reuse = {"reuse_shift_px": float(getattr(config, "footprint_reuse_shift_px", 0.0))}
+        reuse = {"reuse_shift_px": float(config.footprint_reuse_shift_px)}
         self.phases = ShardedPhaseController(
             self.rank,
             self.world_size,
@@ -199,7 +188,7 @@ class ShardedSession:
             max_phase_steps=config.max_phase_steps,
             margin_px=config.footprint_margin_px,
             group=self.group,
-            views_per_rank=int(getattr(config, "views_per_rank", 1)),
+            views_per_rank=int(config.views_per_rank),
             **(reuse if reuse["reuse_shift_px"] > 0 else {}),
         )
         self.owner: np.ndarray | None = None  # [N] int64
@@ -214,17 +203,11 @@ class ShardedSession:
         self.densifier.seed = self.seed
         self.densifier.ensure_state(self.num_rows, self.model.means.device)
         self.engine: ShardedEngine | None = None
-        self.telemetry: SyncTelemetry = pipeline.telemetry  # steps, phases, panels, summary
-        self.snapshot_every = int(config.snapshot_every)
         self.engine_summaries: list[dict] = []  # per phase (one engine each), once drained
         self.reports: list[dict] = []
-        self._rows: torch.Tensor | None = None
-        # Every rank starts from rank 0's model (nerfstudio seeds ranks differently); a
-        # resumed run's ranks read their Gaussians from the same file already.
-        held = {id(p) for p in self.model.gauss_params.values()} if self.loaded_rows else set()
-        for tensor in list(self.model.parameters()) + list(self.model.buffers()):
-            if id(tensor) not in held:
-                dist.broadcast(tensor.data, src=0)
+        # A resumed run's ranks read their Gaussians from the checkpoint already.
+        loaded = self.model.gauss_params.values() if self.loaded_rows else ()
+        self._start_from_rank0(frozenset(id(p) for p in loaded))
 
     @property
     def num_rows(self) -> int:
@@ -249,7 +232,9 @@ class ShardedSession:
             self.optimizers.optimizers[name].state.clear()  # moments live in the session
 
     # ------------------------------------------------------------------ the step
-    def before_step(self, step: int) -> float:
+    def before_step(self, step: int) -> StepReads:
+        """Start a phase if one is due; wait until the step's reads (owned or cached rows
+        of the local table) are current. Returns them and the seconds waited."""
         if self.phases.due(step):
             self._start_phase(step)
         assert self.engine is not None
@@ -258,53 +243,37 @@ class ShardedSession:
         st = self.engine.steps[t]
         self._rows = torch.from_numpy(st.reads).to(self.model.means.device)
         self._global_rows = torch.from_numpy(st.reads_global).to(self.model.means.device)
-        self.model.active_rows = self._rows
-        return wait_s
+        return StepReads(self._rows, wait_s)
 
-    def after_backward(
-        self, step: int, compute_s: float, wait_s: float, started: float, infos=None
-    ) -> None:
+    def after_backward(self, step: int, views: Sequence[RenderedView], timing: StepTiming) -> None:
+        """Send the step's gradient rows to their owners, apply what arrived, accumulate
+        each view's statistics (global rows), make a structural change, log the step."""
         assert self.engine is not None and self._rows is not None
-        grads = [self.model.gauss_params[name].grad for name in GAUSSIAN_GROUPS]
-        for name, grad in zip(GAUSSIAN_GROUPS, grads, strict=True):
-            if grad is not None and not torch.isfinite(grad[self._rows]).all():
-                raise FloatingPointError(
-                    f"rank {self.rank}: non-finite gradient of '{name}' at step {step}"
-                )
+        visible = union_visible(views)
+        grads = list(self._gradients(step).values())
         t = step - self.phases.start_step
         metrics = self.engine.metrics[-1]
-        self.engine.after_backward(t, grads, self.model.visible_rows)
-        infos = infos if infos is not None else [self.model.info]
-        for info in infos:
-            self.densifier.accumulate(step, info, self._global_rows, self.num_rows)
-        dependency_rows = int(self.phases.plan.dependency_rows[t, self.rank].sum())
+        self.engine.after_backward(t, grads, visible)
+        for view in views:
+            self.densifier.accumulate(step, view.info, self._global_rows, self.num_rows)
+        dependency_rows = self._dependency_rows(step)  # this step's plan, before a re-plan
         if self.densifier.is_structural(step):
             self._apply_structural_change(step)
-        height, width = self.model.last_size
-        self.telemetry.record_step(
-            {
-                "step": step,
-                "view": self.datamanager.plan_view(step),
-                "compute_s": compute_s,
-                "wait_s": wait_s,
-                "start": started,
-                "end": time.time(),
-                "footprint_rows": int(self._rows.numel()),
-                "dependency_rows": dependency_rows,
-                "visible_rows": self.model.visible_rows.sum(),
-                "pixels": int(height * width) * len(infos),
-                "bytes_sent": metrics.bytes_sent,
-                "bytes_recv": metrics.bytes_recv,
-                "credit_wait_s": metrics.credit_wait_s,
-                "pushes_deferred": metrics.pushes_deferred,
-                "deferred_bytes_max": metrics.deferred_bytes_max,
-                "inflight_bytes_max": metrics.inflight_bytes_max,
-                "resident_rows": self.model.num_points,
-                "owned_rows": self.layout.num_owned,
-            }
+        self._record_step(
+            step,
+            views,
+            timing,
+            visible,
+            dependency_rows,
+            bytes_sent=metrics.bytes_sent,
+            bytes_recv=metrics.bytes_recv,
+            credit_wait_s=metrics.credit_wait_s,
+            pushes_deferred=metrics.pushes_deferred,
+            deferred_bytes_max=metrics.deferred_bytes_max,
+            inflight_bytes_max=metrics.inflight_bytes_max,
+            resident_rows=self.model.num_points,
+            owned_rows=self.layout.num_owned,
         )
-        if self.telemetry.snapshot_due(step, self.pipeline.panels, self.snapshot_every):
-            self.telemetry.refresh_snapshot(step, self._engine_counters())
 
     def _engine_counters(self) -> dict:
         """The engine's run totals so far (every phase's engine), for the panels."""
@@ -347,31 +316,10 @@ class ShardedSession:
             self.rendezvous(f"phase start at step {step}")  # before the collectives below
         first = not self.telemetry.phases  # the run's first phase
         whole_model = self.owner is None  # a fresh run's first phase: every rank holds it
-        at_checkpoint = self.checkpoint_every > 0 and step > 1
-        if at_checkpoint and (step - 1) % self.checkpoint_every == 0:
-            getattr(self.phases, "forget_footprints", lambda: None)()  # as replicated does
         if not whole_model:
             self.phases.owned = self.layout.owned
             self.phases.num_rows = self.num_rows
-        plan, record = self.phases.start(
-            step,
-            self.model,
-            self.datamanager.train_dataset.cameras,
-            self.phases.boundary(step, self.densifier, self.checkpoint_every),
-            resumed=self._resumed_phase,
-        )
-        self._resumed_phase = None
-        exchange_tic = time.perf_counter()
-        request = self.telemetry.start_phase(
-            self.pipeline.panels,
-            self._engine_counters(),
-            plan_check=(str(plan.plan_hash), self.num_rows),
-            step=step,
-            with_steps=self.viewer_copy,
-        )
-        self.pipeline.config.sync.apply_panel_request(request)  # on every rank at once
-        record.exchange_s = time.perf_counter() - exchange_tic
-        self.datamanager.set_plan_views(plan.views[:, self.rank, :], start_step=step)
+        plan, record = self._plan_phase(step, self.num_rows)
         device = self.model.means.device
         if whole_model:
             n = self.model.num_points
@@ -401,7 +349,7 @@ class ShardedSession:
         record.phase_start_s = time.perf_counter() - tic
         record.num_gaussians = self.num_rows  # the model's, not this rank's table
         entry = vars(record)
-        if self.viewer_copy:  # after the record's time: the viewer's cost, not the phase's
+        if self.live_panels:  # after the record's time: the viewer's cost, not the phase's
             tic = time.perf_counter()
             copy = self.refresh_eval_copy(step)
             entry["eval_copy_s"] = time.perf_counter() - tic
@@ -414,7 +362,7 @@ class ShardedSession:
         (``ownership.rebalance_ownership``, ``--pipeline.rebalance``; the same decision on
         every rank). Returns this rank's rows and the decision's report.
         """
-        mode = getattr(self.pipeline.config, "rebalance", "auto")
+        mode = self.pipeline.config.rebalance
         width = sum(_row_dims([rows.params[n] for n in GAUSSIAN_GROUPS]))  # floats per row
         decision = rebalance_ownership(
             plan,
@@ -588,8 +536,7 @@ class ShardedSession:
         self.telemetry.record_structural(
             {"step": step, "gaussians_before": before, "gaussians_after": self.num_rows}
         )
-        if self.rank == 0 and self.num_rows != before:
-            CONSOLE.log(f"step {step}: densification {before} -> {self.num_rows} Gaussians")
+        self._log_densification(step, before, self.num_rows)
 
     def _reset_opacities_in_place(self, step: int) -> None:
         """An opacity reset alone (after the drain and the rendezvous): the phase runs on.
@@ -711,17 +658,33 @@ class ShardedSession:
 
     def release_eval_copy(self) -> None:
         """Free rank 0's copy, unless the live viewer renders it."""
-        if not self.viewer_copy:
+        if not self.live_panels:
             self.model.eval_copy = None
 
-    def resume_state(self, step: int) -> dict:
-        """The phase state a checkpoint taken after ``step`` needs (call after ``drain``)."""
-        return self.phases.resume_state(step + 1)
-
-    def gather(self, obj) -> list:
-        parts: list = [None] * self.world_size
-        dist.all_gather_object(parts, obj, group=self.group)
-        return parts
+    @contextlib.contextmanager
+    def evaluation(self, step: int) -> Iterator[bool]:
+        """Rank 0 gathers a copy of the whole model (collective, after a drain) and
+        evaluates it alone; the other ranks go on and wait for it at their next read. A
+        copy bounded below the model (``--pipeline.eval-copy-max-rows``) is not evaluated:
+        its metrics would not be the model's."""
+        copy = self.refresh_eval_copy(step)
+        if copy is None:  # not rank 0
+            yield False
+            return
+        try:
+            if not copy.complete:
+                CONSOLE.print(
+                    f"[yellow]step {step}: evaluation skipped: the model has {copy.num_rows} "
+                    f"Gaussians and --pipeline.eval-copy-max-rows is "
+                    f"{self.eval_copy_max_rows}; ns-eval on a checkpoint evaluates the whole "
+                    "model[/yellow]"
+                )
+                yield False
+                return
+            with self.busy("evaluating"):  # peers wait for rank 0 without timing out
+                yield True
+        finally:
+            self.release_eval_copy()
 
     @torch.no_grad()
     def merged_model(self, directory: Path) -> dict | None:
@@ -751,52 +714,32 @@ class ShardedSession:
             directory,
         )
 
-    def save_checkpoint(self, trainer, step: int, odin: dict) -> None:
-        """One nerfstudio checkpoint of the whole model, written by rank 0 (collective).
-
-        ``odin``: the trainer's resume entry (``resume.resume_entry``: every rank's
-        generators and [N] statistics, the phase state), the layout replicated checkpoints
-        have, so either mode resumes it.
-        """
-        self.drain()
-        if self.rank == 0:
-            trainer.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        path = trainer.checkpoint_dir / f"step-{step:09d}.ckpt"
+    def save_checkpoint(
+        self,
+        path: Path,
+        build_state: Callable[[], CheckpointState],
+        write: Callable[[CheckpointState, Path], None],
+    ) -> None:
+        """One nerfstudio checkpoint of the whole model, written by rank 0 (collective;
+        after a drain): every rank's owned rows and moments merged in global row order
+        into ``build_state``'s checkpoint of rank 0's table, whose resume entry (every
+        rank's generators and [N] statistics, the phase state) is the layout replicated
+        checkpoints have, so either mode resumes it."""
         rows_dir = path.with_suffix(".rows")  # rank 0's merged rows, until the file is written
         merged = self.merged_model(rows_dir)
         if self.rank != 0:
             return
-        store_plain_float_learning_rates(self.optimizers)
-        pipeline = trainer.pipeline.state_dict()
-        optimizers = {}
+        state = build_state()
+        applied = float(state["step"] + 1)  # Adam's step count after a drained step
         for name, (param, m, v) in merged.items():
-            pipeline[f"_model.gauss_params.{name}"] = param
-            opt = self.optimizers.optimizers[name].state_dict()
-            opt["state"] = {
-                0: {"step": torch.tensor(float(step + 1)), "exp_avg": m, "exp_avg_sq": v}
+            state["pipeline"][f"_model.gauss_params.{name}"] = param
+            state["optimizers"][name]["state"] = {
+                0: {"step": torch.tensor(applied), "exp_avg": m, "exp_avg_sq": v}
             }
-            optimizers[name] = opt
-        for name, opt in self.optimizers.optimizers.items():
-            if name not in optimizers:
-                optimizers[name] = opt.state_dict()
-        state = {
-            "step": step,
-            "pipeline": pipeline,
-            "optimizers": optimizers,
-            "schedulers": {k: v.state_dict() for k, v in self.optimizers.schedulers.items()},
-            "scalers": trainer.grad_scaler.state_dict(),
-            "odin": odin,
-        }
-        partial = path.with_suffix(".ckpt.partial")
         with self.busy("writing a checkpoint"):  # peers wait: slow is not dead
-            torch.save(state, partial)
-        del state, merged, pipeline, optimizers
+            write(state, path)
+        del state, merged
         remove_row_files(rows_dir)
-        partial.replace(path)
-        if trainer.config.save_only_latest_checkpoint:
-            for old in trainer.checkpoint_dir.glob("*.ckpt"):
-                if old != path:
-                    old.unlink()
 
     def replica_hash(self) -> str:
         digest = hashlib.sha256()
@@ -805,36 +748,23 @@ class ShardedSession:
             digest.update(self.model.gauss_params[name].detach()[:o].cpu().numpy().tobytes())
         return digest.hexdigest()
 
-    def finish(self, run_summary_path: Path) -> None:
-        """Drain; gather every rank's logs (the replicated session's, plus ownership and
-        the rows each rank holds); rank 0 writes ``odin_run.json``."""
-        self.drain()
-        counters = self._engine_counters()  # every phase's engine: the run's totals
+    def _engine_summary(self) -> dict:
+        return self._engine_counters()  # every phase's engine: the run's totals
+
+    def _summary_extra(self) -> tuple[dict | None, dict]:
+        """Per rank: ownership reports and the rows it holds; the run: its layout."""
         rows = {
             "ownership": self.reports,
             "owned_rows": self.layout.num_owned if self.layout is not None else None,
             "loaded_rows": self.loaded_rows,  # rows of a resumed checkpoint this rank read
             "resident_rows": self.model.num_points,
         }
-        self.telemetry.finish(
-            counters,
-            counters,
-            self.replica_hash(),
-            Path(run_summary_path),
-            rank_extra=rows,
-            parallel="sharded",
-        )
-        if self.rank == 0:
-            CONSOLE.log(f"Odin run summary written to {run_summary_path}")
+        return rows, {"parallel": "sharded"}
 
     def busy(self, what: str):
         """Context manager: this rank is busy with work of its own (``what``); peers keep
         waiting while it beats."""
         return self.liveness.busy(what)
-
-    def set_paused(self, paused: bool) -> None:
-        """The viewer paused (or resumed) this rank: a busy section while it lasts."""
-        self._paused = switch_held_section(self._paused, paused, lambda: self.busy("viewer paused"))
 
     def close(self) -> None:
         self.grads_tx.close()
@@ -868,7 +798,7 @@ def open_session(
     ``checkpoint_rows``: the checkpoint's N when the trainer loaded each rank's range of it.
     """
     check_sharded_config(trainer.config, trainer.pipeline.world_size)
-    if getattr(trainer.pipeline.model, "mcmc_noise", None) is not None:
+    if trainer.pipeline.model.mcmc_noise is not None:
         raise OdinInputError("--pipeline.parallel sharded supports the default strategy only")
     return ShardedSession(
         trainer.pipeline,
@@ -878,6 +808,6 @@ def open_session(
         stop_step=trainer._start_step + trainer.config.max_num_iterations,
         ownership=trainer.pipeline.config.ownership,
         resumed_phase=resumed_phase,
-        viewer_copy=trainer.viewer_on,
+        live_panels=trainer.viewer_on,
         checkpoint_rows=checkpoint_rows,
     )

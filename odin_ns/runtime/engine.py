@@ -470,8 +470,7 @@ class PrimitiveSyncEngine:
         )
 
     def _inflight(self, peer: int) -> tuple[int, int | None]:
-        probe = getattr(self._transport, "inflight_bytes", None)
-        return (0, None) if probe is None else probe(peer)
+        return (0, None) if self._transport is None else self._transport.inflight_bytes(peer)
 
     def _wait_for_credits(self, step: int, nbytes: int) -> None:
         """Credits: wait until every peer has room for ``nbytes`` more in flight (a peer

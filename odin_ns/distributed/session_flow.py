@@ -1,0 +1,227 @@
+"""The step flow both layouts share: ``SessionFlow``, the base of the two sessions.
+
+``ReplicatedSession`` (``session``) and ``ShardedSession`` (``sharded_session``) differ in
+where a Gaussian lives and so in how a step publishes, how a phase binds its rows, how a
+structural change runs and how the whole model reaches a checkpoint or an evaluation.
+What they share lives here, once: the start from rank 0's model, the refusal to publish a
+non-finite gradient, the phase plan and its exchange (footprints, plan, telemetry, panel
+requests, the plan check, the rank's view stream), the step log, the viewer pause, the
+resume state, the gathers and the end of the run. A layout supplies ``_engine_counters``,
+``_engine_summary``, ``_summary_extra``, ``drain``, ``busy`` and ``replica_hash``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from nerfstudio.engine.optimizers import Optimizers
+from nerfstudio.utils.rich_utils import CONSOLE
+
+from odin_ns.distributed.phase import PhaseController, PhaseRecord
+from odin_ns.distributed.session_api import StepTiming
+from odin_ns.distributed.telemetry import SyncTelemetry
+from odin_ns.model import GAUSSIAN_GROUPS, RenderedView
+from odin_ns.runtime.liveness import switch_held_section
+
+
+class SessionFlow:
+    """What both layouts' sessions do the same way (see the module docstring).
+
+    Args:
+        pipeline: the ``OdinPipeline`` (model, data manager, sync config, telemetry, panels).
+        optimizers: nerfstudio's optimizers; the runtime applies the Gaussian groups' Adam
+            updates with their moments.
+        checkpoint_every: the trainer's ``steps_per_save``; a checkpoint step ends a phase,
+            so a resumed run re-plans exactly where the uninterrupted run does.
+        resumed_phase: a checkpoint's ``PhaseController.resume_state`` (same world size).
+        live_panels: the run shows rank 0's live viewer panels (the viewer is on), so every
+            phase start ships the peers' recent steps to rank 0; without them the steps
+            travel only at the end (``finish``), for the run's final snapshot.
+    """
+
+    phases: PhaseController  # the layout's, built in its __init__
+    group: dist.ProcessGroup | None  # the phase-start collectives' group
+
+    def __init__(
+        self,
+        pipeline,
+        optimizers: Optimizers,
+        checkpoint_every: int,
+        resumed_phase: dict | None,
+        live_panels: bool,
+    ):
+        config = pipeline.config
+        self.pipeline = pipeline
+        self.model = pipeline.model
+        self.datamanager = pipeline.datamanager
+        self.optimizers = optimizers
+        self.rank = pipeline.rank
+        self.world_size = pipeline.world_size
+        self.telemetry: SyncTelemetry = pipeline.telemetry  # steps, phases, panels, summary
+        self.snapshot_every = int(config.snapshot_every)
+        self.checkpoint_every = int(checkpoint_every)
+        self.live_panels = bool(live_panels)
+        self.seed = int(self.datamanager.config.train_cameras_sampling_seed)
+        self._resumed_phase = resumed_phase
+        self._paused = None  # the viewer pause's busy section, while paused
+        self._rows: torch.Tensor | None = None  # the step's reads, from before_step
+
+    @torch.no_grad()
+    def _start_from_rank0(self, held: frozenset[int] = frozenset()) -> None:
+        """Ranks are seeded differently (nerfstudio seeds seed + rank), so random parts of
+        the initialisation (quaternions) differ: every rank starts from rank 0's
+        parameters and buffers, as DDP does when it wraps a model, except the tensors in
+        ``held`` (ids: a resumed run's rows, read from the checkpoint already)."""
+        for tensor in list(self.model.parameters()) + list(self.model.buffers()):
+            if id(tensor) not in held:
+                dist.broadcast(tensor.data, src=0)
+
+    # ------------------------------------------------------------------ the step
+    def _gradients(self, step: int) -> dict[str, torch.Tensor | None]:
+        """The Gaussian groups' gradients, refused (``FloatingPointError``) if any of the
+        step's rows holds a non-finite one: nothing of the step is published, so every
+        rank still holds the last finite state."""
+        assert self._rows is not None
+        grads = {name: self.model.gauss_params[name].grad for name in GAUSSIAN_GROUPS}
+        for name, grad in grads.items():
+            if grad is not None and not torch.isfinite(grad[self._rows]).all():
+                raise FloatingPointError(
+                    f"rank {self.rank}: non-finite gradient of '{name}' at step {step}; "
+                    "refusing to publish it"
+                )
+        return grads
+
+    def _record_step(
+        self,
+        step: int,
+        views: Sequence[RenderedView],
+        timing: StepTiming,
+        visible: torch.Tensor,
+        dependency_rows: int,
+        **layout_fields,
+    ) -> None:
+        """Log the step (``SyncTelemetry``; the layout adds its fields) and refresh rank
+        0's live panels when their snapshot is due."""
+        assert self._rows is not None
+        self.telemetry.record_step(
+            {
+                "step": step,
+                "view": self.datamanager.plan_view(step),
+                "compute_s": timing.compute_s,
+                "wait_s": timing.wait_s,
+                "start": timing.started,
+                "end": time.time(),
+                "footprint_rows": int(self._rows.numel()),
+                "dependency_rows": dependency_rows,
+                "visible_rows": visible.sum(),
+                "pixels": sum(view.pixels for view in views),
+                **layout_fields,
+            }
+        )
+        if self.telemetry.snapshot_due(step, self.pipeline.panels, self.snapshot_every):
+            self.telemetry.refresh_snapshot(step, self._engine_counters())
+
+    def _dependency_rows(self, step: int) -> int:
+        """Rows of this rank's read set at ``step`` that the plan says it waits for: the
+        plan's ``dependency_rows[t, rank]`` summed over peers."""
+        plan = self.phases.plan
+        assert plan is not None
+        return int(plan.dependency_rows[self.phases.local_step(step), self.rank].sum())
+
+    # ------------------------------------------------------------------ phases
+    def _plan_phase(self, step: int, num_rows: int) -> tuple[object, PhaseRecord]:
+        """Plan the phase starting at ``step`` (every rank, after the drain and the
+        rendezvous): footprints and plan (``PhaseController.start``), the exchange of
+        telemetry, panel requests and the plan check over ``num_rows`` Gaussians, and the
+        rank's view stream. Returns (plan, its ``PhaseRecord``)."""
+        if self.checkpoint_every > 0 and step > 1 and (step - 1) % self.checkpoint_every == 0:
+            self.phases.forget_footprints()  # as a run resumed from that checkpoint does
+        plan, record = self.phases.start(
+            step,
+            self.model,
+            self.datamanager.train_dataset.cameras,
+            self.phases.boundary(step, self.densifier, self.checkpoint_every),
+            resumed=self._resumed_phase,
+        )
+        self._resumed_phase = None
+        tic = time.perf_counter()
+        request = self.telemetry.start_phase(
+            self.pipeline.panels,
+            self._engine_counters(),
+            plan_check=(str(plan.plan_hash), num_rows),
+            step=step,
+            with_steps=self.live_panels,
+        )
+        self.pipeline.config.sync.apply_panel_request(request)  # on every rank at once
+        record.exchange_s = time.perf_counter() - tic
+        self.datamanager.set_plan_views(plan.views[:, self.rank, :], start_step=step)
+        return plan, record
+
+    def _log_densification(self, step: int, before: int, after: int) -> None:
+        if self.rank == 0 and after != before:
+            CONSOLE.log(f"step {step}: densification {before} -> {after} Gaussians")
+
+    # ------------------------------------------------------------------ whole-model points
+    @contextlib.contextmanager
+    def evaluation(self, step: int) -> Iterator[bool]:
+        """Every rank holds the whole model (after a drain) and evaluates it; peers wait
+        for a slow one without timing out."""
+        with self.busy("evaluating"):
+            yield True
+
+    def set_paused(self, paused: bool) -> None:
+        """The viewer paused (or resumed) this rank: a busy section while it lasts."""
+        self._paused = switch_held_section(self._paused, paused, lambda: self.busy("viewer paused"))
+
+    def resume_state(self, step: int) -> dict:
+        """The phase state a checkpoint taken after ``step`` needs (call after ``drain``)."""
+        return self.phases.resume_state(step + 1)
+
+    def gather(self, obj) -> list:
+        """``obj`` of every rank, in rank order (an all-gather; call on every rank)."""
+        parts: list = [None] * self.world_size
+        dist.all_gather_object(parts, obj, group=self.group)
+        return parts
+
+    def finish(self, run_summary_path: Path) -> None:
+        """End of training: drain, gather every rank's logs (with the layout's entries),
+        rank 0 writes ``odin_run.json``."""
+        self.drain()
+        rank_extra, run_extra = self._summary_extra()
+        self.telemetry.finish(
+            self._engine_counters(),
+            self._engine_summary(),
+            self.replica_hash(),
+            Path(run_summary_path),
+            rank_extra=rank_extra,
+            **run_extra,
+        )
+        if self.rank == 0:
+            CONSOLE.log(f"Odin run summary written to {run_summary_path}")
+
+    # ------------------------------------------------------------------ the layout's part
+    def _engine_counters(self) -> dict:
+        """The engine's run totals so far, for the panels."""
+        raise NotImplementedError
+
+    def _engine_summary(self) -> dict:
+        """The engine's summary for ``odin_run.json`` (after the last drain)."""
+        raise NotImplementedError
+
+    def _summary_extra(self) -> tuple[dict | None, dict]:
+        """(per-rank entries, top-level keys) the layout adds to ``odin_run.json``."""
+        return None, {}
+
+    def drain(self) -> None:
+        raise NotImplementedError
+
+    def busy(self, what: str) -> contextlib.AbstractContextManager:
+        raise NotImplementedError
+
+    def replica_hash(self) -> str:
+        raise NotImplementedError

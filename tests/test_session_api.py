@@ -1,0 +1,32 @@
+"""Both layouts' sessions implement the trainer's ``TrainingSession`` interface, whole."""
+
+import inspect
+
+import pytest
+
+from odin_ns.distributed.session import ReplicatedSession
+from odin_ns.distributed.session_api import TrainingSession
+from odin_ns.distributed.session_flow import SessionFlow
+from odin_ns.distributed.sharded_session import ShardedSession
+
+METHODS = [
+    name
+    for name, member in vars(TrainingSession).items()
+    if callable(member) and not name.startswith("_")
+]
+
+
+def test_the_interface_names_what_the_trainer_calls():
+    assert set(METHODS) >= {"before_step", "after_backward", "drain", "evaluation"}
+    assert set(METHODS) >= {"save_checkpoint", "finish", "close", "busy", "set_paused"}
+
+
+@pytest.mark.parametrize("layout", [ReplicatedSession, ShardedSession])
+def test_each_layout_implements_every_method_with_its_parameters(layout):
+    for name in METHODS:
+        declared = inspect.signature(getattr(TrainingSession, name)).parameters
+        implemented = inspect.signature(getattr(layout, name)).parameters
+        assert list(implemented) == list(declared), (layout.__name__, name)
+    # nothing is left to the shared base's "not implemented"
+    for name in ("drain", "busy", "replica_hash", "_engine_counters", "_engine_summary"):
+        assert getattr(layout, name) is not getattr(SessionFlow, name), (layout.__name__, name)
