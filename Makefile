@@ -65,6 +65,8 @@ bench-phase-ab: venv
 	$(PY) -m odin_ns.bench.phase_ab --a $(A) --b $(B) --data $(abspath $(DEMO_DIR)) \
 		--rounds 3 --out bench/phase_start_ab_street.json
 
+IMPACT_MODES := barrier,quality-first,throughput-first,throughput-first-impact
+
 bench: venv
 	$(PY) -m odin_ns.bench.raster --out bench/raster.json
 	$(PY) -m odin_ns.bench.schedule --views 2000 --primitives 200000 --ranks 8 --out bench/schedule.json
@@ -87,6 +89,17 @@ bench: venv
 	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 3 --steps 300 --repeats 1 \
 		--modes ddp,barrier,quality-first --work-dir outputs/bench_sync/street3 \
 		--out bench/sync_street_3ranks.json
+	$(PY) -m odin_ns.bench.stragglers --data $(DEMO_DIR) --ranks 2 --shares 0,0.25,0.5 \
+		--out bench/stragglers_street.json
+	$(PY) -m odin_ns.bench.stragglers --data ../shared/data/fox --downscale-factor 8 --ranks 2 \
+		--shares 0,0.25,0.5 --out bench/stragglers_fox.json \
+		-- --pipeline.datamanager.camera-res-scale-factor 0.5
+	$(PY) -m odin_ns.data.synthetic --out demo_data/drive --layout drive
+	$(PY) -m odin_ns.bench.stragglers --data demo_data/drive --ranks 2 --shares 0,0.5 --repeats 3 \
+		--psnr --seed-control 2 --modes $(IMPACT_MODES) --out bench/stragglers_impact_drive.json
+	$(PY) -m odin_ns.bench.stragglers --data ../shared/data/fox --downscale-factor 8 --ranks 2 \
+		--shares 0,0.5 --repeats 3 --psnr --seed-control 2 --modes $(IMPACT_MODES) \
+		--out bench/stragglers_impact_fox.json -- --pipeline.datamanager.camera-res-scale-factor 0.5
 	$(PY) -m odin_ns.bench.shard --ranks 2 3 4 --rounds 2 --out bench/shard.json
 	$(PY) -m odin_ns.bench.shard --data ../shared/data/fox --downscale-factor 8 --ranks 2 3 4 \
 		--rounds 1 --out bench/shard_fox.json

@@ -26,11 +26,16 @@ def test_share_figures_take_same_round_spreads_against_barrier():
         "ideal_share": 0.8,
     }
     results = {"modes": {"barrier": barrier}}
-    for i, key in enumerate(stragglers.HIDERS):
+    keys = stragglers.hiders(["barrier", "quality-first", "throughput-first"])
+    assert keys == ["qf", "tf", "again"]
+    for i, key in enumerate(keys):
         for suffix, offset in (("", 0.0), ("_min", -0.1), ("_max", 0.1)):
             results[f"wait_hidden_{key}_vs_barrier{suffix}"] = 0.1 * i + offset
             results[f"throughput_ratio_{key}_vs_barrier{suffix}"] = 1.0 + 0.1 * i + offset
-    row = stragglers.share_figures(0.25, 26.0, results)
+    for suffix, delta in (("", -0.1), ("_min", -0.3), ("_max", 0.05)):  # tf evaluated only
+        results[f"psnr_delta_tf_vs_barrier{suffix}"] = delta
+    row = stragglers.share_figures(0.25, 26.0, results, keys)
+    assert row["psnr_delta_tf_vs_barrier_min"] == -0.3 and "psnr_delta_qf_vs_barrier" not in row
     assert row["barrier_wait_s"] == 3.0 and row["barrier_wait_s_max"] == 4.0
     assert row["wait_hidden_tf"] == pytest.approx(0.1)
     assert row["wait_hidden_again_min"] == pytest.approx(0.1)

@@ -176,6 +176,21 @@ def test_street_has_spatial_locality(scenes):
     assert street["visible"] < 0.3 < obj["visible"], stats
 
 
+def test_drive_views_overlap_densely(scenes, tmp_path):
+    """The forward camera (``drive``) sees the far street in every frame: far-apart views
+    share many points, unlike the sideways street views of the same street."""
+    sets = {}
+    drive = make_scene(tmp_path / "drive", layout="drive", seed=3, **SMALL)
+    for layout, data in (("street", scenes["street"]), ("drive", drive)):
+        outputs = _parse(data, "train")
+        seen = _visible_sets(outputs.cameras, outputs.metadata["points3D_xyz"])
+        n = len(seen)
+        far = [_jaccard(seen[i], seen[j]) for i in range(n) for j in range(i + n // 2, n)]
+        sets[layout] = {"far": float(np.mean(far)), "first_last": _jaccard(seen[0], seen[-1])}
+    assert sets["drive"]["far"] > 0.1 and sets["drive"]["far"] > 5 * sets["street"]["far"], sets
+    assert sets["drive"]["first_last"] > 0.02, sets
+
+
 def test_ray_casting_matches_brute_force_marching():
     """Analytic box/sphere hits equal the first inside-sample of a fine ray march."""
     rng = np.random.default_rng(0)

@@ -116,7 +116,35 @@ def test_fallback_reason_rule():
     assert math.isnan(fallback_reason(10, 9, 0, 90, 100, never, tau, k)[1])
     # tau = 0 admits nothing (a decision always has a non-empty overlap)
     assert fallback_reason(10, 9, 0, 1, 100, lambda: 0.0, 0.0, k)[0] == "overlap"
-    assert set(FALLBACK_REASONS) == {"overlap", "evidence", "staleness", "phase"}
+    assert set(FALLBACK_REASONS) == {"overlap", "evidence", "impact", "staleness", "phase"}
+
+
+def test_impact_rule_bounds_the_delayed_share_of_gradient_mass():
+    """impact: admitted when overlap ratio x evidence <= tau ** 2, whatever the overlap."""
+
+    def never():
+        raise AssertionError("evidence evaluated after an earlier condition failed")
+
+    tau, k = 0.2, 4
+
+    def impact(overlap, evidence, **kw):
+        args = {"step": 10, "pub_step": 9, "phase_start": 0, "tau": tau, "window": k, **kw}
+        return fallback_reason(
+            args["step"], args["pub_step"], args["phase_start"], overlap, 100,
+            lambda: evidence, args["tau"], args["window"], "impact",
+        )  # fmt: skip
+
+    # many far, weak rows: overlap 0.8 at E 0.02 carries 0.016 <= 0.04 (overlap rule: no)
+    assert impact(80, 0.02) == (None, 0.02)
+    assert fallback_reason(10, 9, 0, 80, 100, never, tau, k)[0] == "overlap"
+    # a few strong rows: overlap 0.1 at E 0.5 carries 0.05 > 0.04
+    assert impact(10, 0.5) == ("impact", 0.5)
+    # the boundary is inclusive; the overlap rule's worst admitted read is inside it
+    assert impact(20, 0.2)[0] is None
+    # staleness and phase first, as in the overlap rule; tau = 0 admits nothing
+    assert impact(80, 0.0, pub_step=5)[0] == "staleness"
+    assert impact(80, 0.0, phase_start=10)[0] == "phase"
+    assert impact(1, 0.0, tau=0.0)[0] == "impact"
 
 
 def test_gradient_evidence_matches_brute_force():

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from odin_ns.bench.report import write_json
 from odin_ns.bench.simulate import Network
 
 
@@ -171,8 +172,7 @@ def main(argv: list[str] | None = None) -> dict:
     idle = cpu_idle_fraction()
     samples, fits = calibrate(args.ranks, args.mbytes, args.repeats)
     record = calibration_record(samples, fits, idle)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1))
+    write_json(args.out, record)
     print(json.dumps(record, indent=1))
     return record
 

@@ -46,6 +46,7 @@ from odin_ns.bench.commands import (
     schedule_flags,
     train_command,
 )
+from odin_ns.bench.report import save_figure, write_json
 
 ENV_TIMES = "ODIN_BENCH_TIMES"
 DEFAULT_SETTINGS = "1x1,2x1:sqrt,2x2:sqrt,2x1:none,2x1:linear"
@@ -276,9 +277,7 @@ def plot(results: dict[str, dict], path: Path, title: str) -> None:
     ax_v.set_xlabel("training views")
     ax_t.legend(title="ranks x views/rank : scaling", fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def run_benchmark(args) -> dict:
@@ -318,8 +317,7 @@ def run_benchmark(args) -> dict:
         **headline,
         "settings": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2))
+    write_json(args.out, out)
     plot(results, args.out.with_suffix(".png"), f"{Path(args.data).name}: {args.views} views")
     for name, res in results.items():
         print(

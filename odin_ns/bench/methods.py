@@ -34,9 +34,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from odin_ns.bench.commands import quiet_flags, schedule_flags
+from odin_ns.bench.report import put_spread, save_figure, write_json
 
 ENV_TIMES = "ODIN_BENCH_METHODS_TIMES"
 METHODS = ("odin-splatfacto", "odin-splatfacto-mcmc", "odin-splatfacto-big")
@@ -184,14 +183,6 @@ def final_gaussians(run_folder: Path) -> int:
 
 
 # ------------------------------------------------------------------------ summary
-def spread(values: list[float | None]) -> dict[str, float | None]:
-    """Median, min and max (None if any value is None: e.g. LPIPS without its weights)."""
-    if not values or any(v is None for v in values):
-        return {"median": None, "min": None, "max": None}
-    a = np.asarray(values, dtype=np.float64)
-    return {"median": float(np.median(a)), "min": float(a.min()), "max": float(a.max())}
-
-
 FIGURES = (*METRICS, "num_gaussians", "train_s", "process_s")
 
 
@@ -204,8 +195,7 @@ def summarize(runs: list[Run], records: list[dict]) -> dict:
         mine = [rec for run, rec in zip(runs, records, strict=True) if run.method == method]
         out: dict = {"runs": mine}
         for key in FIGURES:
-            s = spread([rec[key] for rec in mine])
-            out[key], out[f"{key}_min"], out[f"{key}_max"] = s["median"], s["min"], s["max"]
+            put_spread(out, key, [rec[key] for rec in mine])
         by_method[method] = out
     summary: dict = {"methods": by_method}
     base = methods[0]
@@ -216,13 +206,7 @@ def summarize(runs: list[Run], records: list[dict]) -> dict:
                 _record(runs, records, method, i)[key] - _record(runs, records, base, i)[key]
                 for i in rounds
             ]
-            s = spread(diffs)
-            name = f"{key}_delta_{short(method)}_vs_{short(base)}"
-            summary[name], summary[f"{name}_min"], summary[f"{name}_max"] = (
-                s["median"],
-                s["min"],
-                s["max"],
-            )
+            put_spread(summary, f"{key}_delta_{short(method)}_vs_{short(base)}", diffs)
     return summary
 
 
@@ -267,9 +251,7 @@ def plot(summary: dict, path: Path, title: str) -> None:
         if key == "psnr":
             ax.set_ylim(min(min(med) - 2.0, 0.9 * min(med)), max(med) + 1.0)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # ------------------------------------------------------------------------ main
@@ -359,8 +341,7 @@ def run_benchmark(args) -> dict:
         "source": "measured (one process per run on this machine)",
         **summary,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1))
+    write_json(args.out, results)
     plot(
         summary,
         args.out.with_suffix(".png"),

@@ -31,7 +31,6 @@ the per-pair ratios; ``speedup_<op>_<size>`` keys at the top level. A PNG beside
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import tempfile
@@ -44,6 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from odin_ns.bench.report import save_figure, write_json
 from odin_ns.cuda import build, cases, ops, reference
 
 OPS = ops.OPS
@@ -217,9 +217,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("speed-up (reference median / compiled median)")
     ax.set_title(f"odin ops as the engine calls them, CPU, {result['threads']} threads")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,8 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         result["cases"][label] = {"sizes": sizes, "repeats": repeats, "ops": timed}
         del calls
     result["below_1_5x"] = [k for k, v in result.items() if k.startswith("speedup_") and v < 1.5]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)
     plot(result, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
     return 0

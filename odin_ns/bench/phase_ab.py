@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
+from odin_ns.bench.report import put_spread, save_figure, write_json
 from odin_ns.bench.sync import PHASE_START_SPLIT
 
 CONSOLE = Console()
@@ -116,9 +117,7 @@ def summarize(runs: list[dict], label: str) -> dict:
     """Median (and min / max) over the version's runs."""
     out: dict = {"code": label}
     for key in ("phase_start_share", "phase_start_seconds", "views_per_second", *SPLIT):
-        values = np.array([r[key] for r in runs], dtype=np.float64)
-        out[key] = float(np.median(values))
-        out[f"{key}_min"], out[f"{key}_max"] = float(values.min()), float(values.max())
+        put_spread(out, key, [r[key] for r in runs])
     return out
 
 
@@ -146,9 +145,7 @@ def plot(result: dict, path: Path) -> None:
     ax1.set_title("where the phase starts' time goes")
     ax1.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(textwrap.fill(result["what"], 140), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -208,8 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         "runs": runs,
         "extra_options": extra,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    write_json(args.out, result)
     plot(result, args.out.with_suffix(".png"))
     CONSOLE.print(
         f"phase starts: {labels['a']} {100 * result['a']['phase_start_share']:.2f}% -> "

@@ -29,7 +29,8 @@ import numpy as np
 from rich.console import Console
 
 from odin_ns.bench.commands import quiet_flags, run_dir, run_env, schedule_flags, train_command
-from odin_ns.bench.sync import mode_figures, put_spread
+from odin_ns.bench.report import put_spread, save_figure, write_json
+from odin_ns.bench.sync import mode_figures
 
 METHODS = ("fork", "spawn")
 CONSOLE = Console()
@@ -89,9 +90,7 @@ def plot(results: dict, path: Path) -> None:
         ax.set_xticks(range(len(METHODS)), METHODS)
         ax.set_title(key, fontsize=9)
     fig.suptitle(f"rank start: {results['ranks']} ranks, {results['steps']} steps (measured)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -142,8 +141,7 @@ def main(argv: list[str] | None = None) -> dict:
     for key in runs["fork"][0]:
         ratios = [s[key] / f[key] for f, s in zip(runs["fork"], runs["spawn"], strict=True)]
         put_spread(results, f"{key}_ratio_spawn_vs_fork", ratios)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1))
+    write_json(args.out, results)
     plot(results, args.out.with_suffix(".png"))
     CONSOLE.print({k: v for k, v in results.items() if k not in ("runs", "orders")})
     return results

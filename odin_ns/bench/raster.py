@@ -22,7 +22,6 @@ against the Gaussian count.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -33,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from odin_ns.bench.report import save_figure, write_json
 from odin_ns.render import rasterize
 
 FOX_FOCAL_PER_WIDTH = 1375.52 / 1080.0  # fox transforms.json: fl_x / w
@@ -161,9 +161,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_ylabel("forward + backward seconds")
         ax.set_title(f"{w}x{h}, SH degree 3")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -255,8 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                 del scene, fwd, fwdbwd
                 progress.advance(task)
     torch.set_num_threads(initial_threads)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)
     plot(result, args.out.with_suffix(".png"))
     print_table(result)
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from odin_ns.bench.report import save_figure, write_json
 from odin_ns.bench.simulate import (
     NETWORKS,
     PUBLICATION_ROW_BYTES,
@@ -432,9 +433,7 @@ def plot(result: dict, path: Path) -> None:
     b.set_ylabel("speed-up (simulated)")
     b.set_title(f"SIMULATED, {result['headline_network']}, GPU cost per published gsplat times")
     b.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -535,8 +534,7 @@ def main(argv: list[str] | None = None) -> dict:
         "scaling": scaling,
         "seconds": time.perf_counter() - t_start,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    write_json(args.out, result)
     plot(result, args.out.with_suffix(".png"))
     print(
         json.dumps(

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from odin_ns.bench.report import save_figure, write_json
 from odin_ns.bench.simulate import simulate
 from odin_ns.schedule import Plan, build_plan, compute_footprints, load_imbalance, plan_conflict
 
@@ -302,9 +303,7 @@ def plot_conflict(series: dict, path: Path, title: str) -> None:
     ax.set_ylabel("conflict (rows a peer wrote, last 4 steps)")
     ax.set_title(title)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -343,7 +342,7 @@ def main(argv: list[str] | None = None) -> dict:
         result["scene"] = name
         plot_conflict(result.pop("_conflict_series"), png, f"{name}, {args.ranks} ranks")
     result["png"] = str(png)
-    args.out.write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)
     console.print_json(json.dumps(result))
     return result
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from odin_ns.bench.commands import BIN, quiet_flags, run_dir, run_env, schedule_flags, train_command
+from odin_ns.bench.report import save_figure, write_json
 from odin_ns.schedule.ownership import ROW_FLOATS
 
 MODES = {
@@ -175,8 +176,7 @@ def plot(results: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].legend()
     fig.suptitle(f"{results['scene']}: replicated vs sharded (locality / random ownership)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -283,8 +283,7 @@ def main(argv: list[str] | None = None) -> dict:
         result["bytes_ratio_random_vs_replicated_4"] = (
             bytes_of[hi]["sharded-random"] / bytes_of[hi]["replicated"]
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)
     plot(result, args.out.with_suffix(".png"))
     print(json.dumps({k: v for k, v in result.items() if k != "by_ranks"}, indent=2))
     return result

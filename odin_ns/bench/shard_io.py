@@ -37,7 +37,6 @@ and ``load_peak_over_model_<variant>_<R>``. A PNG beside it.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import tempfile
 import threading
@@ -46,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from odin_ns.bench.sync import spread
+from odin_ns.bench.report import save_figure, spread, write_json
 from odin_ns.cuda.cases import SPLATFACTO_ROWS
 
 VARIANTS = ("streamed", "gathered")
@@ -317,9 +316,7 @@ def plot(result: dict, path: Path) -> None:
         f"({result['model_mb']:.0f} MB), medians and min-max over {result['rounds']} rounds",
         fontsize=10,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -346,7 +343,7 @@ def main(argv: list[str] | None = None) -> dict:
     png = args.out.with_suffix(".png")
     plot(result, png)
     result["png"] = png.name
-    args.out.write_text(json.dumps(result, indent=1))
+    write_json(args.out, result)
     for world_size in args.ranks:
         for variant in VARIANTS:
             e = result["by_ranks"][str(world_size)][variant]

@@ -36,11 +36,12 @@ and replicated ownership. JSON keys: ``fixed`` and ``weak`` (lists by R), and
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import numpy as np
+
+from odin_ns.bench.report import save_figure, write_json
 
 ROW_PARAM_MOMENT_BYTES = 4 * 177  # 59 parameter floats + two Adam moments, SH degree 3
 
@@ -143,9 +144,7 @@ def plot(result: dict, path: Path) -> None:
     ax.legend(fontsize=8)
     fig.suptitle("sharded ownership on the synthetic city, counted from real plans (no run)",
                  fontsize=10)  # fmt: skip
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -182,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict:
     png = args.out.with_suffix(".png")
     plot(result, png)
     result["png"] = png.name
-    args.out.write_text(json.dumps(result, indent=1))
+    write_json(args.out, result)
     for series in ("fixed", "weak"):
         for r in result[series]:
             loc, rnd = r["locality"], r["random"]

@@ -4,9 +4,10 @@
         --shares 0,0.25,0.5 --steps 200 --repeats 4 --out bench/stragglers_street.json \
         [-- more ns-train options]
 
-For each share J of a step, one ``odin_ns.bench.sync`` invocation trains barrier,
-quality-first and throughput-first, plus barrier again as the A/A control, in rotated
-rounds, with exponential per-step delays of mean J x (one step's compute) on every rank
+For each share J of a step, one ``odin_ns.bench.sync`` invocation trains ``--modes``
+(default barrier, quality-first, throughput-first; ``throughput-first-impact`` is
+throughput-first with the impact admission rule), plus barrier again as the A/A control,
+in rotated rounds, with exponential per-step delays of mean J x (one step's compute) on every rank
 (``odin_ns.bench.jitter``: the same delays at the same steps in every mode, so the
 comparison is paired). The step's compute comes from the first share, which must be 0:
 barrier's busy seconds per step without delays (``ranks / ideal_views_per_second``).
@@ -18,13 +19,14 @@ the no-wait ideal), and the share of it each mode hides,
 noise alone produces: a mode hides wait only beyond that spread. This is the CPU-measurable
 version of the Odin paper's "82% of critical-path wait hidden". Writes the JSON, a PNG of
 wait hidden and throughput against the share, and each share's ``bench.sync`` JSON (and
-its PNGs) under ``<out stem>/``.
+its PNGs) under ``<out stem>/``. ``--psnr`` adds each mode's same-round PSNR delta to
+barrier (``ns-eval`` of every run whose parameters differ from barrier's), and
+``--seed-control K`` barrier's own spread over K other seeds at the first share.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import matplotlib
@@ -35,10 +37,15 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from odin_ns.bench import sync  # noqa: E402
+from odin_ns.bench.report import save_figure, write_json
 
 CONSOLE = Console()
-MODES = ("barrier", "quality-first", "throughput-first")
-HIDERS = ("qf", "tf", "again")  # the modes whose hidden share is reported, and the control
+MODES = ("barrier", "quality-first", "throughput-first")  # the default --modes
+
+
+def hiders(modes: list[str]) -> list[str]:
+    """Short names of the modes whose hidden share is reported, and the A/A control's."""
+    return [sync.SHORT[m] for m in modes if m != "barrier"] + [sync.SHORT[sync.CONTROL]]
 
 
 def parse_shares(text: str) -> list[float]:
@@ -59,8 +66,9 @@ def step_seconds(sync_results: dict, ranks: int) -> float:
     return ranks / float(sync_results["modes"]["barrier"]["ideal_views_per_second"])
 
 
-def share_figures(share: float, jitter_ms: float, sync_results: dict) -> dict:
-    """The straggler figures of one share from its ``bench.sync`` results."""
+def share_figures(share: float, jitter_ms: float, sync_results: dict, keys: list[str]) -> dict:
+    """The straggler figures of one share from its ``bench.sync`` results (``keys``: the
+    modes' short names, ``hiders``)."""
     barrier = sync_results["modes"]["barrier"]
     out = {
         "share": share,
@@ -70,7 +78,11 @@ def share_figures(share: float, jitter_ms: float, sync_results: dict) -> dict:
         "barrier_wait_s_max": barrier["critical_path_wait_s_max"],
         "barrier_ideal_share": barrier["ideal_share"],
     }
-    for key in HIDERS:
+    for key in keys:
+        psnr = f"psnr_delta_{key}_vs_barrier"
+        if psnr in sync_results:  # --psnr: runs whose parameters differ from barrier's
+            for suffix in ("", "_min", "_max"):
+                out[f"{psnr}{suffix}"] = sync_results[f"{psnr}{suffix}"]
         for suffix in ("", "_min", "_max"):
             out[f"wait_hidden_{key}{suffix}"] = sync_results[
                 f"wait_hidden_{key}_vs_barrier{suffix}"
@@ -81,10 +93,11 @@ def share_figures(share: float, jitter_ms: float, sync_results: dict) -> dict:
     return out
 
 
-def plot(rows: list[dict], title: str, path: Path) -> None:
+def plot(rows: list[dict], keys: list[str], title: str, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     x = [r["share"] for r in rows]
-    for key, label in (("qf", "quality-first"), ("tf", "throughput-first"), ("again", "A/A")):
+    for key in keys:
+        label = "A/A" if key == sync.SHORT[sync.CONTROL] else key
         for ax, what in zip(axes, ("wait_hidden", "throughput_ratio"), strict=True):
             mid = [r[f"{what}_{key}"] for r in rows]
             low = [m - r[f"{what}_{key}_min"] for m, r in zip(mid, rows, strict=True)]
@@ -97,9 +110,7 @@ def plot(rows: list[dict], title: str, path: Path) -> None:
         ax.axhline(0.0 if ax is axes[0] else 1.0, color="gray", lw=0.8)
         ax.legend()
     fig.suptitle(f"{title} (median, min-max over rounds)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -110,9 +121,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--downscale-factor", type=int, default=0)
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--shares", default="0,0.25,0.5", help="delays, in steps of compute")
+    parser.add_argument("--modes", default=",".join(MODES), help="bench.sync modes, barrier first")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=4, help="rounds per share")
     parser.add_argument("--skip-steps", type=int, default=20)
+    parser.add_argument(
+        "--psnr", action="store_true", help="ns-eval every run whose parameters differ"
+    )
+    parser.add_argument(
+        "--seed-control", type=int, default=0, metavar="K",
+        help="with --psnr, at the first share: barrier with K other seeds (the PSNR yardstick)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("extra", nargs="*", help="more ns-train options, after --")
     args = parser.parse_args(argv)
@@ -122,56 +141,67 @@ def main(argv: list[str] | None = None) -> dict:
         shares = parse_shares(args.shares)
     except ValueError as err:
         parser.error(str(err))
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or modes[0] != "barrier" or any(m not in sync.SHORT for m in modes):
+        parser.error(f"--modes must start with barrier and name bench.sync modes: {args.modes}")
+    keys = hiders(modes)
+    if args.seed_control and not args.psnr:
+        parser.error("--seed-control needs --psnr")
     parts = args.out.with_suffix("")  # each share's bench.sync JSON and PNGs
     work = Path("outputs/bench_stragglers") / f"{args.data.name}_{args.ranks}r"
     rows: list[dict] = []
     unit_s = None
+    seeds: dict = {}
     for share in shares:
         jitter_ms = 0.0 if unit_s is None else share * unit_s * 1000.0
+        seed_control = args.seed_control if unit_s is None else 0
         CONSOLE.rule(f"{args.data.name}, {args.ranks} ranks: delays {share:.0%} of a step")
         results = sync.main(
             [
                 *("--data", str(args.data), "--downscale-factor", str(args.downscale_factor)),
                 *("--ranks", str(args.ranks), "--steps", str(args.steps)),
-                *("--modes", ",".join(MODES), "--repeats", str(args.repeats), "--control"),
+                *("--modes", ",".join(modes), "--repeats", str(args.repeats), "--control"),
                 *("--jitter-ms", f"{jitter_ms:.3f}", "--skip-steps", str(args.skip_steps)),
-                *("--no-eval", "--work-dir", str(work / f"share{share:g}")),
+                *(() if args.psnr else ("--no-eval",)),
+                *(("--seed-control", str(args.seed_control)) if seed_control else ()),
+                *("--work-dir", str(work / f"share{share:g}")),
                 *("--out", str(parts / f"share{share:g}.json")),
                 *(["--", *args.extra] if args.extra else []),
             ]
         )
         if unit_s is None:
             unit_s = step_seconds(results, args.ranks)
-        rows.append(share_figures(share, jitter_ms, results))
+            seeds = {k: v for k, v in results.items() if k.startswith("psnr_seed")}
+        rows.append(share_figures(share, jitter_ms, results, keys))
     out = {
         "data": str(args.data),
         "ranks": args.ranks,
         "steps": args.steps,
         "repeats": args.repeats,
         "source": "measured (CPU ranks on this machine)",
+        "modes": modes,
         "step_compute_s": unit_s,
+        **seeds,
         "shares": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1))
+    write_json(args.out, out)
     plot(
         rows,
+        keys,
         f"{args.data.name}: {args.ranks} ranks, {args.steps} steps",
         args.out.with_suffix(".png"),
     )
     table = Table(title=f"stragglers: {args.data.name}, {args.ranks} ranks (medians, min-max)")
-    for col in ("delay", "ms", "barrier wait s", "qf hides", "tf hides", "A/A", "qf / barrier"):
+    for col in ("delay", "ms", "barrier wait s", *(f"{k} hides" for k in keys)):
         table.add_column(col, justify="right")
     for r in rows:
+        hidden = [
+            f"{r[f'wait_hidden_{k}']:.0%} "
+            f"({r[f'wait_hidden_{k}_min']:.0%}..{r[f'wait_hidden_{k}_max']:.0%})"
+            for k in keys
+        ]
         table.add_row(
-            f"{r['share']:.0%}",
-            f"{r['jitter_ms']:.0f}",
-            f"{r['barrier_wait_s']:.2f}",
-            *(
-                f"{r[f'wait_hidden_{k}']:.0%} ({r[f'wait_hidden_{k}_min']:.0%}..{r[f'wait_hidden_{k}_max']:.0%})"
-                for k in HIDERS
-            ),
-            f"{r['throughput_ratio_qf']:.3f}",
+            f"{r['share']:.0%}", f"{r['jitter_ms']:.0f}", f"{r['barrier_wait_s']:.2f}", *hidden
         )
     CONSOLE.print(table)
     return out

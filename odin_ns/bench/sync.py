@@ -53,11 +53,15 @@ from odin_ns.bench.commands import (
     schedule_flags,
     train_command,
 )
+from odin_ns.bench.report import put_spread, save_figure, spread, write_json
 
 SHORT = {"ddp": "ddp", "barrier": "barrier", "quality-first": "qf", "throughput-first": "tf"}
 CONTROL = "barrier-again"  # --control: barrier once more per round (the A/A control)
 SHORT[CONTROL] = "again"
-TRAIN_MODE = {CONTROL: "barrier"}  # the engine mode a benchmark mode trains with
+IMPACT = "throughput-first-impact"  # throughput-first with the impact admission rule
+SHORT[IMPACT] = "tfi"
+TRAIN_MODE = {CONTROL: "barrier", IMPACT: "throughput-first"}  # the engine mode trained
+MODE_FLAGS = {IMPACT: ("--pipeline.sync.admission", "impact")}  # and its other flags
 BASES = ("barrier", "ddp")  # ratios are reported against these
 CONSOLE = Console()
 
@@ -66,7 +70,7 @@ def available_modes() -> tuple[str, ...]:
     """The engine's sync modes (``ddp`` appears once the engine implements it)."""
     from odin_ns.runtime.engine import MODES
 
-    return tuple(m for m in MODES if m in SHORT)
+    return tuple(m for m in SHORT if m != CONTROL and TRAIN_MODE.get(m, m) in MODES)
 
 
 def rotated_orders(modes: list[str], repeats: int) -> list[list[str]]:
@@ -94,6 +98,7 @@ def _train(args, mode: str, out: Path, name: str, port: int, seed: int | None = 
         *seed_flags(args.seed if seed is None else seed),
         *schedule_flags(warmup=args.warmup, refine_every=args.refine_every),
         *("--pipeline.sync.mode", TRAIN_MODE.get(mode, mode)),
+        *MODE_FLAGS.get(mode, ()),
         *args.extra,
     ]
     downscale = args.downscale_factor
@@ -279,12 +284,6 @@ def seed_control_figures(barrier_psnr: float, control_psnrs: list[float]) -> dic
     }
 
 
-def spread(values: list[float]) -> dict[str, float]:
-    """Median, min and max of the rounds' values (NaN-free input)."""
-    a = np.asarray(values, dtype=np.float64)
-    return {"median": float(np.median(a)), "min": float(a.min()), "max": float(a.max())}
-
-
 def aggregate_rounds(rounds: list[dict]) -> dict:
     """Per-mode figures over rounds: numbers become medians, with ``_min`` / ``_max``."""
     out: dict = {}
@@ -298,11 +297,6 @@ def aggregate_rounds(rounds: list[dict]) -> dict:
         else:
             out[key] = first
     return out
-
-
-def put_spread(results: dict, key: str, values: list[float]) -> None:
-    s = spread(values)
-    results[key], results[f"{key}_min"], results[f"{key}_max"] = s["median"], s["min"], s["max"]
 
 
 def plot_timeline(summaries: dict[str, dict], path: Path) -> None:
@@ -328,9 +322,7 @@ def plot_timeline(summaries: dict[str, dict], path: Path) -> None:
         ax.set_title(f"{mode}: compute (blue) and wait (red) per rank")
         ax.set_ylabel("rank")
     axes[-1, 0].set_xlabel("seconds")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_ratios(ratios: dict[str, list[float]], path: Path, title: str) -> None:
@@ -353,9 +345,7 @@ def plot_ratios(ratios: dict[str, list[float]], path: Path, title: str) -> None:
     ax.set_ylabel("throughput ratio (measured)")
     ax.set_ylim(min(0.9, min(min(v) for v in ratios.values()) - 0.02), None)
     ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_psnr(psnrs: dict[str, list[float]], results: dict, path: Path) -> None:
@@ -376,9 +366,7 @@ def plot_psnr(psnrs: dict[str, list[float]], results: dict, path: Path) -> None:
     ax.set_ylabel("held-out PSNR (dB)")
     ax.set_title("PSNR per round (measured)")
     ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def pair_ratios(rounds: list[dict[str, dict]], modes: list[str]) -> dict[str, dict]:
@@ -572,13 +560,18 @@ def main(argv: list[str] | None = None) -> dict:
         results["ideal_views_per_second"] = results["modes"]["quality-first"][
             "ideal_views_per_second"
         ]
-    if "throughput-first" in summaries0:
-        engines = [r["engine"] for r in summaries0["throughput-first"]["ranks"]]
+    for mode in (m for m in summaries0 if TRAIN_MODE.get(m, m) == "throughput-first"):
+        key = SHORT[mode]
+        engines = [r["engine"] for r in summaries0[mode]["ranks"]]
         decisions = sum(e["decisions"] for e in engines)
-        results["max_staleness_tf"] = max(e["max_staleness"] for e in engines)
-        results["admitted_fraction_tf"] = sum(e["admitted"] for e in engines) / max(1, decisions)
-        results["delayed_primitive_reads_tf"] = sum(e["delayed_primitive_reads"] for e in engines)
-        results["fallbacks_tf"] = {
+        results[f"max_staleness_{key}"] = max(e["max_staleness"] for e in engines)
+        results[f"admitted_fraction_{key}"] = sum(e["admitted"] for e in engines) / max(
+            1, decisions
+        )
+        results[f"delayed_primitive_reads_{key}"] = sum(
+            e["delayed_primitive_reads"] for e in engines
+        )
+        results[f"fallbacks_{key}"] = {
             reason: sum(e["fallbacks"][reason] for e in engines)
             for reason in engines[0]["fallbacks"]
         }
@@ -586,13 +579,12 @@ def main(argv: list[str] | None = None) -> dict:
         for e in engines:
             for k, v in e["staleness_hist"].items():
                 hist[k] = hist.get(k, 0) + v
-        results["staleness_hist_tf"] = hist
-        if "quality-first" in psnrs and "throughput-first" in psnrs:
-            pairs_tf = zip(psnrs["throughput-first"], psnrs["quality-first"], strict=True)
-            put_spread(results, "psnr_delta_tf_vs_qf", [tf - qf for tf, qf in pairs_tf])
+        results[f"staleness_hist_{key}"] = hist
+    if "quality-first" in psnrs and "throughput-first" in psnrs:
+        pairs_tf = zip(psnrs["throughput-first"], psnrs["quality-first"], strict=True)
+        put_spread(results, "psnr_delta_tf_vs_qf", [tf - qf for tf, qf in pairs_tf])
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1))
+    write_json(args.out, results)
     plot_timeline(summaries0, args.out.with_suffix(".png"))
     if psnrs:
         plot_psnr(psnrs, results, args.out.with_name(args.out.stem + "_psnr.png"))

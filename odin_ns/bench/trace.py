@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from odin_ns.bench.report import save_figure, write_json
+
 STEP_FIELDS = ("step", "view", "compute_s", "wait_s", "start", "end")
 OPTIONAL_FIELDS = ("footprint_rows", "visible_rows", "pixels", "bytes_sent", "bytes_recv")
 
@@ -244,9 +246,7 @@ def plot_fit(table: dict, model: CostModel, jitter: Jitter, path: Path, title: s
     b.set_xlabel("measured / predicted (jitter)")
     b.set_title(f"sigma(log) {jitter.lognormal_sigma:.3f}")
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def trace_report(run_json: Path, skip_steps: int = 5) -> tuple[dict, dict, CostModel, Jitter]:
@@ -275,8 +275,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     report, table, model, jitter = trace_report(args.run_json, args.skip_steps)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
+    write_json(args.out, report)
     plot_fit(
         table,
         model,

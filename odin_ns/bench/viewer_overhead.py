@@ -21,7 +21,6 @@ and a PNG bar chart.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import socket
@@ -33,6 +32,7 @@ from pathlib import Path
 import torch
 
 from odin_ns.bench.headless import ChromiumOptions, HeadlessChromium, find_chromium
+from odin_ns.bench.report import save_figure, write_json
 from odin_ns.viewer_ext.panels import OdinPanels
 
 READY = "document.body && document.body.innerText.includes('Critical-path wait hidden')"
@@ -255,7 +255,7 @@ def run(cfg: BenchConfig, out: Path) -> dict:
         "browser_cpu_cores": {k: statistics.median(v) for k, v in browser_cpu.items()},
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    write_json(out, result)
     _plot(result, out.with_suffix(".png"))
     for name, ratio in ratios.items():
         cpu = result["browser_cpu_cores"].get(name)
@@ -281,9 +281,7 @@ def _plot(result: dict, path: Path) -> None:
     ax.set_ylim(0, max(1.1, max(ratios) * 1.1))
     ax.set_ylabel("busy-loop throughput / baseline")
     ax.set_title(f"Odin panels overhead (render {result['render_ms']:.1f} ms per refresh)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> None:

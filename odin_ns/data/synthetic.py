@@ -6,13 +6,17 @@ far sky dome) with procedural textures (checkers, stripes, value noise, window f
 Lambertian shading under a fixed sun with hard shadows. Nothing is view-dependent (no
 specular), and images are 2x2 supersampled; they are the ground truth the 3DGS model fits.
 
-Two layouts:
+Three layouts:
 
 - ``object``: cameras orbit one object group on a checkered ground disc; every view sees most
   of the scene (weak locality).
 - ``street``: cameras drive down a street looking forward-sideways at one side, then back up
   it looking at the other side; each view sees its own stretch of facades (strong locality,
   uneven per-view content). This is the workload where primitive-level sync pays off.
+- ``drive``: the same street filmed as a car's forward camera does, one pass down the right
+  lane looking along the road: the far facades, the street's end and the sky are in every
+  frame (dense overlap; most of a step's rows were written by the steps before, as in real
+  driving sequences). This is the hard case for primitive-level sync.
 
 Output is nerfstudio's ``transforms.json`` layout (``images/frame_XXXXX.png``, OPENCV camera
 without distortion, camera-to-world matrices in the OpenGL convention: the camera looks down
@@ -42,7 +46,7 @@ from PIL import Image
 
 Color = tuple[float, float, float]
 
-LAYOUTS = ("object", "street")
+LAYOUTS = ("object", "street", "drive")
 DEFAULT_OBJECT_POINTS = 8000
 STREET_POINTS_PER_VIEW = 600
 # 2x2 rotated-grid supersampling offsets inside a pixel (pixel = [0, 1) x [0, 1)).
@@ -860,6 +864,30 @@ def _street_cameras(
     return cams
 
 
+def _drive_cameras(
+    rng: np.random.Generator, n: int, width: int, height: int
+) -> list[PinholeCamera]:
+    """One pass +x down the right lane (-y), looking along the road (yaw within about 6
+    degrees of +x, slight pitch), stopping short of the street's end so that the end wall
+    stays ahead in every frame."""
+    f = 0.5 * width / math.tan(math.radians(72.0) / 2)
+    length = _street_length(n)
+    cams = []
+    for i in range(n):
+        s = (i + 0.5) / n
+        x = 0.8 * length * s + rng.uniform(-0.2, 0.2)
+        eye = np.array([x, -1.5 + rng.uniform(-0.2, 0.2), rng.uniform(1.4, 1.7)])
+        yaw = math.radians(4.0 * math.sin(2 * math.pi * s * 1.3) + rng.uniform(-2.0, 2.0))
+        pitch = math.radians(1.0 + rng.uniform(-1.5, 1.5))
+        fwd = np.array(
+            [math.cos(yaw) * math.cos(pitch), math.sin(yaw) * math.cos(pitch), math.sin(pitch)]
+        )
+        cams.append(
+            PinholeCamera(look_at(eye, eye + fwd), f, f, width / 2, height / 2, width, height)
+        )
+    return cams
+
+
 # ---------------------------------------------------------------------------------------------
 # Writing
 
@@ -910,12 +938,13 @@ def make_scene(
 
     Args:
         out_dir: output folder (created; existing ``images/frame_*.png`` are replaced).
-        layout: "object" (orbit, weak locality) or "street" (strong spatial locality).
+        layout: "object" (orbit, weak locality), "street" (strong spatial locality) or
+            "drive" (the street seen from a forward camera: dense overlap).
         num_views: training views; num_eval_views: held-out views (listed as val and test).
         width, height: image size in pixels.
         seed: everything (geometry, textures, cameras, cloud) is a function of the seed.
         num_points: initial point cloud size; default 8000 (object) or 600 per training
-            view (street, so each stretch of the street keeps its own points).
+            view (street and drive, so each stretch of the street keeps its own points).
 
     Returns:
         out_dir.
@@ -946,7 +975,8 @@ def make_scene(
         cams = _object_cameras(rng, total, width, height)
     else:
         scene = _street_scene(rng, total)
-        cams = _street_cameras(rng, total, width, height)
+        make_cameras = _street_cameras if layout == "street" else _drive_cameras
+        cams = make_cameras(rng, total, width, height)
     is_eval = np.zeros(total, bool)
     is_eval[eval_indices(total, num_eval_views)] = True
     (out_dir / "images").mkdir(parents=True, exist_ok=True)
@@ -1001,7 +1031,7 @@ def main(argv: list[str] | None = None) -> None:
         "--points",
         type=int,
         default=None,
-        help="initial point cloud size (default: 8000 object, 600 per train view street)",
+        help="initial point cloud size (default: 8000 object, 600 per train view otherwise)",
     )
     args = parser.parse_args(argv)
     start = time.perf_counter()

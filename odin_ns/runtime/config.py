@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from torch import Tensor
 
@@ -57,6 +58,10 @@ class SyncConfig:
             0 admits nothing (reads as in quality-first). Read at every decision, so it
             may be changed between phases.
         staleness_window: K, the most steps a delayed read may lag (t - s <= K).
+        admission: throughput-first's rule (``odin_ns.runtime.admission``): "overlap"
+            (overlap ratio <= tau and evidence < tau) or "impact" (the delayed rows' share
+            of the read's expected gradient mass, overlap ratio x evidence, <= tau ** 2:
+            many low-gradient rows may be read around, as in densely overlapping views).
         verify_plan: check at bind time that all ranks hold the same plan and model size.
         max_inflight_bytes: credits: the most bytes of this rank's publications to one peer
             whose send has not completed (the peer has not taken them yet). A rank at the cap
@@ -76,6 +81,7 @@ class SyncConfig:
     recv_ahead: int = 0
     tau: float = 0.2
     staleness_window: int = 4
+    admission: Literal["overlap", "impact"] = "overlap"
     verify_plan: bool = True
     max_inflight_bytes: int = 64 << 20
     heartbeat_s: float = 2.0
@@ -90,6 +96,10 @@ class SyncConfig:
             )
         if self.recv_ahead < 0 or self.staleness_window < 0:
             raise ValueError("recv_ahead and staleness_window must be >= 0")
+        if self.admission not in ("overlap", "impact"):
+            raise ValueError(
+                f"SyncConfig.admission must be 'overlap' or 'impact', got {self.admission!r}"
+            )
         if not (math.isfinite(self.tau) and self.tau >= 0):
             raise ValueError(f"SyncConfig.tau must be a finite number >= 0, got {self.tau}")
         if self.max_inflight_bytes < 1 or not self.heartbeat_s > 0:

@@ -177,6 +177,7 @@ class BoundedStalenessGate(DependencyGate):
                         lambda q=q, ids=ids: self.evidence.ratio(q, ids),
                         tau,
                         window,
+                        self.config.admission,
                     )
                     decided.append((Decision(now, q, first + s, n, m, ratio, reason), ids, s))
                     if reason is not None:

@@ -130,6 +130,7 @@ class ShardedAdmission:
                 lambda ids=ids: self.evidence.ratio(0, ids),
                 tau,
                 window,
+                self.config.admission,
             )
             out.append(
                 Decision(
