@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -31,9 +31,9 @@ from nerfstudio.engine.optimizers import Optimizers
 from odin_ns.distributed.densify import MCMCDensifier, make_densifier
 from odin_ns.distributed.optimizer_binding import bind_param_groups, set_step_counts
 from odin_ns.distributed.phase import PhaseController, geometry_keys, row_sources
-from odin_ns.distributed.session_api import CheckpointState, StepReads, StepTiming
+from odin_ns.distributed.session_api import CheckpointState, StepReads
 from odin_ns.distributed.session_flow import SessionFlow
-from odin_ns.model import GAUSSIAN_GROUPS, RenderedView, union_visible
+from odin_ns.model import GAUSSIAN_GROUPS
 from odin_ns.runtime import PrimitiveSyncEngine
 
 
@@ -68,17 +68,7 @@ class ReplicatedSession(SessionFlow):
         # The phase-start exchange compares every rank's plan hash; the engine need not.
         self.sync_config.verify_plan = False
         self.group = runtime_process_group()
-        self.phases = PhaseController(
-            self.rank,
-            self.world_size,
-            seed=self.seed,
-            strategy=config.plan_strategy,
-            max_phase_steps=config.max_phase_steps,
-            margin_px=config.footprint_margin_px,
-            reuse_shift_px=config.footprint_reuse_shift_px,
-            group=self.group,
-            views_per_rank=config.views_per_rank,
-        )
+        self.phases = self._phase_controller(PhaseController, self.group)
         self.noise = self.model.mcmc_noise  # MCMC's lazy position noise (None: default)
         self.densifier = make_densifier(
             self.model.strategy, self.model.strategy_state, self.seed, self.noise
@@ -101,29 +91,17 @@ class ReplicatedSession(SessionFlow):
             self.noise.catch_up(self.engine.current_reads(step), step - 1)
         return StepReads(self._rows, wait_s)
 
-    def after_backward(self, step: int, views: Sequence[RenderedView], timing: StepTiming) -> None:
-        """Publish this rank's gradient rows, apply what has arrived, make the structural
-        change at refine / reset steps, and log the step. ``views``: each of the step's B
-        views (densification statistics per view; published rows visible in any)."""
-        assert self.engine is not None and self._rows is not None
-        visible = union_visible(views)
-        self.engine.publish(step, self._gradients(step), visible)
-        for view in views:
-            self.densifier.accumulate(step, view.info, self._rows, self.model.num_points)
+    def _publish(
+        self, step: int, grads: dict[str, torch.Tensor | None], visible: torch.Tensor
+    ) -> None:
+        self.engine.publish(step, grads, visible)
         self.engine.apply_arrived()
-        dependency_rows = self._dependency_rows(step)  # this step's plan, before a re-plan
-        if self.densifier.is_structural(step):
-            self._apply_structural_change(step)
-        metrics = self.engine.metrics[-1]
-        self._record_step(
-            step,
-            views,
-            timing,
-            visible,
-            dependency_rows,
-            bytes_sent=metrics.bytes_sent,
-            bytes_recv=metrics.bytes_recv,
-        )
+
+    def _statistics_rows(self) -> tuple[torch.Tensor, int]:
+        return self._rows, self.model.num_points  # replicas index every row globally
+
+    def _step_fields(self, metrics) -> dict:
+        return {"bytes_sent": metrics.bytes_sent, "bytes_recv": metrics.bytes_recv}
 
     # ------------------------------------------------------------------ phases
     def _start_phase(self, step: int) -> None:

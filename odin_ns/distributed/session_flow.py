@@ -6,8 +6,10 @@ structural change runs and how the whole model reaches a checkpoint or an evalua
 What they share lives here, once: the start from rank 0's model, the refusal to publish a
 non-finite gradient, the phase plan and its exchange (footprints, plan, telemetry, panel
 requests, the plan check, the rank's view stream), the step log, the viewer pause, the
-resume state, the gathers and the end of the run. A layout supplies ``_engine_counters``,
-``_engine_summary``, ``_summary_extra``, ``drain``, ``busy`` and ``replica_hash``.
+resume state, the gathers and the end of the run, and the order of a step after backward.
+A layout supplies ``_publish``, ``_statistics_rows``, ``_step_fields``,
+``_apply_structural_change``, ``_engine_counters``, ``_engine_summary``, ``_summary_extra``,
+``drain``, ``busy`` and ``replica_hash``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 from odin_ns.distributed.phase import PhaseController, PhaseRecord
 from odin_ns.distributed.session_api import StepTiming
 from odin_ns.distributed.telemetry import SyncTelemetry
-from odin_ns.model import GAUSSIAN_GROUPS, RenderedView
+from odin_ns.model import GAUSSIAN_GROUPS, RenderedView, union_visible
 from odin_ns.runtime.liveness import switch_held_section
 
 
@@ -81,7 +83,40 @@ class SessionFlow:
             if id(tensor) not in held:
                 dist.broadcast(tensor.data, src=0)
 
+    def _phase_controller(self, cls: type[PhaseController], group) -> PhaseController:
+        """The layout's phase controller (``cls``), configured from the pipeline config."""
+        config = self.pipeline.config
+        return cls(
+            self.rank,
+            self.world_size,
+            seed=self.seed,
+            strategy=config.plan_strategy,
+            max_phase_steps=config.max_phase_steps,
+            margin_px=config.footprint_margin_px,
+            reuse_shift_px=config.footprint_reuse_shift_px,
+            group=group,
+            views_per_rank=int(config.views_per_rank),
+        )
+
     # ------------------------------------------------------------------ the step
+    def after_backward(self, step: int, views: Sequence[RenderedView], timing: StepTiming) -> None:
+        """Publish this rank's gradient rows (the layout's engine applies what arrived),
+        accumulate each view's densification statistics, make the structural change at
+        refine / reset steps, and log the step. ``views``: each of the step's B views."""
+        assert self.engine is not None and self._rows is not None
+        visible = union_visible(views)
+        metrics = self.engine.metrics[-1]  # this step's; a refine may replace the engine
+        self._publish(step, self._gradients(step), visible)
+        rows, num_rows = self._statistics_rows()
+        for view in views:
+            self.densifier.accumulate(step, view.info, rows, num_rows)
+        dependency_rows = self._dependency_rows(step)  # this step's plan, before a re-plan
+        if self.densifier.is_structural(step):
+            self._apply_structural_change(step)
+        self._record_step(
+            step, views, timing, visible, dependency_rows, **self._step_fields(metrics)
+        )
+
     def _gradients(self, step: int) -> dict[str, torch.Tensor | None]:
         """The Gaussian groups' gradients, refused (``FloatingPointError``) if any of the
         step's rows holds a non-finite one: nothing of the step is published, so every
@@ -205,6 +240,23 @@ class SessionFlow:
             CONSOLE.log(f"Odin run summary written to {run_summary_path}")
 
     # ------------------------------------------------------------------ the layout's part
+    def _publish(
+        self, step: int, grads: dict[str, torch.Tensor | None], visible: torch.Tensor
+    ) -> None:
+        """Send the step's gradient rows and apply what has arrived."""
+        raise NotImplementedError
+
+    def _statistics_rows(self) -> tuple[torch.Tensor, int]:
+        """(rows the step drew, as the densifier's statistics index them; their count N)."""
+        raise NotImplementedError
+
+    def _step_fields(self, metrics) -> dict:
+        """The layout's fields of the step log, from the engine's ``metrics`` of the step."""
+        raise NotImplementedError
+
+    def _apply_structural_change(self, step: int) -> None:
+        raise NotImplementedError
+
     def _engine_counters(self) -> dict:
         """The engine's run totals so far, for the panels."""
         raise NotImplementedError

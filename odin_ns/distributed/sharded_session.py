@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +41,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 from odin_ns.distributed.densify import ReplicatedDensifier, reset_opacities_in_place
 from odin_ns.distributed.optimizer_binding import learning_rate_at
 from odin_ns.distributed.phase import GaussianRows, PhaseController
-from odin_ns.distributed.session_api import CheckpointState, StepReads, StepTiming
+from odin_ns.distributed.session_api import CheckpointState, StepReads
 from odin_ns.distributed.session_flow import SessionFlow
 from odin_ns.distributed.sharded_checkpoint import merge_owned_rows, range_owner, remove_row_files
 from odin_ns.distributed.sharded_densify import (
@@ -58,7 +58,7 @@ from odin_ns.distributed.sharded_eval import (
     unpack_param_rows,
 )
 from odin_ns.errors import OdinInputError
-from odin_ns.model import GAUSSIAN_GROUPS, RenderedView, union_visible
+from odin_ns.model import GAUSSIAN_GROUPS
 from odin_ns.preflight import check_sharded_config
 from odin_ns.runtime import P2PTransport, ParamGroupState, SyncTimeout
 from odin_ns.runtime.liveness import (
@@ -179,18 +179,7 @@ class ShardedSession(SessionFlow):
         idle = float(config.sync.idle_timeout_s)
         self.grads_tx = P2PTransport(self.rank, self.world_size, grads_group, idle)
         self.push_tx = P2PTransport(self.rank, self.world_size, push_group, idle)
-        reuse = {"reuse_shift_px": float(config.footprint_reuse_shift_px)}
-        self.phases = ShardedPhaseController(
-            self.rank,
-            self.world_size,
-            seed=self.seed,
-            strategy=config.plan_strategy,
-            max_phase_steps=config.max_phase_steps,
-            margin_px=config.footprint_margin_px,
-            group=self.group,
-            views_per_rank=int(config.views_per_rank),
-            **(reuse if reuse["reuse_shift_px"] > 0 else {}),
-        )
+        self.phases = self._phase_controller(ShardedPhaseController, self.group)
         self.owner: np.ndarray | None = None  # [N] int64
         self.layout: ShardLayout | None = None
         self.moments: tuple[dict, dict] | None = None  # exp_avg, exp_avg_sq per group [O]
@@ -199,8 +188,9 @@ class ShardedSession(SessionFlow):
         self.loaded_rows = None if checkpoint_rows is None else self.model.num_points
         if checkpoint_rows is not None:
             self._hold_loaded_range(int(checkpoint_rows))
-        self.densifier = ReplicatedDensifier(self.model.strategy, self.model.strategy_state, 0)
-        self.densifier.seed = self.seed
+        self.densifier = ReplicatedDensifier(
+            self.model.strategy, self.model.strategy_state, self.seed
+        )
         self.densifier.ensure_state(self.num_rows, self.model.means.device)
         self.engine: ShardedEngine | None = None
         self.engine_summaries: list[dict] = []  # per phase (one engine each), once drained
@@ -245,35 +235,26 @@ class ShardedSession(SessionFlow):
         self._global_rows = torch.from_numpy(st.reads_global).to(self.model.means.device)
         return StepReads(self._rows, wait_s)
 
-    def after_backward(self, step: int, views: Sequence[RenderedView], timing: StepTiming) -> None:
-        """Send the step's gradient rows to their owners, apply what arrived, accumulate
-        each view's statistics (global rows), make a structural change, log the step."""
-        assert self.engine is not None and self._rows is not None
-        visible = union_visible(views)
-        grads = list(self._gradients(step).values())
-        t = step - self.phases.start_step
-        metrics = self.engine.metrics[-1]
-        self.engine.after_backward(t, grads, visible)
-        for view in views:
-            self.densifier.accumulate(step, view.info, self._global_rows, self.num_rows)
-        dependency_rows = self._dependency_rows(step)  # this step's plan, before a re-plan
-        if self.densifier.is_structural(step):
-            self._apply_structural_change(step)
-        self._record_step(
-            step,
-            views,
-            timing,
-            visible,
-            dependency_rows,
-            bytes_sent=metrics.bytes_sent,
-            bytes_recv=metrics.bytes_recv,
-            credit_wait_s=metrics.credit_wait_s,
-            pushes_deferred=metrics.pushes_deferred,
-            deferred_bytes_max=metrics.deferred_bytes_max,
-            inflight_bytes_max=metrics.inflight_bytes_max,
-            resident_rows=self.model.num_points,
-            owned_rows=self.layout.num_owned,
-        )
+    def _publish(
+        self, step: int, grads: dict[str, torch.Tensor | None], visible: torch.Tensor
+    ) -> None:
+        """Send the step's gradient rows to their owners, apply what arrived."""
+        self.engine.after_backward(step - self.phases.start_step, list(grads.values()), visible)
+
+    def _statistics_rows(self) -> tuple[torch.Tensor, int]:
+        return self._global_rows, self.num_rows  # the statistics are over global ids
+
+    def _step_fields(self, metrics) -> dict:
+        return {
+            "bytes_sent": metrics.bytes_sent,
+            "bytes_recv": metrics.bytes_recv,
+            "credit_wait_s": metrics.credit_wait_s,
+            "pushes_deferred": metrics.pushes_deferred,
+            "deferred_bytes_max": metrics.deferred_bytes_max,
+            "inflight_bytes_max": metrics.inflight_bytes_max,
+            "resident_rows": self.model.num_points,
+            "owned_rows": self.layout.num_owned,
+        }
 
     def _engine_counters(self) -> dict:
         """The engine's run totals so far (every phase's engine), for the panels."""
