@@ -122,6 +122,8 @@ def check_run(config: TrainerConfig, world_size: int) -> None:
     """What a run on ``world_size`` ranks can be checked for before any rank starts
     (``odin_ns.preflight``'s checks). Cheap checks first (paths, options), then one parse
     of the scene's training split. Creates nothing."""
+    import torch
+
     from odin_ns import preflight as checks
     from odin_ns.pipeline import OdinPipelineConfig
 
@@ -136,6 +138,9 @@ def check_run(config: TrainerConfig, world_size: int) -> None:
     checks.check_output_writable(config.output_dir)
     if odin:
         checks.check_row_cap_option(pipeline.max_rows_per_rank)
+        checks.check_transport_option(
+            pipeline.sync.transport, config.machine.device_type, torch.cuda.is_available()
+        )
         if checkpoint_rows is not None:
             checks.check_checkpoint_row_cap(
                 checkpoint, checkpoint_rows, world_size, pipeline.max_rows_per_rank,

@@ -130,6 +130,17 @@ def check_process_group(world_size: int) -> None:
         )
 
 
+def check_transport_option(transport: str, device_type: str, cuda_available: bool) -> None:
+    """``--pipeline.sync.transport nccl`` moves publications between GPUs: refused for CPU
+    ranks before any rank starts (ranks sharing a GPU are refused by the ranks themselves,
+    ``runtime.transport_choice``, once every rank's device is known)."""
+    if transport == "nccl" and (device_type == "cpu" or not cuda_available):
+        raise OdinInputError(
+            "--pipeline.sync.transport nccl moves publications between GPUs, and this run's "
+            "ranks are on the CPU; use --pipeline.sync.transport auto (or gloo)"
+        )
+
+
 def check_distributed_setup(world_size: int, num_views: int, model_config: Any) -> None:
     """Everything OdinPipeline needs of a run on ``world_size`` > 1 ranks, in one call."""
     check_process_group(world_size)

@@ -82,6 +82,13 @@ def test_more_ranks_than_views_fails_before_any_rank(tmp_path):
     _assert_preflight_error(tmp_path, code, lines, "3 ranks but only 2 training views")
 
 
+def test_nccl_transport_on_cpu_ranks_fails_before_any_rank(tmp_path):
+    scene = _tiny_scene(tmp_path / "tiny", views=2)
+    args = ("--data", str(scene), "--machine.device-type", "cpu")
+    code, lines = _preflight(tmp_path, 2, *args, "--pipeline.sync.transport", "nccl")
+    _assert_preflight_error(tmp_path, code, lines, "--pipeline.sync.transport nccl moves")
+
+
 def test_scene_without_images_fails_before_any_rank(tmp_path):
     scene = tmp_path / "empty"
     scene.mkdir()

@@ -35,6 +35,7 @@ from odin_ns.distributed.session_api import CheckpointState, StepReads
 from odin_ns.distributed.session_flow import SessionFlow
 from odin_ns.model import GAUSSIAN_GROUPS
 from odin_ns.runtime import PrimitiveSyncEngine
+from odin_ns.runtime.liveness import StoreLiveness
 
 
 def runtime_process_group():
@@ -68,6 +69,8 @@ class ReplicatedSession(SessionFlow):
         # The phase-start exchange compares every rank's plan hash; the engine need not.
         self.sync_config.verify_plan = False
         self.group = runtime_process_group()
+        self.transport = self._open_transport(self._choose_transport(), self.group)
+        self.liveness = StoreLiveness(self.rank, self.world_size, self.sync_config.beat_s)
         self.phases = self._phase_controller(PhaseController, self.group)
         self.noise = self.model.mcmc_noise  # MCMC's lazy position noise (None: default)
         self.densifier = make_densifier(
@@ -127,6 +130,8 @@ class ReplicatedSession(SessionFlow):
                 config=self.sync_config,
                 process_group=self.group,
                 step_offset=step,
+                transport=self.transport,
+                liveness=self.liveness,
             )
             self.engine.apply_hook = self.noise  # None (default strategy): no hook
         else:
@@ -232,6 +237,6 @@ class ReplicatedSession(SessionFlow):
         return ({"admitted_reads": admitted} if admitted else None), {}
 
     def close(self) -> None:
-        """Stop the runtime's transport threads (after the last drain)."""
-        if self.engine is not None:
-            self.engine.close()
+        """Stop the transport's and the liveness's threads (after the last drain)."""
+        self.transport.close()
+        self.liveness.close()

@@ -29,6 +29,8 @@ from odin_ns.distributed.session_api import StepTiming
 from odin_ns.distributed.telemetry import SyncTelemetry
 from odin_ns.model import GAUSSIAN_GROUPS, RenderedView, union_visible
 from odin_ns.runtime.liveness import switch_held_section
+from odin_ns.runtime.transport import Transport
+from odin_ns.runtime.transport_choice import TransportChoice, choose_transport, open_transport
 
 
 class SessionFlow:
@@ -82,6 +84,22 @@ class SessionFlow:
         for tensor in list(self.model.parameters()) + list(self.model.buffers()):
             if id(tensor) not in held:
                 dist.broadcast(tensor.data, src=0)
+
+    def _choose_transport(self) -> TransportChoice:
+        """Pick what carries publications (every rank, over ``self.group``) and say it once."""
+        choice = choose_transport(
+            self.pipeline.config.sync.transport, self.model.means.device, self.group
+        )
+        if self.rank == 0:
+            CONSOLE.print(f"odin-ns: publications travel over {choice.kind} ({choice.reason})")
+        return choice
+
+    def _open_transport(self, choice: TransportChoice, group) -> Transport:
+        """A transport of ``choice`` whose host messages use ``group`` (gloo)."""
+        return open_transport(
+            choice, self.rank, self.world_size, group, self.model.means.device,
+            self.pipeline.config.sync.idle_timeout_s,
+        )  # fmt: skip
 
     def _phase_controller(self, cls: type[PhaseController], group) -> PhaseController:
         """The layout's phase controller (``cls``), configured from the pipeline config."""

@@ -60,7 +60,7 @@ from odin_ns.distributed.sharded_eval import (
 from odin_ns.errors import OdinInputError
 from odin_ns.model import GAUSSIAN_GROUPS
 from odin_ns.preflight import check_sharded_config
-from odin_ns.runtime import P2PTransport, ParamGroupState, SyncTimeout
+from odin_ns.runtime import ParamGroupState, SyncTimeout
 from odin_ns.runtime.liveness import (
     PeerSilence,
     StoreLiveness,
@@ -176,9 +176,9 @@ class ShardedSession(SessionFlow):
         # barrier mode: a fourth group for the global step signal (runtime/step_signal.py)
         barrier = config.sync.mode == "barrier"
         self.step_signal = StepSignal(dist.new_group(backend="gloo")) if barrier else None
-        idle = float(config.sync.idle_timeout_s)
-        self.grads_tx = P2PTransport(self.rank, self.world_size, grads_group, idle)
-        self.push_tx = P2PTransport(self.rank, self.world_size, push_group, idle)
+        choice = self._choose_transport()
+        self.grads_tx = self._open_transport(choice, grads_group)
+        self.push_tx = self._open_transport(choice, push_group)
         self.phases = self._phase_controller(ShardedPhaseController, self.group)
         self.owner: np.ndarray | None = None  # [N] int64
         self.layout: ShardLayout | None = None

@@ -68,6 +68,9 @@ class SyncConfig:
             waits in ``publish`` (``StepMetrics.credit_wait_s``) until the peer catches up;
             one publication is always allowed, however large. Bounds the host memory a rank
             running ahead of a slow peer holds (default 64 MiB per peer).
+        transport: what carries publications between ranks (``runtime.transport_choice``):
+            "auto" (NCCL's device transport when every rank owns a GPU, else gloo over host
+            memory), "gloo" or "nccl" (refused where it cannot run).
         heartbeat_s: while a rank is busy with work of its own (``engine.busy``: rank 0's
             checkpoint write, evaluation, a paused viewer) it beats this often, and peers
             waiting on it reset their deadlines at every beat: a peer times out only when
@@ -85,6 +88,7 @@ class SyncConfig:
     verify_plan: bool = True
     max_inflight_bytes: int = 64 << 20
     heartbeat_s: float = 2.0
+    transport: Literal["auto", "gloo", "nccl"] = "auto"
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -99,6 +103,10 @@ class SyncConfig:
         if self.admission not in ("overlap", "impact"):
             raise ValueError(
                 f"SyncConfig.admission must be 'overlap' or 'impact', got {self.admission!r}"
+            )
+        if self.transport not in ("auto", "gloo", "nccl"):
+            raise ValueError(
+                f"SyncConfig.transport must be 'auto', 'gloo' or 'nccl', got {self.transport!r}"
             )
         if not (math.isfinite(self.tau) and self.tau >= 0):
             raise ValueError(f"SyncConfig.tau must be a finite number >= 0, got {self.tau}")

@@ -28,8 +28,9 @@ TAG_MODULUS = 1 << 30
 class WireBuffers:
     """Host buffers for the wire copy of this rank's publications.
 
-    A CPU replica packs straight into host memory and sends that buffer (no copy). On an
-    accelerator (or with ``force``), ``depth`` buffers of ``[max_rows, W]`` are allocated at
+    A CPU replica packs straight into host memory and sends that buffer (no copy), and so
+    does a transport that sends device buffers (``Transport.device_resident``). On an
+    accelerator with a host transport (or with ``force``), ``depth`` buffers of ``[max_rows, W]`` are allocated at
     bind time (pinned on CUDA) and used round robin; slot ``t % depth`` is reused only when
     the caller says its previous send completed, else a fresh (pinned) buffer is taken.
 
@@ -37,12 +38,21 @@ class WireBuffers:
         max_rows: most rows of one publication in the bound plan.
         width: W.
         device: the parameters' device.
+        host_transport: the transport sends from host memory.
         depth: ring size.
         force: use the ring on a CPU replica too (tests).
     """
 
-    def __init__(self, max_rows: int, width: int, device, depth: int = 4, force: bool = False):
-        self.enabled = torch.device(device).type != "cpu" or force
+    def __init__(
+        self,
+        max_rows: int,
+        width: int,
+        device,
+        host_transport: bool = True,
+        depth: int = 4,
+        force: bool = False,
+    ):
+        self.enabled = (torch.device(device).type != "cpu" and host_transport) or force
         self.pin = torch.device(device).type == "cuda"
         self.depth = depth
         self.max_rows = max_rows
@@ -100,7 +110,8 @@ class SparseExchange:
         self.recv_done = [-1] * world_size  # per peer: received local steps <= this
         self.posted = [-1] * world_size  # per peer: receives posted up to
         mine = message_rows[:, rank] if self.num_steps else np.zeros(1, dtype=np.int64)
-        self.wire = WireBuffers(int(mine.max(initial=0)), width, device)
+        self.host_transport = transport is not None and not transport.device_resident
+        self.wire = WireBuffers(int(mine.max(initial=0)), width, device, self.host_transport)
 
     def _tag(self, t: int) -> int:
         return (self.step_offset + t) % TAG_MODULUS
@@ -154,8 +165,9 @@ class SparseExchange:
                 f"{arrival.peer} out of order"
             )
         rec = log.record(s)
-        gate.observe(arrival.peer, rec.footprints[arrival.peer], arrival.buf)
-        log.add(s, arrival.peer, arrival.buf.to(self.device))
+        buf = arrival.buf.to(self.device)  # a host transport's arrivals are host buffers
+        gate.observe(arrival.peer, rec.footprints[arrival.peer], buf)
+        log.add(s, arrival.peer, buf)
         self.recv_done[arrival.peer] = s
         return arrival.buf.numel() * arrival.buf.element_size()
 
@@ -175,7 +187,7 @@ class DenseExchange(SparseExchange):
             device,
         )
         self.all_rows = torch.arange(num_rows, device=device)  # [N]
-        self.wire = WireBuffers(num_rows, width, device, depth=1)
+        self.wire = WireBuffers(num_rows, width, device, self.host_transport, depth=1)
 
     def post_receives(self, t: int) -> None:
         """Nothing to post: the all-reduce of each step is started by ``send``."""

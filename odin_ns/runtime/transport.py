@@ -56,6 +56,8 @@ class Arrival:
 class Transport(Protocol):
     """What the engine needs from a transport (steps are global steps)."""
 
+    device_resident: bool  # sends device buffers as they are (no host wire copy needed)
+
     def post_recv(self, peer: int, step: int, tag: int, rows: int, cols: int) -> None:
         """Allow receiving ``peer``'s [rows, cols] publication of ``step`` (FIFO per peer)."""
 
@@ -88,9 +90,9 @@ class P2PTransport:
     Buffers travel on the CPU (gloo's point-to-point is CPU-only): a CUDA publication is
     copied to the host before sending, and arrivals are CPU tensors the engine moves to the
     parameters' device. On GPU machines pass a gloo group (``dist.new_group(backend=
-    "gloo")``). NCCL is refused for now: a communicator runs its operations in order, so a
-    receive posted for a slow peer would block every later send; it needs a transport of
-    its own (one communicator per peer pair, or batched exchanges).
+    "gloo")``). A NCCL group is refused: a communicator runs its operations in order, so a
+    receive posted for a slow peer would block every later send; NCCL has a transport of
+    its own: ``device_transport`` over ``nccl.NcclLink``).
 
     Args:
         rank, world_size: this process's rank and the world size in ``group``.
@@ -100,6 +102,8 @@ class P2PTransport:
             closes the connection, so this is a last resort (the engine's deadlines are
             shorter and fire first).
     """
+
+    device_resident = False  # sends from host memory (a CUDA buffer is copied first)
 
     def __init__(
         self,

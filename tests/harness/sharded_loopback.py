@@ -1,4 +1,4 @@
-"""Two ranks of ``ShardedEngine`` in threads over in-process loopbacks, on a hand-made plan.
+"""Ranks of ``ShardedEngine`` in threads over in-process loopbacks, on a hand-made plan.
 
 Imported as ``harness.sharded_loopback``. Every rank starts from the same whole toy model
 (``toy_groups``), keeps its owned rows and caches the rest it reads, and trains each step
@@ -58,10 +58,11 @@ def run_sharded_loopback(
     last update some step before ``step_offset``, seeded)."""
     out: dict[int, LoopbackRank] = {}
     n = owner.size
+    world = plan.views.shape[1]
 
     def rank_main(rank: int) -> None:
         full = toy_groups(n, seed=seed)
-        reads = phase_read_sets(plan, 2)[rank]
+        reads = phase_read_sets(plan, world)[rank]
         layout = ShardLayout(owner, rank, reads[owner[reads] != rank])
         o = layout.num_owned
         groups = [
@@ -81,7 +82,7 @@ def run_sharded_loopback(
             layout,
             plan,
             rank,
-            2,
+            world,
             hubs[0].transport(rank),
             hubs[1].transport(rank),
             step_offset=step_offset,
@@ -114,12 +115,12 @@ def run_sharded_loopback(
         out[rank] = LoopbackRank(layout.owned, [g.param[:o].clone() for g in groups], engine,
                                  observed)  # fmt: skip
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
     for th in threads:
         th.start()
     for th in threads:
         th.join(60)
-    assert sorted(out) == [0, 1], "a rank did not finish"
+    assert sorted(out) == list(range(world)), "a rank did not finish"
     params = []
     for gi in range(len(out[0].tables)):
         whole = torch.zeros(n, *out[0].tables[gi].shape[1:])

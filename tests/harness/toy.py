@@ -453,6 +453,8 @@ class LoopbackHub:
 class LoopbackTransport:
     """One rank's end of a ``LoopbackHub``: matches sends to posted receives by tag."""
 
+    device_resident = False
+
     def __init__(self, hub: LoopbackHub, rank: int):
         self.hub = hub
         self.rank = rank
@@ -511,9 +513,11 @@ class LoopbackTransport:
         pass
 
 
-def run_threads(world_size: int, run: ToyRun) -> list[ToyRank]:
-    """Run ``run_toy_rank`` for every rank in threads over a loopback hub."""
-    hub = LoopbackHub(world_size)
+def run_threads(world_size: int, run: ToyRun, hub=None) -> list[ToyRank]:
+    """Run ``run_toy_rank`` for every rank in threads over ``hub`` (anything whose
+    ``transport(rank)``, called on the rank's thread, gives its transport; default a
+    ``LoopbackHub``)."""
+    hub = hub if hub is not None else LoopbackHub(world_size)
     board = MemoryBoard()
     results: list[Any] = [None] * world_size
     errors: list[BaseException] = []

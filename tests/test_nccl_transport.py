@@ -1,0 +1,224 @@
+"""The device transport's protocol under NCCL's semantics, on CPU (no GPU needed).
+
+``harness.nccl_double`` enforces what NCCL does (in-order communicators, no tags, a posted
+receive blocks what follows it, sizes must match, one calling thread, set-up order) and the
+protocol's own notice rule; first each rule is shown to bite, then the protocol
+(``runtime.device_transport.DeviceTransport``, the code ``runtime.nccl.NcclLink`` serves on
+GPUs) trains both layouts at 2-4 ranks with random latencies and a slow rank, and must
+equal the synchronous result bit for bit.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from harness.nccl_double import DeviceHub, DoubleError, NcclDouble
+from harness.sharded_loopback import loopback_plan, run_sharded_loopback
+from harness.toy import (
+    ListPlan,
+    LoopbackHub,
+    Phase,
+    ToyRun,
+    random_footprints,
+    reference_train,
+    run_threads,
+    toy_groups,
+)
+
+from odin_ns.errors import OdinInputError
+from odin_ns.runtime import SyncConfig
+from odin_ns.runtime.device_transport import channel, channels_in_order
+from odin_ns.runtime.errors import PeerFailure
+from odin_ns.runtime.transport_choice import decide_transport
+
+
+def _in_threads(*fns):
+    """Run each function on its own thread; their results (re-raising the first error)."""
+    out, errors = [None] * len(fns), []
+
+    def target(i):
+        try:
+            out[i] = fns[i]()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(len(fns))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(10)
+    if errors:
+        raise errors[0]
+    return out
+
+
+def _poll(handles, seconds=0.2) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if all(h.is_completed() for h in handles):
+            return True
+        time.sleep(1e-3)
+    return False
+
+
+# ----------------------------------------------------------- the double's rules bite
+def test_nccl_double_one_comm_per_pair_deadlocks_per_direction_does_not():
+    """Both ranks send, then receive. On one communicator for both directions each rank's
+    receive waits behind its own send, and the two sends never meet a receive: nothing
+    completes (what NCCL does with messages larger than its buffers). On one channel per
+    direction (the protocol's) the same calls complete."""
+    pair = (0, 1)
+    shared = NcclDouble(2, strict_notices=False)
+    both_sent = threading.Barrier(2)
+
+    def on_pair(rank):
+        shared._open(rank, [pair])
+        send = shared._post(rank, "send", pair, 1 - rank, torch.ones(3))
+        both_sent.wait()
+        recv = shared._post(rank, "recv", pair, 1 - rank, torch.empty(3))
+        return _poll([send, recv])
+
+    assert _in_threads(lambda: on_pair(0), lambda: on_pair(1)) == [False, False]
+
+    directed = NcclDouble(2)
+    got = [torch.empty(3), torch.empty(3)]
+    both_sent = threading.Barrier(2)
+
+    def per_direction(rank):
+        link = directed.link(rank)
+        link.open([ch for ch in channels_in_order(2) if rank in ch])
+        send = link.isend(channel(rank, 1 - rank), torch.full((3,), float(rank)))
+        both_sent.wait()  # the notice rule: receive once the peer's send is posted
+        recv = link.irecv(channel(1 - rank, rank), got[rank])
+        return _poll([send, recv])
+
+    assert _in_threads(lambda: per_direction(0), lambda: per_direction(1)) == [True, True]
+    assert got[0].tolist() == [1.0] * 3 and got[1].tolist() == [0.0] * 3
+
+
+def test_nccl_double_size_mismatch_thread_and_notice_rules_fail_loudly():
+    def opened(world=2):
+        double = NcclDouble(world)
+        for r in range(world):
+            double.link(r).open([ch for ch in channels_in_order(world) if r in ch])
+        return double
+
+    double = opened()
+    double.link(0).isend(channel(0, 1), torch.ones(4, 2))
+    with pytest.raises(DoubleError, match="size mismatch"):
+        double.link(1).irecv(channel(0, 1), torch.empty(3, 2))
+    with pytest.raises(DoubleError, match="size mismatch"):  # both ranks fail
+        double.link(0).isend(channel(0, 1), torch.ones(1, 2))
+
+    double = opened()
+    with pytest.raises(DoubleError, match="before the peer posted its send"):
+        double.link(1).irecv(channel(0, 1), torch.empty(3, 2))
+
+    double = opened()
+    double.link(0).isend(channel(0, 1), torch.ones(1, 2))
+    with pytest.raises(DoubleError, match="second thread"):
+        _in_threads(lambda: double.link(0).isend(channel(0, 1), torch.ones(1, 2)))
+
+    double = NcclDouble(3)
+    double._open(0, [(0, 1), (0, 2)])
+    double._open(1, [(1, 2), (0, 1)])
+    with pytest.raises(DoubleError, match="cycle"):
+        double._open(2, [(0, 2), (1, 2)])
+
+
+def test_nccl_transport_refuses_a_publication_it_did_not_plan():
+    """A notice announcing another row count than the plan's fails the receiver with the
+    reason, before anything is received."""
+    hub = DeviceHub(2)
+
+    def sender():
+        tx = hub.transport(0)
+        tx.send(1, 0, 0, torch.ones(5, 3))
+        return tx
+
+    def receiver():
+        tx = hub.transport(1)
+        tx.post_recv(0, 0, 0, 4, 3)
+        with pytest.raises(PeerFailure, match="expected step 0 with 4 rows"):
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                tx.take(0.05)
+        return tx
+
+    _in_threads(sender, receiver)
+
+
+# ------------------------------------------------------- the protocol trains exactly
+def _phases(world: int, seed: int) -> list[Phase]:
+    p1 = ListPlan(random_footprints(300, 10, world, seed=seed))
+    p2 = ListPlan(random_footprints(340, 5, world, seed=seed + 1))
+    return [Phase(p1, 0), Phase(p2, 13, grow=40)]
+
+
+@pytest.mark.parametrize(
+    "world,mode,recv_ahead",
+    [
+        (2, "quality-first", 0),
+        (2, "ddp", 0),
+        (3, "barrier", 0),
+        (3, "quality-first", 2),
+        (4, "quality-first", 0),
+        (4, "barrier", 1),
+    ],
+)
+def test_nccl_protocol_replicated_equals_synchronous(world, mode, recv_ahead):
+    """Random latencies on the device links, random step delays and a slow rank 0: every
+    replica ends bit for bit at the synchronous result (quality-first = barrier = ddp at 2
+    ranks), with credits small enough that ranks run into them."""
+    phases = _phases(world, seed=20 + world)
+    ref, ref_versions = reference_train(toy_groups(300), phases)
+    cfg = SyncConfig(mode=mode, timeout_s=20, recv_ahead=recv_ahead, max_inflight_bytes=4096)
+    run = ToyRun(phases, cfg, jitter_s=0.002, sleep_s={0: 0.004})
+    hub = DeviceHub(world, seed=world)
+    for groups, engine, _ in run_threads(world, run, hub):
+        for g, r in zip(groups, ref, strict=True):
+            assert torch.equal(g.param, r.param)
+        assert torch.equal(engine.versions, ref_versions)
+        assert engine.visibility_violations == 0
+    kinds = {kind for _, kind, _, _ in hub.double.posted}
+    assert kinds == {"send", "recv"} or mode == "ddp"  # rows travelled on device links
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_nccl_protocol_sharded_equals_loopback(world):
+    """The sharded engine's gradients and pushes over two device transports (random
+    latencies, slow rank 0) end with the rows of the same plan over loopbacks without
+    delays, bit for bit."""
+    n = 96
+    rng = np.random.default_rng(world)
+    owner = rng.integers(0, world, n).astype(np.int64)
+    plan = loopback_plan(random_footprints(n, 12, world, seed=40 + world, size=24), n)
+    plain, _ = run_sharded_loopback(
+        plan, owner, [LoopbackHub(world), LoopbackHub(world)], seed=5, slow_s=0.0
+    )
+    hubs = [DeviceHub(world, seed=1), DeviceHub(world, seed=2)]
+    device, out = run_sharded_loopback(plan, owner, hubs, seed=5, slow_s=0.004)
+    for a, b in zip(plain, device, strict=True):
+        assert torch.equal(a, b)
+    assert all(r.engine.log.oldest_unapplied(plan.num_steps) is None for r in out.values())
+
+
+# ---------------------------------------------------------------- the choice rule
+def test_nccl_is_chosen_only_when_every_rank_owns_a_gpu():
+    own = [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    assert decide_transport("auto", own, True).kind == "nccl"
+    assert decide_transport("gloo", own, True).kind == "gloo"
+    assert decide_transport("auto", own, False).kind == "gloo"
+    shared = [("a", 0), ("a", 0)]
+    assert "share a GPU" in decide_transport("auto", shared, True).reason
+    cpu = [("a", -1), ("a", -1)]
+    assert decide_transport("auto", cpu, True).kind == "gloo"
+    for devices in (shared, cpu):
+        with pytest.raises(OdinInputError, match="transport nccl cannot run here"):
+            decide_transport("nccl", devices, True)
+    with pytest.raises(ValueError, match="transport"):
+        SyncConfig(transport="infiniband")
