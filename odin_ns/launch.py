@@ -377,6 +377,14 @@ def _worker(args: argparse.Namespace, rest: list[str]) -> None:
         raise
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (Linux affinity; elsewhere every core)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def name_process(name: str) -> None:
     """Show ``name`` (at most 15 bytes) as this process's name in ``ps`` and ``top``: forked
     ranks share the launcher's command line. Linux only; elsewhere nothing changes."""
@@ -402,8 +410,9 @@ def _train_rank(args: argparse.Namespace, rest: list[str]) -> None:
     if device_type == "cuda" and not torch.cuda.is_available():
         device_type = config.machine.device_type = "cpu"
     if device_type == "cpu":
-        # Ranks on one machine share its cores; oversubscription slows every rank.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
+        # Ranks on one machine share the cores this process may run on (its affinity: a
+        # container's or taskset's); oversubscription slows every rank.
+        torch.set_num_threads(max(1, usable_cores() // local_world_size))
         backend = "gloo"
     else:
         backend = _bind_cuda_device(config, local_rank, local_world_size)

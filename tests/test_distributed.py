@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from harness.runs import launch_in_process
-from harness.street_runs import STEPS, TRAINING
+from harness.runs import TrainJob, launch_in_process, train_side_by_side
+from harness.street_runs import EVAL, QUALITY_FIRST, STEPS, TRAINING
 
-from odin_ns.bench.commands import BIN, run_env, train_command
+from odin_ns.bench.commands import BIN, free_port, run_dir, run_env, train_command
 
 
 def _final_params(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -45,6 +45,40 @@ def test_quality_first_equals_barrier(street_runs_2):
     # the run crossed at least one densification (the Gaussian count changed between phases)
     counts = {p["num_gaussians"] for p in ranks[0]["phases"]}
     assert len(counts) > 1, counts
+
+
+def _node_command(data, out, node: int, port: int, steps: int, flags) -> list[str]:
+    """``odin-ns-train`` as node ``node`` of 2 (one rank each) with its master here, on
+    core ``node`` only (``taskset``): a node of one core, whose rank then trains on one
+    thread as each rank of a 2-rank run on this machine does."""
+    nodes = ["--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1"]
+    cmd = train_command(
+        data, out, ranks=1, experiment="nodes", name="run", steps=steps, flags=flags,
+        port=port, launcher_flags=nodes,
+    )  # fmt: skip
+    return ["taskset", "-c", str(node), *cmd]
+
+
+@pytest.mark.slow
+def test_two_nodes_quality_first_equals_barrier(street_runs_2, street_scene, tmp_path):
+    """The README's multi-node command, as two launchers on this machine (``--nnodes 2``,
+    one rank each, master 127.0.0.1): quality-first ends bit for bit at the 2-rank family's
+    barrier run."""
+    port, flags = free_port(), [*TRAINING, *QUALITY_FIRST, *EVAL]
+    jobs = [
+        TrainJob(f"node{k}", _node_command(street_scene, tmp_path, k, port, STEPS, flags),
+                 run_dir(tmp_path, "nodes", "run"))
+        for k in (0, 1)
+    ]  # fmt: skip
+    results = train_side_by_side(jobs, tmp_path / "logs")  # both at once
+    results["node1"].check()
+    ours = _final_params(results["node0"].check())
+    theirs = _final_params(street_runs_2["barrier"])
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        assert torch.equal(ours[key], theirs[key]), key
+    summary = json.loads((results["node0"].run_dir / "odin_run.json").read_text())
+    assert [r["rank"] for r in summary["ranks"]] == [0, 1]
 
 
 @pytest.mark.slow
@@ -206,3 +240,40 @@ def test_a_dead_rank_ends_the_whole_run(street_scene, tmp_path):
     finally:
         if launcher.poll() is None:
             launcher.kill()
+
+
+@pytest.mark.slow
+def test_a_killed_node_ends_the_other(street_scene, tmp_path):
+    """Two launchers as two nodes; SIGKILL node 1 (its launcher and rank) mid-run: node 0
+    ends non-zero with a reason, well within the sync timeout."""
+    import signal
+    import time
+
+    port = free_port()
+    flags = [*TRAINING, "--pipeline.sync.timeout-s", "60"]
+    nodes = [
+        subprocess.Popen(
+            _node_command(street_scene, tmp_path, k, port, 100000, flags),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=run_env(),
+            start_new_session=True,
+        )
+        for k in (0, 1)
+    ]  # fmt: skip
+    try:
+        deadline = time.time() + 300
+        while not list(tmp_path.rglob("config.yml")) and time.time() < deadline:
+            time.sleep(1.0)  # rank 0 writes it once both ranks joined the process group
+            assert all(node.poll() is None for node in nodes), nodes[0].stdout.read()[-3000:]
+        time.sleep(4.0)  # a few training steps
+        killed_at = time.time()
+        os.killpg(nodes[1].pid, signal.SIGKILL)
+        output, _ = nodes[0].communicate(timeout=120)
+        print(output[-2500:])
+        assert nodes[0].returncode != 0
+        assert time.time() - killed_at < 90, "node 0 did not end in time"
+        last = output.strip().splitlines()[-1].lower()
+        assert "rank 0" in last and ("peer" in last or "failed" in last), last
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)

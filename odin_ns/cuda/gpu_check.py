@@ -19,6 +19,9 @@ and the run goes on):
    final parameters per group (expected 0.0) and the wall time of each run.
 4. ``single_process``: ``ns-train odin-splatfacto`` on the gsplat backend, steps/s and
    final loss from its tensorboard events, then ``ns-eval`` PSNR.
+5. ``nccl_link``: the device transport's NCCL backend (``odin_ns.runtime.nccl.NcclLink``) on
+   one rank (NCCL holds one rank per device, so its two-rank channels cannot run here): the
+   set-up and ddp's all-reduce, completion polled; NCCL's version.
 
 gsplat's CUDA code is JIT-compiled on first use (minutes on a fresh machine), so its build
 starts in a background process at once and overlaps check 1. Without a CUDA device the
@@ -535,6 +538,39 @@ def check_single_process(run: Run, gsplat: GsplatBuild) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------- main
+def check_nccl_link(run: Run) -> dict[str, Any]:
+    """``NcclLink`` on one rank of a one-rank NCCL group: set-up, and an all-reduce whose
+    completion is polled (``Work.is_completed()``) and whose sum equals its input."""
+    import torch.distributed as dist
+
+    from odin_ns.runtime.nccl import NcclLink
+
+    device = torch.device("cuda:0")
+    store = dist.FileStore(str(run.work / "nccl_store"), 1)
+    dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=device)
+    try:
+        link = NcclLink(1, device)
+        link.open([])
+        buf = torch.arange(17_000, dtype=torch.float32, device=device).reshape(1000, 17)
+        expected = buf.clone()
+        tic = time.perf_counter()
+        work = link.all_reduce(buf)
+        polls = 0
+        while not work.is_completed():
+            polls += 1
+        work.wait()
+        seconds = time.perf_counter() - tic
+        same = bool(torch.equal(buf, expected))
+    finally:
+        dist.destroy_process_group()
+    return {
+        "ok": same,
+        "nccl_version": ".".join(map(str, torch.cuda.nccl.version())),
+        "all_reduce_s": round(seconds, 6),
+        "polls": polls,
+    }
+
+
 def environment(device: str) -> dict[str, Any]:
     info: dict[str, Any] = {
         "torch": torch.__version__,
@@ -641,6 +677,8 @@ def main(argv: list[str] | None = None) -> int:
         run_check(run, "raster", lambda: check_raster(run, gsplat), plan_s=15.0)
     run_check(run, "two_ranks_one_gpu", lambda: check_two_ranks_one_gpu(run, gsplat), 60.0)
     run_check(run, "single_process", lambda: check_single_process(run, gsplat), 40.0)
+    if run.cuda:
+        run_check(run, "nccl_link", lambda: check_nccl_link(run), plan_s=10.0)
     if run.cuda:
         run.report["gsplat_build"] = gsplat.wait(0.0)
     run.report["all_ok"] = all(c.get("ok") for c in run.report["checks"].values())
