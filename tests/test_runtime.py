@@ -26,8 +26,10 @@ from harness import (
     toy_runs_worker,
 )
 
+from odin_ns.cuda import ops
 from odin_ns.runtime import MODES, PrimitiveSyncEngine, SyncConfig
 from odin_ns.runtime.exchange import WireBuffers
+from odin_ns.runtime.update_log import step_union_reference
 
 
 def _same(groups_a, groups_b) -> bool:
@@ -106,6 +108,25 @@ def test_bad_input_is_rejected():
     eng.drain_and_apply_all()
     with pytest.raises(ValueError, match="step_offset"):
         eng.rebind(groups, plan, step_offset=1)
+
+
+def test_step_union_kernel_equals_its_twin():
+    """The update log's per-step union (``torch.ops.odin.step_union``: a dense pass) equals
+    its torch twin (unique + searchsorted) bit for bit, empty footprints included."""
+    kernel = ops.host_op("step_union")
+    if kernel is None:
+        pytest.skip("the CPU library is not built (python -m odin_ns.cuda build)")
+    rng = np.random.default_rng(3)
+    for world in (1, 2, 5, 8):
+        sizes = rng.integers(0, 120, world)
+        sizes[rng.integers(world)] = 0
+        fps = [torch.from_numpy(np.sort(rng.choice(500, k, replace=False))) for k in sizes]
+        got, want = kernel(fps, 500), step_union_reference(fps, 500)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        for a, b in zip(got[2], want[2], strict=True):
+            assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="out of range"):
+        kernel([torch.tensor([3, 500])], 500)
 
 
 # ------------------------------------------------- engine vs reference (in-process)

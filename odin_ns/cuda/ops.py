@@ -1,6 +1,6 @@
 """Dispatcher: each op runs the compiled kernel for its tensors' device, else the reference.
 
-Host ops of phase starts (``HOST_OPS``: the plan's and the footprint slack's, CPU library only) are served by
+Host ops (``HOST_OPS``: the plan's, the footprint slack's, the update log's step union; CPU library only) are served by
 ``host_op``: the compiled kernel, or None, and the caller runs its numpy / scipy twin.
 
 The extension builds lazily, on the first call for a device type (CPU library for CPU
@@ -32,9 +32,10 @@ OPS = (
     "validate_reads",
 )
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
-# Host kernels of phase starts; their twins: schedule.plan.dependency_pass_reference,
-# schedule.locality.view_overlaps_reference, distributed.phase.footprint_slack_reference.
-HOST_OPS = ("plan_dependencies", "view_overlaps", "footprint_slack")
+# Host kernels of phase starts and of the update log's steps; their twins:
+# schedule.plan.dependency_pass_reference, schedule.locality.view_overlaps_reference,
+# distributed.phase.footprint_slack_reference, runtime.update_log.step_union_reference.
+HOST_OPS = ("plan_dependencies", "view_overlaps", "footprint_slack", "step_union")
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,19 @@ class ApplyHook(Protocol):
         """Rows ``ids`` ([K] int64 host) just got step ``step``'s update."""
 
 
+def step_union_reference(
+    footprints: Sequence[Tensor], num_rows: int
+) -> tuple[Tensor, Tensor, list[Tensor]]:
+    """(ids [U] sorted unique, writers per id [U], per footprint its [M_q] positions in ids),
+    all int64 host tensors, of a step's footprints (each [M_q] int64 host, sorted unique,
+    ids < num_rows). The torch twin of the host kernel ``torch.ops.odin.step_union``."""
+    if not footprints:
+        empty = torch.zeros(0, dtype=torch.int64)
+        return empty, empty.clone(), []
+    ids, counts = torch.unique(torch.cat(list(footprints)), sorted=True, return_counts=True)
+    return ids, counts, [torch.searchsorted(ids, fp) for fp in footprints]
+
+
 class PendingStep:
     """One step's update (rows = sorted union U of the step's footprints).
 
@@ -77,8 +90,10 @@ class PendingStep:
         self.step = step
         self.footprints = footprints  # per rank [M_q] int64 (host)
         if union is None:
-            ids, counts = torch.unique(torch.cat(footprints), sorted=True, return_counts=True)
-            positions = [torch.searchsorted(ids, fp) for fp in footprints]
+            kernel = ops.host_op("step_union")
+            ids, counts, positions = (kernel or step_union_reference)(
+                footprints, last_write.shape[0]
+            )
         else:
             ids, positions = union
             counts = torch.bincount(torch.cat(positions), minlength=ids.numel())

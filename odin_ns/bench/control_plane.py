@@ -1,0 +1,465 @@
+"""Host control plane at GPU scale: one rank's engine per step, outside the data-plane kernels.
+
+    python -m odin_ns.bench.control_plane [--rows 1000000] [--ranks 8,64] [--steps 100] \
+        --out bench/control_plane.json
+
+Rank 0 of a replicated run with N Gaussians of splatfacto's row widths, on a plan
+(``odin_ns.schedule.build_plan``) of the synthetic city (``bench.schedule.make_city``) whose
+footprints are widened to N rows (each city primitive stands for N / N_city rows) and thinned
+to ``--share`` of the rows per view. The R - 1 peers are simulated: an injected transport
+answers every receive the engine posts at once with a publication of the plan's size (the
+steady state of a rank that is never behind) and takes every send; it is device-resident,
+as the NCCL transport is, so no host wire copy is made. Per step the engine runs what the
+session calls: ``apply_until_readable``, ``publish``, ``apply_arrived``.
+
+Measured per step, R values interleaved step by step:
+
+- ``engine_ms``: wall time of those calls;
+- ``data_ms``: time inside tensor operations that read or make floating-point tensors
+  (row data: gradients, publications, accumulators, parameters, moments), each operation
+  timed by a ``TorchDispatchMode``; on a GPU these are kernels the host only launches;
+- ``host_ms = engine_ms - data_ms - ops_per_step x dispatch overhead`` (the overhead per
+  operation calibrated on a trivial one, so what the instrument adds beyond it stays in): Python bookkeeping plus operations
+  on integer and boolean tensors only (``control_ms``: ids, versions, masks, positions,
+  which the runtime keeps on the host): the host's work per step as it would run beside a
+  GPU's kernels (an upper bound: a few of those integer operations, e.g. the visible
+  mask's, are on device tensors there);
+- ``syncs``: operations that would synchronize a CUDA stream with the host
+  (``_local_scalar_dense``, ``nonzero``, ``unique``, ``masked_select``, boolean-mask
+  indexing, ``is_nonzero``, copies to the CPU), on any tensor: an upper bound, since most
+  act on the host's control tensors (``data_syncs``: those on floating-point tensors);
+- ``split``: cProfile's own time per function of ``odin_ns`` over a few separate steps
+  (shares of the profiled total; cProfile slows Python code, so shares, not milliseconds),
+  and ``control_lines``: the integer / boolean operations' ms per step by source line.
+
+CPU only: the engine's kernels run on the CPU here, so ``data_ms`` is CPU time and says
+nothing about a GPU's; ``host_ms`` is the figure that carries over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from odin_ns.bench.report import put_spread, save_figure, write_json
+from odin_ns.cuda.cases import SPLATFACTO_LRS, SPLATFACTO_ROWS
+from odin_ns.runtime import ParamGroupState, PrimitiveSyncEngine, SyncConfig
+from odin_ns.runtime.transport import Arrival
+
+SYNCING_OPS = {
+    "_local_scalar_dense",
+    "nonzero",
+    "_unique2",
+    "unique_dim",
+    "unique_consecutive",
+    "masked_select",
+    "is_nonzero",
+    "item",
+}
+
+
+# ------------------------------------------------------------------------ the plan
+def city_footprints(rows: int, share: float, views: int, seed: int) -> sp.csr_matrix:
+    """[V, rows] bool footprints: the city's, widened to ``rows`` (each city primitive
+    stands for rows / N_city consecutive rows), each view joined with the next views along
+    its street until it reaches ``share`` of the rows (a wider field of view: the city's
+    own views see about 1% at 320 x 240), then thinned at random to ``share``."""
+    from odin_ns.bench.schedule import make_city, timed_footprints
+
+    city_rows = min(rows, 100_000)
+    F, _, _ = timed_footprints(make_city(views, city_rows, seed=seed))
+    F = sp.csr_matrix(F, dtype=bool)
+
+    def union(v: int, k: int) -> np.ndarray:
+        near = [(v + j) % F.shape[0] for j in range(k)]
+        return np.unique(np.concatenate([F.indices[F.indptr[u] : F.indptr[u + 1]] for u in near]))
+
+    sample = range(0, F.shape[0], max(1, F.shape[0] // 32))
+    joined = 1
+    while (
+        joined < 64 and np.mean([union(v, joined).size for v in sample]) < 1.2 * share * city_rows
+    ):
+        joined += 1
+    widen = rows // city_rows
+    keep = max(1, int(round(share * rows)))
+    rng = np.random.default_rng(seed)
+    indptr, indices = [0], []
+    for v in range(F.shape[0]):
+        ids = (union(v, joined).astype(np.int64)[:, None] * widen + np.arange(widen)).ravel()
+        if ids.size > keep:
+            ids = np.sort(rng.choice(ids, keep, replace=False))
+        indices.append(ids)
+        indptr.append(indptr[-1] + ids.size)
+    data = np.ones(indptr[-1], dtype=bool)
+    return sp.csr_matrix((data, np.concatenate(indices), np.asarray(indptr)), (F.shape[0], rows))
+
+
+# --------------------------------------------------------------- simulated peers
+class InjectedPeers:
+    """A device-resident ``Transport`` whose peers have always published already: every
+    posted receive is answered at once with a [rows, W] publication (random gradient rows,
+    all visible) cut from one pool, and sends are counted."""
+
+    device_resident = True
+
+    def __init__(self, max_rows: int, width: int, seed: int):
+        gen = torch.Generator().manual_seed(seed)
+        self.pool = torch.randn(max_rows, width, generator=gen) * 1e-3
+        self.pool[:, -1] = 1.0
+        self.ready: list[Arrival] = []
+        self.bytes_sent = 0
+
+    def post_recv(self, peer: int, step: int, tag: int, rows: int, cols: int) -> None:
+        self.ready.append(Arrival(peer, step, self.pool[:rows]))
+
+    def send(self, peer: int, step: int, tag: int, buf: torch.Tensor) -> None:
+        self.bytes_sent += buf.numel() * buf.element_size()
+
+    def all_reduce(self, step: int, buf: torch.Tensor) -> None:
+        raise NotImplementedError("the control-plane benchmark runs point-to-point modes")
+
+    def take(self, timeout: float) -> list[Arrival]:
+        out, self.ready = self.ready, []
+        return out
+
+    def oldest_unsent(self) -> None:
+        return None
+
+    def inflight_bytes(self, peer: int) -> tuple[int, None]:
+        return 0, None
+
+    def failure(self) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def make_groups(rows: int, seed: int) -> list[ParamGroupState]:
+    gen = torch.Generator().manual_seed(seed)
+    groups = []
+    for (name, shape), lr in zip(SPLATFACTO_ROWS.items(), SPLATFACTO_LRS, strict=True):
+        param = torch.randn(rows, *shape, generator=gen)
+        groups.append(
+            ParamGroupState(
+                name, param, torch.zeros_like(param), torch.zeros_like(param),
+                lr_at=lambda s, lr=lr: lr,
+            )
+        )  # fmt: skip
+    return groups
+
+
+class RankUnderTest:
+    """Rank 0's engine on its plan, its injected peers and its step's gradients."""
+
+    def __init__(self, F: sp.csr_matrix, ranks: int, steps: int, mode: str, seed: int):
+        from odin_ns.schedule import build_plan
+
+        self.plan = build_plan(F, ranks, steps, seed=seed, strategy="odin")
+        self.ranks = ranks
+        rows = F.shape[1]
+        self.groups = make_groups(rows, seed)
+        width = sum(g.row_dim for g in self.groups) + 1
+        max_rows = int(np.asarray(self.plan.message_rows).max())
+        self.peers = InjectedPeers(max_rows, width, seed)
+        config = SyncConfig(mode=mode, verify_plan=False, timeout_s=600.0)
+        self.engine = PrimitiveSyncEngine(
+            self.groups, self.plan, 0, ranks, config, transport=self.peers
+        )
+        gen = torch.Generator().manual_seed(seed + 1)
+        self.grads = {g.name: torch.randn(g.param.shape, generator=gen) * 1e-3 for g in self.groups}
+        self.visible = torch.zeros(rows, dtype=torch.bool)
+        self.step = 0
+
+    def prepare_step(self) -> None:
+        """The model's part, not measured: this step's rows are the visible ones."""
+        self.visible.zero_()
+        self.visible[torch.from_numpy(self.plan.step_footprint(self.step, 0))] = True
+
+    def run_step(self) -> None:
+        """One step's engine calls, as the session makes them."""
+        step = self.step
+        self.engine.apply_until_readable(step)
+        self.engine.publish(step, self.grads, self.visible)
+        self.engine.apply_arrived()
+        self.step += 1
+
+
+# --------------------------------------------------------------- instruments
+def _floating(args) -> bool:
+    """Any floating-point tensor in ``args`` (nested lists and tuples too)."""
+    found = False
+
+    def visit(a):
+        nonlocal found
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            found = True
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                visit(b)
+
+    visit(args)
+    return found
+
+
+def _syncs(name: str, args) -> bool:
+    if name in SYNCING_OPS:
+        return True
+    if name == "index" and len(args) > 1:
+        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or ()))
+    if name in ("_to_copy", "copy_"):  # a copy to the CPU from an accelerator
+        src = args[1] if name == "copy_" else args[0]
+        dst = args[0] if name == "copy_" else None
+        return (
+            isinstance(src, torch.Tensor)
+            and src.device.type != "cpu"
+            and (dst is None or dst.device.type == "cpu")
+        )
+    return False
+
+
+class OpTimer(TorchDispatchMode):
+    """Times every tensor operation and counts those that would synchronize a stream."""
+
+    def __init__(self):
+        super().__init__()
+        self.data_s = 0.0
+        self.control_s = 0.0
+        self.ops = 0
+        self.syncs: Counter[str] = Counter()
+        self.data_syncs = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__.split(".")[0]
+        tic = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        toc = time.perf_counter()
+        self.ops += 1
+        floating = _floating(args) or _floating(out)  # an allocation has no tensor input
+        if floating:
+            self.data_s += toc - tic
+        else:
+            self.control_s += toc - tic
+        if _syncs(name, args):
+            self.syncs[name] += 1
+            self.data_syncs += int(floating)
+        return out
+
+
+class ControlSites(OpTimer):
+    """Also attributes each integer / boolean operation's time to its line in ``odin_ns``."""
+
+    def __init__(self):
+        super().__init__()
+        self.sites: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        before = self.control_s
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if self.control_s > before:
+            frames = [
+                f for f in traceback.extract_stack(limit=12)
+                if "odin_ns" in f.filename and "bench" not in f.filename
+            ]  # fmt: skip
+            if frames:
+                f = frames[-1]
+                self.sites[f"{Path(f.filename).name}:{f.lineno} {f.line}"] += (
+                    self.control_s - before
+                )
+        return out
+
+
+def dispatch_overhead_s(trials: int = 20_000) -> float:
+    """Seconds the ``OpTimer`` adds per operation outside what it times (subtracted)."""
+    a = torch.zeros(4, dtype=torch.int64)
+    for _ in range(2):
+        tic = time.perf_counter()
+        for _ in range(trials):
+            a.add_(0)
+        plain = time.perf_counter() - tic
+        timer = OpTimer()
+        tic = time.perf_counter()
+        with timer:
+            for _ in range(trials):
+                a.add_(0)
+        mode = time.perf_counter() - tic
+    return max(0.0, (mode - (timer.data_s + timer.control_s) - plain) / trials)
+
+
+def profile_split(rank: RankUnderTest, steps: int, top: int = 12) -> tuple[list, list]:
+    """cProfile's own time per ``odin_ns`` function over ``steps`` steps (shares), then the
+    integer / boolean operations' ms per step by line over ``steps`` more."""
+    prof = cProfile.Profile()
+    sites = ControlSites()
+    for _ in range(steps):
+        rank.prepare_step()
+        prof.enable()
+        rank.run_step()
+        prof.disable()
+    for _ in range(steps):
+        rank.prepare_step()
+        with sites:
+            rank.run_step()
+    stats = pstats.Stats(prof).stats
+    total = sum(v[2] for v in stats.values())
+    ours = [
+        (f"{Path(file).name}:{func}", tottime)
+        for (file, _, func), (_, _, tottime, _, _) in stats.items()
+        if "odin_ns" in file
+    ]
+    ours.sort(key=lambda kv: -kv[1])
+    other = total - sum(t for _, t in ours)
+    rows = [{"function": f, "share": t / total} for f, t in ours[:top]]
+    rows.append({"function": "tensor operations and other libraries", "share": other / total})
+    control = [
+        {"line": line, "ms_per_step": 1e3 * sec / steps}
+        for line, sec in sites.sites.most_common(top)
+    ]
+    return rows, control
+
+
+# ------------------------------------------------------------------------ the run
+def measure(args) -> dict:
+    ranks = [int(r) for r in args.ranks.split(",")]
+    views = max(ranks) * 8
+    tic = time.perf_counter()
+    F = city_footprints(args.rows, args.share, views, args.seed)
+    share = float(np.diff(F.indptr).mean() / args.rows)
+    print(f"footprints {F.shape}, {share:.1%} of rows per view ({time.perf_counter() - tic:.0f} s)")
+    total_steps = args.warmup + args.steps + 2 * args.profile_steps
+    overhead = dispatch_overhead_s()
+    result: dict = {
+        "rows": args.rows,
+        "share_per_view": share,
+        "mode": args.mode,
+        "steps": args.steps,
+        "dispatch_overhead_us": overhead * 1e6,
+        "layout": "replicated",
+        "source": "measured on this machine's CPU (rank 0's engine, peers injected)",
+    }
+    tested = {}
+    for r in ranks:
+        tic = time.perf_counter()
+        tested[r] = RankUnderTest(F, r, total_steps, args.mode, args.seed)
+        print(f"R={r}: plan and engine in {time.perf_counter() - tic:.0f} s")
+    for r in ranks:
+        for _ in range(args.warmup):
+            tested[r].prepare_step()
+            tested[r].run_step()
+    per: dict[int, dict[str, list]] = {
+        r: {k: [] for k in ("engine", "data", "control", "host", "syncs", "data_syncs", "ops")}
+        for r in ranks
+    }
+    names: dict[int, Counter] = {r: Counter() for r in ranks}
+    for i in range(args.steps):
+        order = ranks if i % 2 == 0 else ranks[::-1]  # interleaved, alternating order
+        for r in order:
+            tested[r].prepare_step()
+            timer = OpTimer()
+            tic = time.perf_counter()
+            with timer:
+                tested[r].run_step()
+            engine = time.perf_counter() - tic
+            host = engine - timer.data_s - timer.ops * overhead
+            rec = per[r]
+            rec["engine"].append(1e3 * engine)
+            rec["data"].append(1e3 * timer.data_s)
+            rec["control"].append(1e3 * timer.control_s)
+            rec["host"].append(1e3 * host)
+            rec["syncs"].append(sum(timer.syncs.values()))
+            rec["data_syncs"].append(timer.data_syncs)
+            rec["ops"].append(timer.ops)
+            names[r].update(timer.syncs)
+        if (i + 1) % 10 == 0:
+            print(f"step {i + 1}/{args.steps}: " + ", ".join(
+                f"R={r} host {np.median(per[r]['host']):.1f} ms" for r in ranks))  # fmt: skip
+    for r in ranks:
+        rec, key = per[r], f"r{r}_replicated"
+        for name in ("engine", "data", "control", "host"):
+            put_spread(result, f"{name}_ms_per_step_{key}", rec[name])
+        result[f"host_ms_per_step_{key}_p90"] = float(np.percentile(rec["host"], 90))
+        result[f"ops_per_step_{key}"] = float(np.median(rec["ops"]))
+        result[f"syncs_per_step_{key}_max"] = int(max(rec["syncs"]))
+        result[f"syncs_per_step_{key}_median"] = float(np.median(rec["syncs"]))
+        result[f"data_syncs_per_step_{key}_max"] = int(max(rec["data_syncs"]))
+        result[f"sync_ops_{key}"] = {k: v / args.steps for k, v in names[r].most_common()}
+        split, control = profile_split(tested[r], args.profile_steps)
+        result[f"split_{key}"], result[f"control_lines_{key}"] = split, control
+        result[f"series_host_ms_{key}"] = rec["host"]
+    result["syncs_per_step_max"] = max(result[f"syncs_per_step_r{r}_replicated_max"] for r in ranks)
+    result["host_ms_per_step_r8_sharded"] = None  # not measured: sharded peers not injected yet
+    result["host_ms_per_step_r64_sharded"] = None
+    return result
+
+
+def plot(result: dict, ranks: list[int], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for r in ranks:
+        ax.plot(result[f"series_host_ms_r{r}_replicated"], label=f"R = {r}")
+    ax.axhline(2.0, color="gray", ls="--", label="target R = 8: 2 ms")
+    ax.axhline(4.0, color="gray", ls=":", label="target R = 64: 4 ms")
+    ax.set(xlabel="step", ylabel="host ms per step", title="host control plane per step")
+    ax.legend()
+    r = max(ranks)
+    lines = result[f"control_lines_r{r}_replicated"]
+    labels = [line["line"][:60] for line in lines][::-1]
+    bx.barh(labels, [line["ms_per_step"] for line in lines][::-1])
+    bx.set(xlabel="ms per step", title=f"integer / boolean operations by line, R = {r}")
+    bx.tick_params(axis="y", labelsize=7)
+    fig.suptitle(
+        f"bench.control_plane: rank 0's engine, N = {result['rows']:,}, "
+        f"{result['share_per_view']:.1%} rows per view, {result['mode']} (measured, CPU)"
+    )
+    save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m odin_ns.bench.control_plane")
+    parser.add_argument("--rows", type=int, default=1_000_000, help="N Gaussians")
+    parser.add_argument("--share", type=float, default=0.05, help="rows per view, at most")
+    parser.add_argument("--ranks", default="8,64", help="R values, interleaved")
+    parser.add_argument("--steps", type=int, default=100, help="measured steady-state steps")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--profile-steps", type=int, default=5, help="cProfile'd steps")
+    parser.add_argument("--mode", default="quality-first", choices=("quality-first", "barrier",
+                        "throughput-first"))  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--out", type=Path, default=Path("bench/control_plane.json"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    result = measure(args)
+    ranks = [int(r) for r in args.ranks.split(",")]
+    write_json(args.out, result)
+    plot(result, ranks, args.out.with_suffix(".png"))
+    for r in ranks:
+        key = f"r{r}_replicated"
+        print(
+            f"R={r}: host {result[f'host_ms_per_step_{key}']:.2f} ms/step "
+            f"({result[f'host_ms_per_step_{key}_min']:.2f}-{result[f'host_ms_per_step_{key}_max']:.2f}), "
+            f"engine {result[f'engine_ms_per_step_{key}']:.1f} ms, "
+            f"syncs max {result[f'syncs_per_step_{key}_max']}"
+        )  # fmt: skip
+    print(f"-> {args.out}")
+    return result
+
+
+__all__ = ["InjectedPeers", "OpTimer", "city_footprints", "main"]
+
+if __name__ == "__main__":
+    main()

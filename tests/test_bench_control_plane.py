@@ -1,0 +1,40 @@
+"""``bench.control_plane``: its instruments and a tiny run's report (no figure asserted)."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from odin_ns.bench import control_plane
+
+
+def test_op_timer_splits_row_data_from_control_and_counts_syncs():
+    ids = torch.tensor([0, 2, 3])
+    rows = torch.randn(5, 4)
+    timer = control_plane.OpTimer()
+    with timer:
+        picked = rows.index_select(0, ids)  # row data
+        mask = ids > 1  # control
+        int(mask.sum())  # a read back: would sync a stream
+        ids[mask]  # boolean-mask indexing: would sync
+        torch.zeros(3, 4)  # an allocation of row data (no tensor input)
+    assert picked.shape == (3, 4)
+    assert timer.ops >= 5 and timer.data_s > 0 and timer.control_s > 0
+    assert timer.syncs["_local_scalar_dense"] == 1 and timer.syncs["index"] == 1
+    assert timer.data_syncs == 0
+
+
+def test_tiny_run_reports_every_key(tmp_path):
+    out = tmp_path / "cp.json"
+    argv = ["--rows", "20000", "--ranks", "2,4", "--steps", "3", "--warmup", "1"]
+    control_plane.main([*argv, "--profile-steps", "1", "--out", str(out)])
+    result = json.loads(out.read_text())
+    for r in (2, 4):
+        key = f"r{r}_replicated"
+        engine, host = result[f"engine_ms_per_step_{key}"], result[f"host_ms_per_step_{key}"]
+        assert 0 < host < engine
+        assert result[f"syncs_per_step_{key}_max"] >= 1  # publish reads the visible mask once
+        assert result[f"split_{key}"] and result[f"control_lines_{key}"]
+    assert 0 < result["share_per_view"] <= 0.05
+    assert out.with_suffix(".png").exists()
