@@ -32,8 +32,12 @@ Measured per step, R values interleaved step by step:
   (shares of the profiled total; cProfile slows Python code, so shares, not milliseconds),
   and ``control_lines``: the integer / boolean operations' ms per step by source line.
 
-CPU only: the engine's kernels run on the CPU here, so ``data_ms`` is CPU time and says
-nothing about a GPU's; ``host_ms`` is the figure that carries over.
+On the CPU (here) the engine's kernels run on the host, so ``data_ms`` is CPU time and says
+nothing about a GPU's; ``host_ms`` is the figure that carries over. ``--device cuda`` (the
+GPU check runs it) puts parameters, gradients and publications on the GPU: ``engine_ms``
+then waits for the step's kernels, ``data_ms`` is mostly launches, ``cpu_ms`` is the step
+thread's CPU time, and ``cuda_syncs`` counts real stream synchronizations (torch's sync
+debug mode) over ``--profile-steps`` more steps.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ import cProfile
 import pstats
 import time
 import traceback
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -112,9 +117,9 @@ class InjectedPeers:
 
     device_resident = True
 
-    def __init__(self, max_rows: int, width: int, seed: int):
+    def __init__(self, max_rows: int, width: int, seed: int, device="cpu"):
         gen = torch.Generator().manual_seed(seed)
-        self.pool = torch.randn(max_rows, width, generator=gen) * 1e-3
+        self.pool = (torch.randn(max_rows, width, generator=gen) * 1e-3).to(device)
         self.pool[:, -1] = 1.0
         self.ready: list[Arrival] = []
         self.bytes_sent = 0
@@ -145,11 +150,11 @@ class InjectedPeers:
         pass
 
 
-def make_groups(rows: int, seed: int) -> list[ParamGroupState]:
+def make_groups(rows: int, seed: int, device="cpu") -> list[ParamGroupState]:
     gen = torch.Generator().manual_seed(seed)
     groups = []
     for (name, shape), lr in zip(SPLATFACTO_ROWS.items(), SPLATFACTO_LRS, strict=True):
-        param = torch.randn(rows, *shape, generator=gen)
+        param = torch.randn(rows, *shape, generator=gen).to(device)
         groups.append(
             ParamGroupState(
                 name, param, torch.zeros_like(param), torch.zeros_like(param),
@@ -162,29 +167,35 @@ def make_groups(rows: int, seed: int) -> list[ParamGroupState]:
 class RankUnderTest:
     """Rank 0's engine on its plan, its injected peers and its step's gradients."""
 
-    def __init__(self, F: sp.csr_matrix, ranks: int, steps: int, mode: str, seed: int):
+    def __init__(
+        self, F: sp.csr_matrix, ranks: int, steps: int, mode: str, seed: int, device="cpu"
+    ):
         from odin_ns.schedule import build_plan
 
         self.plan = build_plan(F, ranks, steps, seed=seed, strategy="odin")
         self.ranks = ranks
         rows = F.shape[1]
-        self.groups = make_groups(rows, seed)
+        self.groups = make_groups(rows, seed, device)
         width = sum(g.row_dim for g in self.groups) + 1
         max_rows = int(np.asarray(self.plan.message_rows).max())
-        self.peers = InjectedPeers(max_rows, width, seed)
+        self.peers = InjectedPeers(max_rows, width, seed, device)
         config = SyncConfig(mode=mode, verify_plan=False, timeout_s=600.0)
         self.engine = PrimitiveSyncEngine(
             self.groups, self.plan, 0, ranks, config, transport=self.peers
         )
         gen = torch.Generator().manual_seed(seed + 1)
-        self.grads = {g.name: torch.randn(g.param.shape, generator=gen) * 1e-3 for g in self.groups}
-        self.visible = torch.zeros(rows, dtype=torch.bool)
+        self.grads = {
+            g.name: (torch.randn(g.param.shape, generator=gen) * 1e-3).to(device)
+            for g in self.groups
+        }
+        self.visible = torch.zeros(rows, dtype=torch.bool, device=device)
         self.step = 0
 
     def prepare_step(self) -> None:
         """The model's part, not measured: this step's rows are the visible ones."""
         self.visible.zero_()
-        self.visible[torch.from_numpy(self.plan.step_footprint(self.step, 0))] = True
+        rows = torch.from_numpy(self.plan.step_footprint(self.step, 0)).to(self.visible.device)
+        self.visible[rows] = True
 
     def run_step(self) -> None:
         """One step's engine calls, as the session makes them."""
@@ -279,6 +290,19 @@ class ControlSites(OpTimer):
         return out
 
 
+def cuda_syncs_during(fn) -> int:
+    """Synchronizations of a CUDA stream with the host while ``fn()`` runs (torch's sync
+    debug mode warns once per synchronizing call)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
 def dispatch_overhead_s(trials: int = 20_000) -> float:
     """Seconds the ``OpTimer`` adds per operation outside what it times (subtracted)."""
     a = torch.zeros(4, dtype=torch.int64)
@@ -331,12 +355,14 @@ def profile_split(rank: RankUnderTest, steps: int, top: int = 12) -> tuple[list,
 # ------------------------------------------------------------------------ the run
 def measure(args) -> dict:
     ranks = [int(r) for r in args.ranks.split(",")]
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
     views = max(ranks) * 8
     tic = time.perf_counter()
     F = city_footprints(args.rows, args.share, views, args.seed)
     share = float(np.diff(F.indptr).mean() / args.rows)
     print(f"footprints {F.shape}, {share:.1%} of rows per view ({time.perf_counter() - tic:.0f} s)")
-    total_steps = args.warmup + args.steps + 2 * args.profile_steps
+    total_steps = args.warmup + args.steps + 3 * args.profile_steps
     overhead = dispatch_overhead_s()
     result: dict = {
         "rows": args.rows,
@@ -345,19 +371,23 @@ def measure(args) -> dict:
         "steps": args.steps,
         "dispatch_overhead_us": overhead * 1e6,
         "layout": "replicated",
-        "source": "measured on this machine's CPU (rank 0's engine, peers injected)",
+        "device": str(device),
+        "source": f"measured on {device.type} (rank 0's engine, peers injected)",
     }
     tested = {}
     for r in ranks:
         tic = time.perf_counter()
-        tested[r] = RankUnderTest(F, r, total_steps, args.mode, args.seed)
+        tested[r] = RankUnderTest(F, r, total_steps, args.mode, args.seed, device)
         print(f"R={r}: plan and engine in {time.perf_counter() - tic:.0f} s")
     for r in ranks:
         for _ in range(args.warmup):
             tested[r].prepare_step()
             tested[r].run_step()
     per: dict[int, dict[str, list]] = {
-        r: {k: [] for k in ("engine", "data", "control", "host", "syncs", "data_syncs", "ops")}
+        r: {
+            k: []
+            for k in ("engine", "data", "control", "host", "cpu", "syncs", "data_syncs", "ops")
+        }
         for r in ranks
     }
     names: dict[int, Counter] = {r: Counter() for r in ranks}
@@ -366,16 +396,20 @@ def measure(args) -> dict:
         for r in order:
             tested[r].prepare_step()
             timer = OpTimer()
-            tic = time.perf_counter()
+            tic, cpu = time.perf_counter(), time.thread_time()
             with timer:
                 tested[r].run_step()
+            if cuda:
+                torch.cuda.synchronize(device)  # the step's kernels count as its wall time
             engine = time.perf_counter() - tic
+            cpu = time.thread_time() - cpu
             host = engine - timer.data_s - timer.ops * overhead
             rec = per[r]
             rec["engine"].append(1e3 * engine)
             rec["data"].append(1e3 * timer.data_s)
             rec["control"].append(1e3 * timer.control_s)
             rec["host"].append(1e3 * host)
+            rec["cpu"].append(1e3 * cpu)
             rec["syncs"].append(sum(timer.syncs.values()))
             rec["data_syncs"].append(timer.data_syncs)
             rec["ops"].append(timer.ops)
@@ -385,8 +419,15 @@ def measure(args) -> dict:
                 f"R={r} host {np.median(per[r]['host']):.1f} ms" for r in ranks))  # fmt: skip
     for r in ranks:
         rec, key = per[r], f"r{r}_replicated"
-        for name in ("engine", "data", "control", "host"):
+        for name in ("engine", "data", "control", "host", "cpu"):
             put_spread(result, f"{name}_ms_per_step_{key}", rec[name])
+        if cuda:  # real stream synchronizations, over as many steps as profiled
+            counts = []
+            for _ in range(args.profile_steps):
+                tested[r].prepare_step()
+                counts.append(cuda_syncs_during(tested[r].run_step))
+            result[f"cuda_syncs_per_step_{key}_max"] = max(counts)
+            result[f"cuda_syncs_per_step_{key}_median"] = float(np.median(counts))
         result[f"host_ms_per_step_{key}_p90"] = float(np.percentile(rec["host"], 90))
         result[f"ops_per_step_{key}"] = float(np.median(rec["ops"]))
         result[f"syncs_per_step_{key}_max"] = int(max(rec["syncs"]))
@@ -440,6 +481,7 @@ def main(argv: list[str] | None = None) -> dict:
                         "throughput-first"))  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--device", default="cpu", help="the parameters' device (cpu, cuda)")
     parser.add_argument("--out", type=Path, default=Path("bench/control_plane.json"))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -19,7 +19,10 @@ and the run goes on):
    final parameters per group (expected 0.0) and the wall time of each run.
 4. ``single_process``: ``ns-train odin-splatfacto`` on the gsplat backend, steps/s and
    final loss from its tensorboard events, then ``ns-eval`` PSNR.
-5. ``nccl_link``: the device transport's NCCL backend (``odin_ns.runtime.nccl.NcclLink``) on
+5. ``control_plane``: ``odin_ns.bench.control_plane`` on CUDA: rank 0's replicated engine
+   at 1M Gaussians, R = 8 (peers injected), 30 steps: host and wall ms per step and the
+   stream synchronizations per step (torch's sync debug mode).
+6. ``nccl_link``: the device transport's NCCL backend (``odin_ns.runtime.nccl.NcclLink``) on
    one rank (NCCL holds one rank per device, so its two-rank channels cannot run here): the
    set-up and ddp's all-reduce, completion polled; NCCL's version.
 
@@ -69,7 +72,14 @@ from odin_ns.cuda.cases import (  # SPLATFACTO_ROWS: re-exported for odin_ns.ben
 # (A Gaussian whose alpha sits at gsplat's 1/255 cut can flip between backends: ~4e-3.)
 RASTER_TOL = {"image_abs": 5e-3, "alpha_abs": 5e-3, "grad_rel": 2e-2}
 # Seconds the checks after the ops check plan for (the ops check leaves them this much).
-GPU_PLAN_S = {"raster": 30.0, "two_ranks_one_gpu": 150.0, "single_process": 80.0}
+GPU_PLAN_S = {
+    "raster": 30.0,
+    "two_ranks_one_gpu": 150.0,
+    "single_process": 80.0,
+    "control_plane": 60.0,
+    "nccl_link": 10.0,
+}
+CUDA_LAST = ("control_plane", "nccl_link")  # the checks after single_process (CUDA only)
 EXIT_NO_CUDA, EXIT_WATCHDOG = 2, 3
 __all__ = ["SPLATFACTO_ROWS", "check_case", "main"]
 
@@ -462,7 +472,8 @@ def check_two_ranks_one_gpu(run: Run, gsplat: GsplatBuild) -> dict[str, Any]:
     data, dest = street_scene(run), run.work / "two_ranks"
     params = {}
     for i, mode in enumerate(("quality-first", "barrier")):
-        per_run = (run.left() - (GPU_PLAN_S["single_process"] if i == 0 else 0)) / (2 - i)
+        later = GPU_PLAN_S["single_process"] if i == 0 else 0.0
+        per_run = (run.left() - later - cuda_last_s(run)) / (2 - i)
         cmd = [
             _bin("odin-ns-train"),
             "--nproc-per-node",
@@ -504,6 +515,11 @@ def check_two_ranks_one_gpu(run: Run, gsplat: GsplatBuild) -> dict[str, Any]:
     return out
 
 
+def cuda_last_s(run: Run) -> float:
+    """Seconds the checks after single_process plan for (they run on CUDA only)."""
+    return sum(GPU_PLAN_S[name] for name in CUDA_LAST) if run.cuda else 0.0
+
+
 def check_single_process(run: Run, gsplat: GsplatBuild) -> dict[str, Any]:
     steps = run.args.train_steps
     raster, built = _rasterizer(run, gsplat, run.left() - GPU_PLAN_S["single_process"])
@@ -513,7 +529,7 @@ def check_single_process(run: Run, gsplat: GsplatBuild) -> dict[str, Any]:
         return out
     data, dest = street_scene(run), run.work / "single"
     cmd = [_bin("ns-train"), *_train_args(run, data, dest, "single", steps, raster)]
-    train = run_subprocess(run, cmd, run.left() - 20.0)
+    train = run_subprocess(run, cmd, run.left() - 20.0 - cuda_last_s(run))
     train.pop("_output")
     out["train"] = train
     if train["rc"] != 0:
@@ -526,7 +542,9 @@ def check_single_process(run: Run, gsplat: GsplatBuild) -> dict[str, Any]:
         out["tensorboard_error"] = repr(error)
     eval_json = run.work / "single_eval.json"
     cmd = [_bin("ns-eval"), "--load-config", str(run_dir / "config.yml")]
-    evaluation = run_subprocess(run, [*cmd, "--output-path", str(eval_json)], run.left())
+    evaluation = run_subprocess(
+        run, [*cmd, "--output-path", str(eval_json)], run.left() - cuda_last_s(run)
+    )
     evaluation.pop("_output")
     out["eval"] = evaluation
     if evaluation["rc"] == 0:
@@ -538,6 +556,30 @@ def check_single_process(run: Run, gsplat: GsplatBuild) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------- main
+def check_control_plane(run: Run) -> dict[str, Any]:
+    """The engine's steady-state step on the GPU (``bench.control_plane --device cuda``)."""
+    from odin_ns.bench import control_plane
+
+    out = run.work / "control_plane.json"
+    argv = ["--rows", "1000000", "--ranks", "8", "--steps", "30", "--warmup", "3"]
+    threads = str(torch.get_num_threads())
+    argv += ["--profile-steps", "3", "--device", "cuda", "--threads", threads, "--out", str(out)]
+    result = control_plane.main(argv)
+    key = "r8_replicated"
+    figures = {
+        f"{name}_ms_per_step": result[f"{name}_ms_per_step_{key}"]
+        for name in ("engine", "data", "control", "host", "cpu")
+    }
+    return {
+        "ok": True,
+        **figures,
+        "cuda_syncs_per_step_max": result[f"cuda_syncs_per_step_{key}_max"],
+        "cuda_syncs_per_step_median": result[f"cuda_syncs_per_step_{key}_median"],
+        "share_per_view": result["share_per_view"],
+        "json": str(out),
+    }
+
+
 def check_nccl_link(run: Run) -> dict[str, Any]:
     """``NcclLink`` on one rank of a one-rank NCCL group: set-up, and an all-reduce whose
     completion is polled (``Work.is_completed()``) and whose sum equals its input."""
@@ -678,7 +720,10 @@ def main(argv: list[str] | None = None) -> int:
     run_check(run, "two_ranks_one_gpu", lambda: check_two_ranks_one_gpu(run, gsplat), 60.0)
     run_check(run, "single_process", lambda: check_single_process(run, gsplat), 40.0)
     if run.cuda:
-        run_check(run, "nccl_link", lambda: check_nccl_link(run), plan_s=10.0)
+        run_check(
+            run, "control_plane", lambda: check_control_plane(run), GPU_PLAN_S["control_plane"]
+        )
+        run_check(run, "nccl_link", lambda: check_nccl_link(run), GPU_PLAN_S["nccl_link"])
     if run.cuda:
         run.report["gsplat_build"] = gsplat.wait(0.0)
     run.report["all_ok"] = all(c.get("ok") for c in run.report["checks"].values())
