@@ -53,3 +53,51 @@ def test_ranks_share_gpus_round_robin(
     assert launch._bind_cuda_device(config, local_rank, ranks) == backend
     assert chosen == [device]
     assert config.machine.device_type == device_type
+
+
+def test_prepare_fetches_wheels_for_the_gpu_machine(tmp_path):
+    """``--prepare``'s pip command: binary wheels for CPython 3.12 / manylinux x86-64 only,
+    without their dependencies (the machine has them), into the folder given."""
+    from odin_ns.cuda import gpu_wheels
+
+    cmd = gpu_wheels.download_command(tmp_path)
+    assert cmd[1:4] == ["-m", "pip", "download"] and "--no-deps" in cmd
+    assert "--only-binary=:all:" in cmd and cmd[cmd.index("--python-version") + 1] == "3.12"
+    assert cmd[cmd.index("--platform") + 1] == "manylinux2014_x86_64"
+    assert cmd[cmd.index("--dest") + 1] == str(tmp_path) and "gsplat==1.4.0" in cmd
+    proc = _gpu_check("--device", "cpu")  # neither --out nor --prepare: a usage error
+    assert proc.returncode == 2 and "--out is required" in proc.stderr
+
+
+def test_wheels_install_offline_and_import(tmp_path, monkeypatch):
+    """``--wheels``: every wheel of the folder installed with no index, importable here and
+    in child processes."""
+    import importlib
+    import zipfile
+
+    from odin_ns.cuda import gpu_wheels
+
+    with pytest.raises(FileNotFoundError, match="no wheel"):
+        gpu_wheels.install(tmp_path, tmp_path / "site")
+    info = "odin_tiny_pkg-0.1.dist-info"
+    files = {
+        "odin_tiny_pkg/__init__.py": "VALUE = 7\n",
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: odin-tiny-pkg\nVersion: 0.1\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(tmp_path / "odin_tiny_pkg-0.1-py3-none-any.whl", "w") as wheel:
+        for name, text in files.items():
+            wheel.writestr(name, text)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", "")
+    result = gpu_wheels.install(tmp_path, tmp_path / "site")
+    assert result["installed"] == ["odin_tiny_pkg-0.1-py3-none-any.whl"]
+    assert importlib.import_module("odin_tiny_pkg").VALUE == 7
+    child = subprocess.run(
+        [sys.executable, "-c", "import odin_tiny_pkg; print(odin_tiny_pkg.VALUE)"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert child.stdout.strip() == "7", child.stderr
+    sys.modules.pop("odin_tiny_pkg", None)

@@ -1,6 +1,8 @@
 """GPU check: one blind run on a lent GPU machine that checks the CUDA paths, in < 7 minutes.
 
-``python -m odin_ns.cuda.gpu_check --out gpu_check.json``
+``python -m odin_ns.cuda.gpu_check --out gpu_check.json``; on a bare GPU machine (no gsplat,
+no network) first ``--prepare gpu_wheels`` here and then ``--wheels gpu_wheels`` there
+(``odin_ns.cuda.gpu_wheels``).
 
 Checks, in order of value (a check that does not fit in what is left of ``--budget-s``
 is skipped with a note; each one records ``ok``, its figures, its error text and timing,
@@ -59,6 +61,7 @@ import torch
 from torch import Tensor
 
 from odin_ns.bench.commands import quiet_flags, schedule_flags
+from odin_ns.cuda import gpu_wheels
 from odin_ns.cuda.cases import (  # SPLATFACTO_ROWS: re-exported for odin_ns.bench.ops
     DUPLICATES_DEFINED,
     SPLATFACTO_ROWS,
@@ -686,7 +689,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Check the CUDA paths on one GPU: ops vs references, gsplat vs torch "
         "rasterizer, 2 ranks on cuda:0, single-process training; writes JSON.",
     )
-    parser.add_argument("--out", type=Path, required=True, help="JSON report path")
+    parser.add_argument("--out", type=Path, help="JSON report path (needed unless --prepare)")
+    parser.add_argument(
+        "--prepare", type=Path, metavar="DIR",
+        help="only download, here, the wheels the bare GPU machine lacks into DIR (gpu_wheels)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--wheels", type=Path, metavar="DIR", help="install DIR's wheels (--prepare) first"
+    )
     parser.add_argument("--sizes", default="1000,100000,1000000", help="op row counts (timed)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per op case")
     parser.add_argument("--budget-s", type=float, default=420.0, help="self-deadline, seconds")
@@ -696,11 +706,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--device", default="cuda", choices=("cuda", "cpu"), help="cpu: dry run of the harness"
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.prepare is None and args.out is None:
+        parser.error("--out is required (unless --prepare)")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.prepare is not None:
+        manifest = gpu_wheels.prepare(args.prepare)
+        print(f"gpu_check: {len(manifest['wheels'])} wheel(s), {manifest['bytes'] / 2**20:.1f} MiB "
+              f"in {args.prepare}: {', '.join(manifest['wheels'])}")  # fmt: skip
+        return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA device (torch.cuda.is_available() is False); nothing checked")
         return EXIT_NO_CUDA
@@ -709,6 +727,8 @@ def main(argv: list[str] | None = None) -> int:
     run = Run(args, {"seed": seed, "budget_s": args.budget_s, "checks": {}})
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     start_watchdog(run)
+    if args.wheels is not None:  # before anything imports gsplat (the build, environment)
+        run.report["wheels"] = gpu_wheels.install(args.wheels, run.work / "site")
     gsplat = GsplatBuild(run)  # overlaps check 1
     run.report["environment"] = environment(args.device)
     run.report["work_dir"] = str(run.work)
