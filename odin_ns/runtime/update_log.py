@@ -114,7 +114,10 @@ class PendingStep:
         """Rank q's contribution: [M_q, W] float32 on the parameters' device."""
         self.parts[q] = (self.positions[q].to(self.device), rows)
         self.received[q] = True
-        self.arrived[self.positions[q]] += 1
+        positions = self.positions[q]  # distinct (one footprint): one pass, no gather
+        self.arrived.index_add_(
+            0, positions, torch.ones(1, dtype=torch.int32).expand(len(positions))
+        )
 
     def add_sum(self, dense: Tensor) -> None:
         """Every writer's contribution already summed: [N, W] float32 (device), row p = p."""
