@@ -125,7 +125,7 @@ class InjectedPeers:
         self.bytes_sent = 0
 
     def post_recv(self, peer: int, step: int, tag: int, rows: int, cols: int) -> None:
-        self.ready.append(Arrival(peer, step, self.pool[:rows]))
+        self.ready.append(Arrival(peer, step, self.pool[:rows, :cols]))
 
     def send(self, peer: int, step: int, tag: int, buf: torch.Tensor) -> None:
         self.bytes_sent += buf.numel() * buf.element_size()
@@ -203,6 +203,58 @@ class RankUnderTest:
         self.engine.apply_until_readable(step)
         self.engine.publish(step, self.grads, self.visible)
         self.engine.apply_arrived()
+        self.step += 1
+
+
+class ShardedRankUnderTest:
+    """Rank 0 of a sharded run: its owned rows (locality ownership) and this phase's cache;
+    readers' gradient rows and owners' pushes arrive from injected peers at once."""
+
+    def __init__(
+        self, F: sp.csr_matrix, ranks: int, steps: int, mode: str, seed: int, device="cpu"
+    ):
+        from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, phase_read_sets
+        from odin_ns.schedule import build_plan
+        from odin_ns.schedule.ownership import assign_ownership
+
+        self.plan = build_plan(F, ranks, steps, seed=seed, strategy="odin")
+        owner = assign_ownership(self.plan, "locality", seed)
+        reads = phase_read_sets(self.plan, ranks)[0]
+        self.layout = layout = ShardLayout(owner, 0, reads[owner[reads] != 0])
+        owned = layout.num_owned
+        self.groups = [
+            ParamGroupState(
+                g.name, g.param, g.exp_avg[:owned].clone(), g.exp_avg_sq[:owned].clone(),
+                lr_at=g.lr_at,
+            )
+            for g in make_groups(layout.num_local, seed, device)
+        ]  # fmt: skip
+        width = sum(g.row_dim for g in self.groups) + 1
+        self.peers = InjectedPeers(layout.num_local, width, seed, device)
+        pushes = InjectedPeers(layout.num_local, width, seed + 1, device)
+        versions = torch.full((owned,), -1, dtype=torch.int64, device=device)
+        config = SyncConfig(mode=mode, verify_plan=False, timeout_s=600.0)
+        self.engine = ShardedEngine(
+            self.groups, layout, self.plan, 0, ranks, self.peers, pushes, step_offset=0,
+            versions=versions, timeout_s=600.0, sync=config,
+        )  # fmt: skip
+        gen = torch.Generator().manual_seed(seed + 1)
+        self.grads = [
+            (torch.randn(g.param.shape, generator=gen) * 1e-3).to(device) for g in self.groups
+        ]
+        self.visible = torch.zeros(layout.num_local, dtype=torch.bool, device=device)
+        self.step = 0
+
+    def prepare_step(self) -> None:
+        """The model's part, not measured: this step's local rows are the visible ones."""
+        self.visible.zero_()
+        rows = torch.from_numpy(self.engine.steps[self.step].reads).to(self.visible.device)
+        self.visible[rows] = True
+
+    def run_step(self) -> None:
+        """One step's engine calls, as the sharded session makes them."""
+        self.engine.before_step(self.step)
+        self.engine.after_backward(self.step, self.grads, self.visible)
         self.step += 1
 
 
@@ -370,29 +422,32 @@ def measure(args) -> dict:
         "mode": args.mode,
         "steps": args.steps,
         "dispatch_overhead_us": overhead * 1e6,
-        "layout": "replicated",
         "device": str(device),
         "source": f"measured on {device.type} (rank 0's engine, peers injected)",
     }
+    layouts = args.layouts.split(",")
+    keys = [f"r{r}_{layout}" for r in ranks for layout in layouts]
+    make = {"replicated": RankUnderTest, "sharded": ShardedRankUnderTest}
     tested = {}
-    for r in ranks:
+    for key in keys:
+        r, layout = int(key[1:].split("_")[0]), key.split("_")[1]
         tic = time.perf_counter()
-        tested[r] = RankUnderTest(F, r, total_steps, args.mode, args.seed, device)
-        print(f"R={r}: plan and engine in {time.perf_counter() - tic:.0f} s")
-    for r in ranks:
+        tested[key] = make[layout](F, r, total_steps, args.mode, args.seed, device)
+        print(f"{key}: plan and engine in {time.perf_counter() - tic:.0f} s")
+    for key in keys:
         for _ in range(args.warmup):
-            tested[r].prepare_step()
-            tested[r].run_step()
-    per: dict[int, dict[str, list]] = {
-        r: {
+            tested[key].prepare_step()
+            tested[key].run_step()
+    per: dict[str, dict[str, list]] = {
+        key: {
             k: []
             for k in ("engine", "data", "control", "host", "cpu", "syncs", "data_syncs", "ops")
         }
-        for r in ranks
+        for key in keys
     }
-    names: dict[int, Counter] = {r: Counter() for r in ranks}
+    names: dict[str, Counter] = {key: Counter() for key in keys}
     for i in range(args.steps):
-        order = ranks if i % 2 == 0 else ranks[::-1]  # interleaved, alternating order
+        order = keys if i % 2 == 0 else keys[::-1]  # interleaved, alternating order
         for r in order:
             tested[r].prepare_step()
             timer = OpTimer()
@@ -416,9 +471,9 @@ def measure(args) -> dict:
             names[r].update(timer.syncs)
         if (i + 1) % 10 == 0:
             print(f"step {i + 1}/{args.steps}: " + ", ".join(
-                f"R={r} host {np.median(per[r]['host']):.1f} ms" for r in ranks))  # fmt: skip
-    for r in ranks:
-        rec, key = per[r], f"r{r}_replicated"
+                f"{k} host {np.median(per[k]['host']):.1f} ms" for k in keys))  # fmt: skip
+    for r in keys:
+        rec, key = per[r], r
         for name in ("engine", "data", "control", "host", "cpu"):
             put_spread(result, f"{name}_ms_per_step_{key}", rec[name])
         if cuda:  # real stream synchronizations, over as many steps as profiled
@@ -437,34 +492,40 @@ def measure(args) -> dict:
         split, control = profile_split(tested[r], args.profile_steps)
         result[f"split_{key}"], result[f"control_lines_{key}"] = split, control
         result[f"series_host_ms_{key}"] = rec["host"]
-    result["syncs_per_step_max"] = max(result[f"syncs_per_step_r{r}_replicated_max"] for r in ranks)
-    result["host_ms_per_step_r8_sharded"] = None  # not measured: sharded peers not injected yet
-    result["host_ms_per_step_r64_sharded"] = None
+    result["syncs_per_step_max"] = max(result[f"syncs_per_step_{key}_max"] for key in keys)
+    result["variants"] = keys
     return result
 
 
-def plot(result: dict, ranks: list[int], path: Path) -> None:
+def plot(result: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    keys = result.get("variants") or [
+        k[len("series_host_ms_") :] for k in result if k.startswith("series_host_ms_")
+    ]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for r in ranks:
-        ax.plot(result[f"series_host_ms_r{r}_replicated"], label=f"R = {r}")
+    for key in keys:
+        ax.plot(
+            result[f"series_host_ms_{key}"], label=key.replace("_", " ").replace("r", "R = ", 1)
+        )
     ax.axhline(2.0, color="gray", ls="--", label="target R = 8: 2 ms")
     ax.axhline(4.0, color="gray", ls=":", label="target R = 64: 4 ms")
     ax.set(xlabel="step", ylabel="host ms per step", title="host control plane per step")
-    ax.legend()
-    r = max(ranks)
-    lines = result[f"control_lines_r{r}_replicated"]
+    ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    worst = max(keys, key=lambda k: result[f"host_ms_per_step_{k}"])
+    lines = result[f"control_lines_{worst}"]
     labels = [line["line"][:60] for line in lines][::-1]
     bx.barh(labels, [line["ms_per_step"] for line in lines][::-1])
-    bx.set(xlabel="ms per step", title=f"integer / boolean operations by line, R = {r}")
+    bx.set(xlabel="ms per step", title=f"integer / boolean operations by line, {worst}")
     bx.tick_params(axis="y", labelsize=7)
     fig.suptitle(
         f"bench.control_plane: rank 0's engine, N = {result['rows']:,}, "
-        f"{result['share_per_view']:.1%} rows per view, {result['mode']} (measured, CPU)"
+        f"{result['share_per_view']:.1%} rows per view, {result['mode']} (measured, "
+        f"{result.get('device', 'cpu')})"
     )
     save_figure(fig, path)
 
@@ -474,6 +535,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rows", type=int, default=1_000_000, help="N Gaussians")
     parser.add_argument("--share", type=float, default=0.05, help="rows per view, at most")
     parser.add_argument("--ranks", default="8,64", help="R values, interleaved")
+    parser.add_argument("--layouts", default="replicated,sharded", help="interleaved too")
     parser.add_argument("--steps", type=int, default=100, help="measured steady-state steps")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--profile-steps", type=int, default=5, help="cProfile'd steps")
@@ -486,13 +548,11 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     result = measure(args)
-    ranks = [int(r) for r in args.ranks.split(",")]
     write_json(args.out, result)
-    plot(result, ranks, args.out.with_suffix(".png"))
-    for r in ranks:
-        key = f"r{r}_replicated"
+    plot(result, args.out.with_suffix(".png"))
+    for key in result["variants"]:
         print(
-            f"R={r}: host {result[f'host_ms_per_step_{key}']:.2f} ms/step "
+            f"{key}: host {result[f'host_ms_per_step_{key}']:.2f} ms/step "
             f"({result[f'host_ms_per_step_{key}_min']:.2f}-{result[f'host_ms_per_step_{key}_max']:.2f}), "
             f"engine {result[f'engine_ms_per_step_{key}']:.1f} ms, "
             f"syncs max {result[f'syncs_per_step_{key}_max']}"
