@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from harness.sharded_loopback import loopback_plan, run_sharded_loopback
-from harness.toy import LoopbackHub
+from harness.toy import LoopbackHub, toy_groups
 
 N, T = 64, 16
 OWNER = np.repeat([0, 1], N // 2).astype(np.int64)  # rank 0 owns 0..31, rank 1 owns 32..63
@@ -48,3 +48,39 @@ def test_a_later_phase_reads_rows_an_earlier_phase_updated():
     waited = sum(m.wait_s for m in out[1].engine.metrics)
     assert waited < 0.25 * T * SLOW_S, waited
     assert int(out[1].engine.versions[40 - 32]) == 20 + T - 1
+
+
+def test_a_step_applied_before_its_own_after_backward():
+    """Rank 0 holds none of its owned rows in any step's footprint, and rank 1's gradient
+    rows of step t (for rank 0's rows 0, 1) arrive at once (peers injected, as a rank running
+    behind sees them): step t is applied and retired during before_step(t), and
+    after_backward(t) must go on (it asked for the retired step's record and failed)."""
+    from odin_ns.bench.control_plane import InjectedPeers
+    from odin_ns.runtime import ParamGroupState
+    from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, phase_read_sets
+
+    owner = np.repeat([0, 1], 4).astype(np.int64)
+    steps = 3
+    plan = loopback_plan([[[4, 5], [0, 1]] for _ in range(steps)], 8)
+    reads = phase_read_sets(plan, 2)[0]
+    layout = ShardLayout(owner, 0, reads[owner[reads] != 0])
+    groups = [
+        ParamGroupState(
+            g.name, g.param[torch.from_numpy(layout.gids)].clone(),
+            torch.zeros_like(g.param[: layout.num_owned]),
+            torch.zeros_like(g.param[: layout.num_owned]), lr_at=g.lr_at,
+        )
+        for g in toy_groups(8, seed=1)
+    ]  # fmt: skip
+    engine = ShardedEngine(
+        groups, layout, plan, 0, 2, InjectedPeers(8, 32, 0), InjectedPeers(8, 32, 1),
+        step_offset=0, versions=torch.full((layout.num_owned,), -1), timeout_s=5.0,
+    )  # fmt: skip
+    for t in range(steps):
+        engine.before_step(t)
+        visible = torch.zeros(layout.num_local, dtype=torch.bool)
+        visible[torch.from_numpy(engine.steps[t].reads)] = True
+        engine.after_backward(t, [torch.zeros_like(g.param) for g in groups], visible)
+    engine.drain()
+    assert engine.versions[:2].tolist() == [steps - 1] * 2  # rows 0, 1: rank 1's updates
+    assert engine.versions[2:].tolist() == [-1, -1]  # rows 2, 3: nobody wrote them

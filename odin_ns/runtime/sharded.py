@@ -617,8 +617,8 @@ class ShardedEngine:
         if st.own_rows.size:
             own = ops.pack_rows(torch.from_numpy(st.own_rows).to(self.device), columns)
             self.log.add(t, self.rank, own)
-        else:
-            self.log.record(t)  # the step's record exists (drain and admission read it)
+        elif t > self.log.created:  # the step's record exists (drain and admission read it)
+            self.log.record(t)  # (a step already retired: every row applied, nothing to do)
         self.done = t
         if self.step_signal is not None:
             self.step_signal.finished(self.offset + t)
