@@ -336,7 +336,7 @@ def _bind_cuda_device(config, local_rank: int, local_world_size: int) -> str:
     Rule: local rank ``i`` uses ``cuda:{i % torch.cuda.device_count()}``. With at least one
     GPU per local rank that is ``cuda:{i}`` and NCCL, as ``ns-train`` does. With fewer GPUs
     than local ranks, ranks share devices round-robin; NCCL cannot hold two ranks on one
-    device, so the default group is gloo (the Odin runtime runs over gloo anyway), and the
+    device, so the default group is gloo (publications then take the gloo transport), and the
     device is pinned in ``config.machine.device_type`` (``cuda:K``) because nerfstudio's
     Trainer would otherwise use ``cuda:{local_rank}``. Every node must have as many GPUs.
     """

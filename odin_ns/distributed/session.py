@@ -39,11 +39,11 @@ from odin_ns.runtime.liveness import StoreLiveness
 
 
 def runtime_process_group():
-    """The group the runtime's point-to-point transport and phase gathers use.
+    """The gloo group of the runtime's host messages: the gloo transport's publications, or
+    the NCCL transport's notices, and the phase-start gathers.
 
-    gloo: the default group. NCCL runs a communicator's operations in order, so a receive
-    waiting on a slow peer would block later sends: the runtime gets its own gloo group
-    (publications cross the host once; docs/architecture.md).
+    gloo default group: that group. NCCL default group: a gloo group of its own (host
+    messages never queue behind NCCL's in-order device operations).
     """
     if dist.get_backend() == "gloo":
         return None
