@@ -425,15 +425,15 @@ def measure(args) -> dict:
         "device": str(device),
         "source": f"measured on {device.type} (rank 0's engine, peers injected)",
     }
-    layouts = args.layouts.split(",")
-    keys = [f"r{r}_{layout}" for r in ranks for layout in layouts]
     make = {"replicated": RankUnderTest, "sharded": ShardedRankUnderTest}
     tested = {}
-    for key in keys:
-        r, layout = int(key[1:].split("_")[0]), key.split("_")[1]
-        tic = time.perf_counter()
-        tested[key] = make[layout](F, r, total_steps, args.mode, args.seed, device)
-        print(f"{key}: plan and engine in {time.perf_counter() - tic:.0f} s")
+    for r in ranks:
+        for layout in args.layouts.split(","):
+            tic = time.perf_counter()
+            key = f"r{r}_{layout}"
+            tested[key] = make[layout](F, r, total_steps, args.mode, args.seed, device)
+            print(f"{key}: plan and engine in {time.perf_counter() - tic:.0f} s")
+    keys = list(tested)
     for key in keys:
         for _ in range(args.warmup):
             tested[key].prepare_step()
@@ -448,18 +448,18 @@ def measure(args) -> dict:
     names: dict[str, Counter] = {key: Counter() for key in keys}
     for i in range(args.steps):
         order = keys if i % 2 == 0 else keys[::-1]  # interleaved, alternating order
-        for r in order:
-            tested[r].prepare_step()
+        for key in order:
+            tested[key].prepare_step()
             timer = OpTimer()
             tic, cpu = time.perf_counter(), time.thread_time()
             with timer:
-                tested[r].run_step()
+                tested[key].run_step()
             if cuda:
                 torch.cuda.synchronize(device)  # the step's kernels count as its wall time
             engine = time.perf_counter() - tic
             cpu = time.thread_time() - cpu
             host = engine - timer.data_s - timer.ops * overhead
-            rec = per[r]
+            rec = per[key]
             rec["engine"].append(1e3 * engine)
             rec["data"].append(1e3 * timer.data_s)
             rec["control"].append(1e3 * timer.control_s)
@@ -468,19 +468,19 @@ def measure(args) -> dict:
             rec["syncs"].append(sum(timer.syncs.values()))
             rec["data_syncs"].append(timer.data_syncs)
             rec["ops"].append(timer.ops)
-            names[r].update(timer.syncs)
+            names[key].update(timer.syncs)
         if (i + 1) % 10 == 0:
             print(f"step {i + 1}/{args.steps}: " + ", ".join(
                 f"{k} host {np.median(per[k]['host']):.1f} ms" for k in keys))  # fmt: skip
-    for r in keys:
-        rec, key = per[r], r
+    for key in keys:
+        rec = per[key]
         for name in ("engine", "data", "control", "host", "cpu"):
             put_spread(result, f"{name}_ms_per_step_{key}", rec[name])
         if cuda:  # real stream synchronizations, over as many steps as profiled
             counts = []
             for _ in range(args.profile_steps):
-                tested[r].prepare_step()
-                counts.append(cuda_syncs_during(tested[r].run_step))
+                tested[key].prepare_step()
+                counts.append(cuda_syncs_during(tested[key].run_step))
             result[f"cuda_syncs_per_step_{key}_max"] = max(counts)
             result[f"cuda_syncs_per_step_{key}_median"] = float(np.median(counts))
         result[f"host_ms_per_step_{key}_p90"] = float(np.percentile(rec["host"], 90))
@@ -488,8 +488,8 @@ def measure(args) -> dict:
         result[f"syncs_per_step_{key}_max"] = int(max(rec["syncs"]))
         result[f"syncs_per_step_{key}_median"] = float(np.median(rec["syncs"]))
         result[f"data_syncs_per_step_{key}_max"] = int(max(rec["data_syncs"]))
-        result[f"sync_ops_{key}"] = {k: v / args.steps for k, v in names[r].most_common()}
-        split, control = profile_split(tested[r], args.profile_steps)
+        result[f"sync_ops_{key}"] = {k: v / args.steps for k, v in names[key].most_common()}
+        split, control = profile_split(tested[key], args.profile_steps)
         result[f"split_{key}"], result[f"control_lines_{key}"] = split, control
         result[f"series_host_ms_{key}"] = rec["host"]
     result["syncs_per_step_max"] = max(result[f"syncs_per_step_{key}_max"] for key in keys)
@@ -503,9 +503,7 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = result.get("variants") or [
-        k[len("series_host_ms_") :] for k in result if k.startswith("series_host_ms_")
-    ]
+    keys = result["variants"]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
     for key in keys:
         ax.plot(

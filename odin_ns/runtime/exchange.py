@@ -30,9 +30,10 @@ class WireBuffers:
 
     A CPU replica packs straight into host memory and sends that buffer (no copy), and so
     does a transport that sends device buffers (``Transport.device_resident``). On an
-    accelerator with a host transport (or with ``force``), ``depth`` buffers of ``[max_rows, W]`` are allocated at
-    bind time (pinned on CUDA) and used round robin; slot ``t % depth`` is reused only when
-    the caller says its previous send completed, else a fresh (pinned) buffer is taken.
+    accelerator with a host transport (or with ``force``), ``depth`` buffers of
+    ``[max_rows, W]`` are allocated at bind time (pinned on CUDA) and used round robin; slot
+    ``t % depth`` is reused only when the caller says its previous send completed, else a
+    fresh (pinned) buffer is taken.
 
     Args:
         max_rows: most rows of one publication in the bound plan.
