@@ -56,7 +56,8 @@ def _in_threads(*fns):
     return out
 
 
-def _poll(handles, seconds=0.2) -> bool:
+def _poll(handles, seconds: float) -> bool:
+    """Whether every handle completes within ``seconds`` (polled every millisecond)."""
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         if all(h.is_completed() for h in handles):
@@ -80,7 +81,7 @@ def test_nccl_double_one_comm_per_pair_deadlocks_per_direction_does_not():
         send = shared._post(rank, "send", pair, 1 - rank, torch.ones(3))
         both_sent.wait()
         recv = shared._post(rank, "recv", pair, 1 - rank, torch.empty(3))
-        return _poll([send, recv])
+        return _poll([send, recv], 0.2)  # a deadlock: nothing completes, however long
 
     assert _in_threads(lambda: on_pair(0), lambda: on_pair(1)) == [False, False]
 
@@ -94,7 +95,7 @@ def test_nccl_double_one_comm_per_pair_deadlocks_per_direction_does_not():
         send = link.isend(channel(rank, 1 - rank), torch.full((3,), float(rank)))
         both_sent.wait()  # the notice rule: receive once the peer's send is posted
         recv = link.irecv(channel(1 - rank, rank), got[rank])
-        return _poll([send, recv])
+        return _poll([send, recv], 10.0)  # completes within ~1 ms; a busy host may lag
 
     assert _in_threads(lambda: per_direction(0), lambda: per_direction(1)) == [True, True]
     assert got[0].tolist() == [1.0] * 3 and got[1].tolist() == [0.0] * 3
