@@ -34,7 +34,10 @@ def test_tiny_run_reports_every_key(tmp_path):
     for key in result["variants"]:
         engine, host = result[f"engine_ms_per_step_{key}"], result[f"host_ms_per_step_{key}"]
         assert 0 < host < engine
-        assert result[f"syncs_per_step_{key}_max"] >= 1  # e.g. publish reads the visible mask
+        assert result[f"any_tensor_syncs_per_step_{key}_max"] >= 1  # e.g. host ready counts
+        for mode in ("quality", "throughput"):
+            assert 0 <= result[f"device_reads_per_step_{key}_{mode}_max"] <= 2
         assert result[f"split_{key}"] and result[f"control_lines_{key}"]
+    assert 0 <= result["syncs_per_step_max"] <= 2
     assert 0 < result["share_per_view"] <= 0.05
     assert out.with_suffix(".png").exists()

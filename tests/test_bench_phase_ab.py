@@ -25,7 +25,8 @@ def test_summary_is_medians_and_same_round_ratios(tmp_path, monkeypatch):
         calls.append(name)
         split = {k: 0.01 for k in phase_ab.SPLIT}
         return {"phase_start_share": shares[key, int(i)], "phase_start_seconds": 0.5,
-                "views_per_second": 18.0, "phase_starts": 5, **split}  # fmt: skip
+                "views_per_second": 18.0 if key == "a" else 20.0, "phase_starts": 5,
+                **split}  # fmt: skip
 
     monkeypatch.setattr(phase_ab, "run_once", fake_run)
     monkeypatch.setattr(phase_ab, "build_extension", lambda path, work: None)
@@ -41,6 +42,7 @@ def test_summary_is_medians_and_same_round_ratios(tmp_path, monkeypatch):
     ratios = sorted([0.020 / 0.030, 0.024 / 0.032, 0.021 / 0.031])
     assert result["share_ratio_b_vs_a"] == pytest.approx(ratios[1])
     assert result["share_ratio_b_vs_a_min"] == pytest.approx(ratios[0])
+    assert result["views_ratio_b_vs_a"] == pytest.approx(20.0 / 18.0)
     assert out.with_suffix(".png").stat().st_size > 0
 
 

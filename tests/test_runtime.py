@@ -72,6 +72,28 @@ def _engine(plan, groups=None, **cfg):
     return PrimitiveSyncEngine(groups, plan, 0, 1, SyncConfig(**cfg))
 
 
+def test_visible_rows_outside_the_footprint_are_rejected():
+    """Over a host transport at once (the wire copy has waited for the step anyway); with
+    no transport or a device-resident one, by the phase's drain, naming the step."""
+    plan = ListPlan([[np.arange(10), np.arange(10)]] * 2)
+    groups = toy_groups(300)
+    grads, visible = toy_grads(groups, 0, plan.step_footprint(0, 0))
+    outside = visible.clone()
+    outside[100] = True
+    eng = PrimitiveSyncEngine(
+        groups, plan, 0, 2, SyncConfig(), transport=LoopbackHub(2).transport(0)
+    )
+    eng.apply_until_readable(0)
+    with pytest.raises(ValueError, match=r"publish\(0\): visible rows outside the planned"):
+        eng.publish(0, grads, outside)
+    alone = _engine(ListPlan([[np.arange(10)]] * 2))
+    for t, mask in enumerate((visible, outside)):
+        alone.apply_until_readable(t)
+        alone.publish(t, grads, mask)  # recorded on the parameters' device, not read
+    with pytest.raises(ValueError, match=r"publish\(1\): visible rows outside the planned"):
+        alone.drain_and_apply_all()
+
+
 def test_bad_input_is_rejected():
     plan = ListPlan([[np.arange(10)], [np.arange(5, 20)]])
     with pytest.raises(ValueError, match="mode"):
@@ -94,10 +116,6 @@ def test_bad_input_is_rejected():
     eng.apply_until_readable(0)
     with pytest.raises(ValueError, match="keys"):
         eng.publish(0, {"means": None}, visible)
-    outside = visible.clone()
-    outside[100] = True
-    with pytest.raises(ValueError, match="outside the planned footprint"):
-        eng.publish(0, grads, outside)
     with pytest.raises(ValueError, match="between apply_until_readable"):
         eng.drain_and_apply_all()
     eng.publish(0, grads, visible)

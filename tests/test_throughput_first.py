@@ -167,6 +167,31 @@ def test_gradient_evidence_matches_brute_force():
     overlap = torch.tensor(sorted([*known, unknown]))
     want = (sum(last[p] for p in known) + mean) / 4 / mean
     assert ev.ratio(1, overlap) == pytest.approx(want, rel=1e-6)
+    # one read for many decisions: the same ratios as one at a time
+    some = torch.tensor(known)
+    assert ev.ratios([(1, overlap), (2, some), (1, some)]) == [
+        ev.ratio(1, overlap), 1.0, ev.ratio(1, some)
+    ]  # fmt: skip
+
+
+def test_gradient_evidence_keep_mask_records_only_the_kept_rows():
+    """The sharded owner's apply passes its ready mask (no selection on the device): the
+    same tables and means as observing the kept rows alone."""
+    g = torch.Generator().manual_seed(1)
+    n, width = 40, 6
+    masked, selected = (GradientEvidence(n, 1, torch.device("cpu")) for _ in range(2))
+    for _ in range(6):
+        rows = torch.randperm(n, generator=g)[:12].sort().values
+        buf = torch.randn(12, width, generator=g)
+        buf[:, -1] = (torch.rand(12, generator=g) > 0.3).float()
+        keep = torch.rand(12, generator=g) > 0.5
+        masked.observe(0, rows, buf, keep=keep)
+        selected.observe(0, rows[keep], buf[keep])
+    assert torch.equal(masked.strength.isnan(), selected.strength.isnan())
+    assert torch.equal(masked.strength.nan_to_num(), selected.strength.nan_to_num())
+    assert torch.equal(masked.active, selected.active)
+    assert masked.active_count.item() == selected.active_count.item() > 0
+    assert masked.mean(0) == pytest.approx(selected.mean(0), rel=1e-12)
 
 
 # ------------------------------------------------------ crafted cases in the engine

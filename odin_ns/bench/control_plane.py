@@ -24,10 +24,15 @@ Measured per step, R values interleaved step by step:
   which the runtime keeps on the host): the host's work per step as it would run beside a
   GPU's kernels (an upper bound: a few of those integer operations, e.g. the visible
   mask's, are on device tensors there);
-- ``syncs``: operations that would synchronize a CUDA stream with the host
+- ``any_tensor_syncs``: operations that would synchronize a CUDA stream with the host
   (``_local_scalar_dense``, ``nonzero``, ``unique``, ``masked_select``, boolean-mask
-  indexing, ``is_nonzero``, copies to the CPU), on any tensor: an upper bound, since most
-  act on the host's control tensors (``data_syncs``: those on floating-point tensors);
+  indexing, ``is_nonzero``, copies to the CPU), on any tensor: most act on the host's
+  control tensors and synchronize nothing (``data_syncs``: those on floating-point tensors);
+- ``device_reads`` (``syncs_per_step_max``: their largest): the reads of device values a
+  step makes, counted by ``bench.device_reads`` (the data plane on a device without
+  values, the host control plane real, peers one step behind so that throughput-first
+  decides), per layout in quality-first and throughput-first, with the line of each: the
+  synchronizations a GPU step would have;
 - ``split``: cProfile's own time per function of ``odin_ns`` over a few separate steps
   (shares of the profiled total; cProfile slows Python code, so shares, not milliseconds),
   and ``control_lines``: the integer / boolean operations' ms per step by source line.
@@ -56,6 +61,7 @@ import scipy.sparse as sp
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from odin_ns.bench.device_reads import DeviceReads
 from odin_ns.bench.report import put_spread, save_figure, write_json
 from odin_ns.cuda.cases import SPLATFACTO_LRS, SPLATFACTO_ROWS
 from odin_ns.runtime import ParamGroupState, PrimitiveSyncEngine, SyncConfig
@@ -113,15 +119,24 @@ def city_footprints(rows: int, share: float, views: int, seed: int) -> sp.csr_ma
 class InjectedPeers:
     """A device-resident ``Transport`` whose peers have always published already: every
     posted receive is answered at once with a [rows, W] publication (random gradient rows,
-    all visible) cut from one pool, and sends are counted."""
+    all visible) cut from one pool, and sends are counted.
+
+    With ``late`` the peers run one step behind the rank: the first two looks after the
+    rank's own send get only the answers of steps before its newest publication, and later
+    looks (the rank waits) get everything, so throughput-first has pending publications to
+    decide on and quality-first waits for them.
+    """
 
     device_resident = True
 
-    def __init__(self, max_rows: int, width: int, seed: int, device="cpu"):
+    def __init__(self, max_rows: int, width: int, seed: int, device="cpu", late: bool = False):
         gen = torch.Generator().manual_seed(seed)
         self.pool = (torch.randn(max_rows, width, generator=gen) * 1e-3).to(device)
         self.pool[:, -1] = 1.0
+        self.late = late
         self.ready: list[Arrival] = []
+        self.newest_sent = -1  # the step of the rank's newest send
+        self.looks = 0  # takes since that send
         self.bytes_sent = 0
 
     def post_recv(self, peer: int, step: int, tag: int, rows: int, cols: int) -> None:
@@ -129,11 +144,17 @@ class InjectedPeers:
 
     def send(self, peer: int, step: int, tag: int, buf: torch.Tensor) -> None:
         self.bytes_sent += buf.numel() * buf.element_size()
+        self.newest_sent, self.looks = max(self.newest_sent, step), 0
 
     def all_reduce(self, step: int, buf: torch.Tensor) -> None:
         raise NotImplementedError("the control-plane benchmark runs point-to-point modes")
 
     def take(self, timeout: float) -> list[Arrival]:
+        self.looks += 1
+        if self.late and self.looks <= 2:
+            out = [a for a in self.ready if a.step < self.newest_sent]
+            self.ready = [a for a in self.ready if a.step >= self.newest_sent]
+            return out
         out, self.ready = self.ready, []
         return out
 
@@ -168,17 +189,27 @@ class RankUnderTest:
     """Rank 0's engine on its plan, its injected peers and its step's gradients."""
 
     def __init__(
-        self, F: sp.csr_matrix, ranks: int, steps: int, mode: str, seed: int, device="cpu"
+        self,
+        F: sp.csr_matrix,
+        ranks: int,
+        steps: int,
+        mode: str,
+        seed: int,
+        device="cpu",
+        late: bool = False,
+        plan=None,
     ):
         from odin_ns.schedule import build_plan
 
-        self.plan = build_plan(F, ranks, steps, seed=seed, strategy="odin")
+        self.plan = (
+            plan if plan is not None else build_plan(F, ranks, steps, seed=seed, strategy="odin")
+        )
         self.ranks = ranks
         rows = F.shape[1]
         self.groups = make_groups(rows, seed, device)
         width = sum(g.row_dim for g in self.groups) + 1
         max_rows = int(np.asarray(self.plan.message_rows).max())
-        self.peers = InjectedPeers(max_rows, width, seed, device)
+        self.peers = InjectedPeers(max_rows, width, seed, device, late)
         config = SyncConfig(mode=mode, verify_plan=False, timeout_s=600.0)
         self.engine = PrimitiveSyncEngine(
             self.groups, self.plan, 0, ranks, config, transport=self.peers
@@ -211,13 +242,23 @@ class ShardedRankUnderTest:
     readers' gradient rows and owners' pushes arrive from injected peers at once."""
 
     def __init__(
-        self, F: sp.csr_matrix, ranks: int, steps: int, mode: str, seed: int, device="cpu"
+        self,
+        F: sp.csr_matrix,
+        ranks: int,
+        steps: int,
+        mode: str,
+        seed: int,
+        device="cpu",
+        late: bool = False,
+        plan=None,
     ):
         from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, phase_read_sets
         from odin_ns.schedule import build_plan
         from odin_ns.schedule.ownership import assign_ownership
 
-        self.plan = build_plan(F, ranks, steps, seed=seed, strategy="odin")
+        self.plan = (
+            plan if plan is not None else build_plan(F, ranks, steps, seed=seed, strategy="odin")
+        )
         owner = assign_ownership(self.plan, "locality", seed)
         reads = phase_read_sets(self.plan, ranks)[0]
         self.layout = layout = ShardLayout(owner, 0, reads[owner[reads] != 0])
@@ -230,8 +271,8 @@ class ShardedRankUnderTest:
             for g in make_groups(layout.num_local, seed, device)
         ]  # fmt: skip
         width = sum(g.row_dim for g in self.groups) + 1
-        self.peers = InjectedPeers(layout.num_local, width, seed, device)
-        pushes = InjectedPeers(layout.num_local, width, seed + 1, device)
+        self.peers = InjectedPeers(layout.num_local, width, seed, device, late)
+        pushes = InjectedPeers(layout.num_local, width, seed + 1, device, late)
         versions = torch.full((owned,), -1, dtype=torch.int64, device=device)
         config = SyncConfig(mode=mode, verify_plan=False, timeout_s=600.0)
         self.engine = ShardedEngine(
@@ -355,6 +396,33 @@ def cuda_syncs_during(fn) -> int:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
+def device_reads_per_step(
+    make, F: sp.csr_matrix, ranks: int, mode: str, seed: int, warmup: int, steps: int, plan=None
+) -> tuple[list[int], DeviceReads, object]:
+    """Reads of device values per steady-state step (``bench.device_reads``: the data plane
+    on a device without values) of rank 0 built by ``make`` (``RankUnderTest`` or
+    ``ShardedRankUnderTest``), its peers one step behind (``InjectedPeers(late=True)``).
+    ``plan``: one already built for F and ``ranks`` (at least warmup + steps long).
+    Returns (reads per step, the double with each read's line, the rank under test)."""
+    double = DeviceReads()
+    counts = []
+    with double:
+        double.counting = False  # set-up and warm-up: plans, tables, the phase's uploads
+        rank = make(F, ranks, warmup + steps, mode, seed, device="meta", late=True, plan=plan)
+        for _ in range(warmup):
+            rank.prepare_step()
+            rank.run_step()
+        double.counting = True
+        for _ in range(steps):
+            double.counting = False  # the model's part
+            rank.prepare_step()
+            double.counting = True
+            before = double.total
+            rank.run_step()
+            counts.append(double.total - before)
+    return counts, double, rank
+
+
 def dispatch_overhead_s(trials: int = 20_000) -> float:
     """Seconds the ``OpTimer`` adds per operation outside what it times (subtracted)."""
     a = torch.zeros(4, dtype=torch.int64)
@@ -427,10 +495,12 @@ def measure(args) -> dict:
     }
     make = {"replicated": RankUnderTest, "sharded": ShardedRankUnderTest}
     tested = {}
+    variant = {}  # key -> (R, layout)
     for r in ranks:
         for layout in args.layouts.split(","):
             tic = time.perf_counter()
             key = f"r{r}_{layout}"
+            variant[key] = (r, layout)
             tested[key] = make[layout](F, r, total_steps, args.mode, args.seed, device)
             print(f"{key}: plan and engine in {time.perf_counter() - tic:.0f} s")
     keys = list(tested)
@@ -485,14 +555,29 @@ def measure(args) -> dict:
             result[f"cuda_syncs_per_step_{key}_median"] = float(np.median(counts))
         result[f"host_ms_per_step_{key}_p90"] = float(np.percentile(rec["host"], 90))
         result[f"ops_per_step_{key}"] = float(np.median(rec["ops"]))
-        result[f"syncs_per_step_{key}_max"] = int(max(rec["syncs"]))
-        result[f"syncs_per_step_{key}_median"] = float(np.median(rec["syncs"]))
+        result[f"any_tensor_syncs_per_step_{key}_max"] = int(max(rec["syncs"]))
+        result[f"any_tensor_syncs_per_step_{key}_median"] = float(np.median(rec["syncs"]))
         result[f"data_syncs_per_step_{key}_max"] = int(max(rec["data_syncs"]))
+        for mode in ("quality-first", "throughput-first"):
+            r, layout = variant[key]
+            counts, double, _ = device_reads_per_step(
+                make[layout], F, r, mode, args.seed, args.warmup, args.steps, tested[key].plan
+            )
+            tag = f"{key}_{mode.split('-')[0]}"
+            result[f"device_reads_per_step_{tag}_max"] = int(max(counts))
+            result[f"device_reads_per_step_{tag}_median"] = float(np.median(counts))
+            result[f"device_reads_{tag}"] = {
+                f"{op} at {line}": n / args.steps for (op, line), n in double.reads.most_common()
+            }
         result[f"sync_ops_{key}"] = {k: v / args.steps for k, v in names[key].most_common()}
         split, control = profile_split(tested[key], args.profile_steps)
         result[f"split_{key}"], result[f"control_lines_{key}"] = split, control
         result[f"series_host_ms_{key}"] = rec["host"]
-    result["syncs_per_step_max"] = max(result[f"syncs_per_step_{key}_max"] for key in keys)
+    result["syncs_per_step_max"] = max(
+        v
+        for k, v in result.items()
+        if k.startswith("device_reads_per_step_") and k.endswith("_max")
+    )
     result["variants"] = keys
     return result
 
@@ -553,7 +638,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"{key}: host {result[f'host_ms_per_step_{key}']:.2f} ms/step "
             f"({result[f'host_ms_per_step_{key}_min']:.2f}-{result[f'host_ms_per_step_{key}_max']:.2f}), "
             f"engine {result[f'engine_ms_per_step_{key}']:.1f} ms, "
-            f"syncs max {result[f'syncs_per_step_{key}_max']}"
+            f"device reads max {result[f'device_reads_per_step_{key}_quality_max']}"
         )  # fmt: skip
     print(f"-> {args.out}")
     return result

@@ -1,18 +1,19 @@
-"""Phase-start cost of two code versions, interleaved: did a change make phase starts cheaper?
+"""Two code versions, interleaved: did a change make phase starts (or steps) cheaper?
 
     python -m odin_ns.bench.phase_ab --a DIR_A --b DIR_B --data demo_data/street \
-        --rounds 3 --out bench/phase_start_ab.json [-- more bench.sync options]
+        [--mode barrier] --rounds 3 --out bench/phase_start_ab.json [-- more bench.sync options]
 
 ``DIR_A`` and ``DIR_B`` are checkouts of the two versions (``git worktree add --detach DIR
 COMMIT``, with links ``odin_ns/method_configs -> ../method_configs`` and ``odin_ns/viewer_ext
 -> ../viewer_ext``, so that it imports its own copies rather than the installed clone's:
 ``make bench-phase-ab`` says how); a relative ``--data`` must resolve from each. Every run is one ``python -m odin_ns.bench.sync
---modes barrier --repeats 1 --no-eval`` from its checkout (``PYTHONPATH`` = the checkout,
+--modes MODE --repeats 1 --no-eval`` from its checkout (``PYTHONPATH`` = the checkout,
 its own extension folder under ``--work``), with the current interpreter. Round i runs A
 then B when i is even, B then A when odd (ABBA ...), so the machine's drift lands on both
 alike. Per version: the median phase-start share of the run (and min / max), its seconds,
 the median of each part of the split (``PhaseRecord``), views per second; the same-round
-ratio B / A of the share. Writes JSON and a PNG (share per run; median split per version).
+ratios B / A of the share and of views per second (``views_ratio_b_vs_a``: a step-speed
+A/B of ``--mode``). Writes JSON and a PNG (share per run; median split per version).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import numpy as np
 from rich.console import Console
 
 from odin_ns.bench.report import put_spread, save_figure, write_json
-from odin_ns.bench.sync import PHASE_START_SPLIT
+from odin_ns.bench.sync import PHASE_START_SPLIT, SHORT
 
 CONSOLE = Console()
 SPLIT = (*PHASE_START_SPLIT, "other_s")  # bench.sync's split of a run's phase starts
@@ -85,11 +86,11 @@ def build_extension(checkout: Path, work: Path) -> None:
 
 
 def run_once(checkout: Path, args: argparse.Namespace, name: str, extra: list[str]) -> dict:
-    """One barrier run of ``bench.sync`` from ``checkout``; its phase-start figures."""
+    """One ``--mode`` run of ``bench.sync`` from ``checkout``; its phase-start figures."""
     out = args.work / f"{name}.json"
     cmd = [sys.executable, "-m", "odin_ns.bench.sync", "--data", str(args.data)]
     cmd += ["--ranks", str(args.ranks), "--steps", str(args.steps), "--repeats", "1"]
-    cmd += ["--modes", "barrier", "--no-eval", "--work-dir", str(args.work / name)]
+    cmd += ["--modes", args.mode, "--no-eval", "--work-dir", str(args.work / name)]
     cmd += ["--out", str(out)]
     if args.downscale_factor:
         cmd += ["--downscale-factor", str(args.downscale_factor)]
@@ -102,10 +103,10 @@ def run_once(checkout: Path, args: argparse.Namespace, name: str, extra: list[st
     if code.returncode != 0:
         raise SystemExit(f"bench.phase_ab: run {name} failed (exit {code.returncode}), see {log}")
     result = json.loads(out.read_text())
-    mode = result["modes"]["barrier"]
-    split = result["phase_start_split_barrier"]
+    mode, key = result["modes"][args.mode], SHORT[args.mode]
+    split = result[f"phase_start_split_{key}"]
     return {
-        "phase_start_share": float(result["phase_start_share_barrier"]),
+        "phase_start_share": float(result[f"phase_start_share_{key}"]),
         "phase_start_seconds": float(mode["phase_start_seconds"]),
         "views_per_second": float(mode["views_per_second"]),
         "phase_starts": int(mode["phase_starts"]),
@@ -160,6 +161,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--mode", default="barrier", choices=("ddp", "barrier", "quality-first", "throughput-first")
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/odin_phase_ab"))
     parser.add_argument("--out", type=Path, default=Path("bench/phase_start_ab.json"))
     args = parser.parse_args(argv)
@@ -190,9 +194,11 @@ def main(argv: list[str] | None = None) -> None:
                 )
     share = {(r["round"], r["version"]): r["phase_start_share"] for r in runs}
     ratios = [share[i, "b"] / share[i, "a"] for i in range(args.rounds)]
+    speed = {(r["round"], r["version"]): r["views_per_second"] for r in runs}
+    views_ratios = [speed[i, "b"] / speed[i, "a"] for i in range(args.rounds)]
     result = {
         "what": (
-            f"phase-start cost of a {args.steps}-step barrier run on {args.ranks} ranks, "
+            f"phase-start cost of a {args.steps}-step {args.mode} run on {args.ranks} ranks, "
             f"{args.data}, versions {labels['a']} (a) and {labels['b']} (b) alternated "
             "(ABBA), one bench.sync run each from its own checkout"
         ),
@@ -202,6 +208,9 @@ def main(argv: list[str] | None = None) -> None:
         "share_ratio_b_vs_a": float(np.median(ratios)),
         "share_ratio_b_vs_a_min": float(min(ratios)),
         "share_ratio_b_vs_a_max": float(max(ratios)),
+        "views_ratio_b_vs_a": float(np.median(views_ratios)),
+        "views_ratio_b_vs_a_min": float(min(views_ratios)),
+        "views_ratio_b_vs_a_max": float(max(views_ratios)),
         "runs": runs,
         "extra_options": extra,
     }
@@ -210,7 +219,9 @@ def main(argv: list[str] | None = None) -> None:
     CONSOLE.print(
         f"phase starts: {labels['a']} {100 * result['a']['phase_start_share']:.2f}% -> "
         f"{labels['b']} {100 * result['b']['phase_start_share']:.2f}% of the run (median; "
-        f"same-round ratio {result['share_ratio_b_vs_a']:.3f}); wrote {args.out}"
+        f"same-round ratio {result['share_ratio_b_vs_a']:.3f}); views/s "
+        f"{result['a']['views_per_second']:.2f} -> {result['b']['views_per_second']:.2f} "
+        f"(same-round ratio {result['views_ratio_b_vs_a']:.3f}); wrote {args.out}"
     )
 
 

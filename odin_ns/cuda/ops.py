@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -31,7 +32,7 @@ OPS = (
     "apply_ready_rows",
     "validate_reads",
 )
-_DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
+_DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA", "meta": "Meta"}
 # Host kernels of phase starts and of the update log's steps; their twins:
 # schedule.plan.dependency_pass_reference, schedule.locality.view_overlaps_reference,
 # distributed.phase.footprint_slack_reference, runtime.update_log.step_union_reference.
@@ -58,6 +59,11 @@ def _load(device_type: str) -> BackendStatus:
         if os.environ.get("ODIN_NS_EXT") == "cpu":
             return BackendStatus(device_type, False, "ODIN_NS_EXT=cpu: CUDA kernels not built")
         loader = build.load_cuda
+    elif device_type == "meta":
+        if not _load("cpu").compiled:  # the schemas come with the CPU library
+            return BackendStatus(device_type, False, _load("cpu").reason)
+        _register_meta_kernels()
+        return BackendStatus(device_type, True, "")
     else:
         return BackendStatus(device_type, False, f"no compiled kernels for {device_type}")
     try:
@@ -71,6 +77,31 @@ def _load(device_type: str) -> BackendStatus:
         )
         return BackendStatus(device_type, False, reason)
     return BackendStatus(device_type, True, "")
+
+
+def _register_meta_kernels() -> None:
+    """Shape-only kernels of the step's ops (``meta`` tensors: no data). They let the
+    engine's step run on meta tensors with the compiled ops' data flow, which is how
+    tests count the step's reads of the device without a GPU. ``validate_reads`` has none:
+    its output size depends on data (the engine runs it on host tensors)."""
+
+    def pack_rows(ids, columns):
+        width = sum(math.prod(c.shape[1:]) for c in columns)
+        return ids.new_empty((ids.shape[0], width), dtype=torch.float32)
+
+    def ready_mask(arrived, expected, applied, blocked):
+        return arrived.new_empty(arrived.shape, dtype=torch.bool)
+
+    def in_place(*args):
+        return None
+
+    for name, fn in (
+        ("pack_rows", pack_rows),
+        ("ready_mask", ready_mask),
+        ("accumulate_ready_rows", in_place),
+        ("apply_ready_rows", in_place),
+    ):
+        torch.library.register_fake(f"odin::{name}")(fn)
 
 
 def status(device_type: str = "cpu") -> BackendStatus:

@@ -52,6 +52,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from odin_ns.runtime.uploads import upload
+
 FALLBACK_REASONS = ("overlap", "evidence", "impact", "staleness", "phase")
 ADMISSION_RULES = ("overlap", "impact")
 
@@ -90,6 +92,37 @@ class Decision:
         return self.overlap_ratio * self.evidence_ratio
 
 
+def reason_before_evidence(
+    step: int,
+    pub_step: int,
+    phase_start: int,
+    overlap_rows: int,
+    read_rows: int,
+    tau: float,
+    window: int,
+    rule: str = "overlap",
+) -> str | None:
+    """The first failing condition of the rule that needs no evidence, or None when the
+    evidence ratio decides (arguments as ``fallback_reason``'s)."""
+    if pub_step < phase_start:
+        return "phase"
+    if step - pub_step > window:
+        return "staleness"
+    if rule == "overlap" and (read_rows <= 0 or overlap_rows > tau * read_rows):
+        return "overlap"
+    return None
+
+
+def reason_from_evidence(
+    overlap_rows: int, read_rows: int, ratio: float, tau: float, rule: str = "overlap"
+) -> str | None:
+    """The decision once ``reason_before_evidence`` passed: None (admitted) or the reason."""
+    if rule == "impact":
+        share = overlap_rows / read_rows * ratio if read_rows > 0 else math.inf
+        return None if tau > 0 and share <= tau * tau else "impact"
+    return None if ratio < tau else "evidence"
+
+
 def fallback_reason(
     step: int,
     pub_step: int,
@@ -114,39 +147,70 @@ def fallback_reason(
     Returns:
         (None if admitted else the first failing reason, E or NaN when not evaluated).
     """
-    if pub_step < phase_start:
-        return "phase", math.nan
-    if step - pub_step > window:
-        return "staleness", math.nan
-    if rule == "impact":
-        ratio = float(evidence_ratio())
-        share = overlap_rows / read_rows * ratio if read_rows > 0 else math.inf
-        return (None if tau > 0 and share <= tau * tau else "impact"), ratio
-    if read_rows <= 0 or overlap_rows > tau * read_rows:
-        return "overlap", math.nan
+    early = reason_before_evidence(
+        step, pub_step, phase_start, overlap_rows, read_rows, tau, window, rule
+    )
+    if early is not None:
+        return early, math.nan
     ratio = float(evidence_ratio())
-    if not ratio < tau:
-        return "evidence", ratio
-    return None, ratio
+    return reason_from_evidence(overlap_rows, read_rows, ratio, tau, rule), ratio
+
+
+def decide_in_one_read(
+    candidates: Sequence[tuple[int, int, int, int]],
+    evidence: Callable[[list[int]], list[float]],
+    tau: float,
+    window: int,
+    rule: str,
+    phase_start: int,
+) -> list[tuple[str | None, float]]:
+    """``fallback_reason`` for many pending publications, with every evidence ratio that
+    the rule needs computed in one batch (on a GPU: one read of the device).
+
+    Args:
+        candidates: (step, pub_step, overlap_rows, read_rows) per pending publication.
+        evidence: given the indices of the candidates whose E the rule needs, their E.
+        tau, window, rule, phase_start: as ``fallback_reason``'s.
+
+    Returns:
+        per candidate, what ``fallback_reason`` returns for it.
+    """
+    early = [
+        reason_before_evidence(t, s, phase_start, n, m, tau, window, rule)
+        for t, s, n, m in candidates
+    ]
+    need = [i for i, reason in enumerate(early) if reason is None]
+    ratios = dict(zip(need, evidence(need) if need else [], strict=True))
+    out: list[tuple[str | None, float]] = []
+    for i, (_, _, n, m) in enumerate(candidates):
+        if early[i] is not None:
+            out.append((early[i], math.nan))
+        else:
+            out.append((reason_from_evidence(n, m, ratios[i], tau, rule), ratios[i]))
+    return out
 
 
 class GradientEvidence:
     """Per peer, the last known gradient-row norm of every primitive it published.
 
+    Everything lives on ``device`` and is updated without reading it back: on a GPU an
+    arrival costs no synchronization; ``ratios`` reads many decisions' E in one copy.
+
     Args:
         num_rows: N primitives.
         peers: number of ranks R (row q holds peer q's norms; this rank's row stays unused).
-        device: where the [R, N] table lives (the parameters' device).
+        device: where the tables live (the parameters' device).
     """
 
     def __init__(self, num_rows: int, peers: int, device: torch.device):
         self.strength = torch.full((peers, num_rows), math.nan, device=device)  # [R, N]
         self.active = torch.zeros((peers, num_rows), dtype=torch.bool, device=device)  # [R, N]
-        self._sum = [0.0] * peers  # sum of the active rows' norms per peer (float64)
-        self._count = [0] * peers  # active primitives per peer (|A_q|)
+        # per peer: sum of its active rows' norms (float64) and their number (|A_q|)
+        self.active_sum = torch.zeros(peers, dtype=torch.float64, device=device)  # [R]
+        self.active_count = torch.zeros(peers, dtype=torch.int64, device=device)  # [R]
 
     @torch.no_grad()
-    def observe(self, peer: int, rows: Tensor, buf: Tensor) -> None:
+    def observe(self, peer: int, rows: Tensor, buf: Tensor, keep: Tensor | None = None) -> None:
         """Record an arrived publication.
 
         A published row that was not visible (footprint margin) has a zero gradient: its
@@ -155,42 +219,59 @@ class GradientEvidence:
 
         Args:
             peer: the publishing rank q.
-            rows: [M] int64 primitive ids of the publication (q's footprint).
+            rows: [M] int64 distinct primitive ids of the publication (q's footprint).
             buf: [M, D + 1] float32 publication buffer (last column: visible flag).
+            keep: [M] bool rows to record (None: all); the others stay as they were.
         """
         if rows.numel() == 0:
             return
         norms = buf[:, :-1].float().norm(dim=1)  # [M]
         visible = buf[:, -1] > 0
         table, active = self.strength[peer], self.active[peer]
-        was_active = active[rows]
-        self._sum[peer] += float(norms[visible].double().sum()) - float(
-            table[rows][was_active].double().sum()
-        )
-        self._count[peer] += int(visible.sum()) - int(was_active.sum())
+        rows = upload(rows, table.device)
+        old, was_active = table[rows], active[rows]
+        if keep is not None:
+            visible = visible & keep
+            was_active = was_active & keep
+            norms = torch.where(keep, norms, old)
+        gained = torch.where(visible, norms, 0.0).double().sum()
+        lost = torch.where(was_active, old, 0.0).double().sum()
+        self.active_sum[peer] += gained - lost
+        self.active_count[peer] += visible.sum() - was_active.sum()
         table[rows] = norms
-        active[rows] = visible
+        active[rows] = visible if keep is None else torch.where(keep, visible, active[rows])
 
     def mean(self, peer: int) -> float | None:
-        """Mean known norm over peer's active set, None before its first publication."""
-        if self._count[peer] == 0:
+        """Mean known norm over peer's active set, None before its first publication
+        (reads the device: for reports and tests, not for the step)."""
+        count = int(self.active_count[peer])
+        if count == 0:
             return None
-        return max(self._sum[peer], 0.0) / self._count[peer]
+        return max(float(self.active_sum[peer]), 0.0) / count
 
     @torch.no_grad()
-    def ratio(self, peer: int, rows: Tensor) -> float:
-        """E for the overlap ``rows`` ([K] int64, K > 0): see the module docstring."""
-        mean = self.mean(peer)
-        if mean is None:
-            return 1.0
-        vals = self.strength[peer][rows]
+    def ratio_tensor(self, peer: int, rows: Tensor) -> Tensor:
+        """E for the overlap ``rows`` ([K] int64, K > 0) as a 0-d float64 tensor on the
+        tables' device (see the module docstring; 1 before the peer's first publication)."""
+        count = self.active_count[peer]
+        mean = self.active_sum[peer].clamp(min=0.0) / count.clamp(min=1)
+        vals = self.strength[peer][upload(rows, self.strength.device)]
         known = ~torch.isnan(vals)
-        n_known = int(known.sum())
-        total = float(vals[known].double().sum()) + (rows.numel() - n_known) * mean
+        total = torch.where(known, vals, 0.0).double().sum() + (rows.numel() - known.sum()) * mean
         over = total / rows.numel()
-        if mean > 0:
-            return over / mean
-        return 0.0 if over == 0 else math.inf
+        inf = torch.full_like(over, math.inf)
+        ratio = torch.where(mean > 0, over / mean, torch.where(over == 0, 0.0, inf))
+        return torch.where(count == 0, 1.0, ratio)
+
+    def ratios(self, queries: Sequence[tuple[int, Tensor]]) -> list[float]:
+        """E of each (peer, overlap rows) query, read from the device in one copy."""
+        if not queries:
+            return []
+        return torch.stack([self.ratio_tensor(q, rows) for q, rows in queries]).cpu().tolist()
+
+    def ratio(self, peer: int, rows: Tensor) -> float:
+        """E of one overlap (one read of the device)."""
+        return self.ratios([(peer, rows)])[0]
 
 
 def admission_totals(
@@ -223,5 +304,8 @@ __all__ = [
     "Decision",
     "GradientEvidence",
     "admission_totals",
+    "decide_in_one_read",
     "fallback_reason",
+    "reason_before_evidence",
+    "reason_from_evidence",
 ]

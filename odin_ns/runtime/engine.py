@@ -54,6 +54,7 @@ from odin_ns.runtime.liveness import Liveness, PeerSilence, StoreLiveness
 from odin_ns.runtime.recorder import ReadRecord, ReadRecorder
 from odin_ns.runtime.transport import P2PTransport, Transport, has_credits
 from odin_ns.runtime.update_log import ApplyHook, UpdateLog
+from odin_ns.runtime.uploads import upload
 
 
 def _check_plan(plan: Any, world_size: int) -> int:
@@ -187,7 +188,9 @@ class PrimitiveSyncEngine:
             self._groups, plan, self._world, self._offset, self.versions, hook=self._apply_hook
         )
         dependency = np.asarray(plan.dependency)
-        self._gate = make_gate(self.config, self._rank, self._world, dependency, n, self._offset)
+        self._gate = make_gate(
+            self.config, self._rank, self._world, dependency, n, self._offset, self._device
+        )
         if self._gate.dense:
             self._exchange = DenseExchange(
                 self._transport, self._rank, self._world, self._width, n, self._offset,
@@ -205,6 +208,9 @@ class PrimitiveSyncEngine:
                 self._device,
             )
         self._zeros: dict[int, Tensor] = {}  # row size -> [N, d] zero gradient (None grads)
+        # first step that published visible rows outside its footprint (-1: none), kept on
+        # the device when reading it would synchronize the step (see publish)
+        self._first_outside = torch.full((), -1, dtype=torch.int64, device=self._device)
         self._validated = -1
         self._published = -1
         if self._world > 1 and self.config.verify_plan:
@@ -451,22 +457,29 @@ class PrimitiveSyncEngine:
             )
         columns = [self._column(g, grads[g.name]) for g in self._groups]
         columns.append(visible.to(torch.float32).unsqueeze(1))
-        reads = reads.to(self._device)
+        reads = upload(reads, self._device)
         buf, wire = self._exchange.pack(t, reads, columns)
         if not self._gate.dense:
             self._wait_for_credits(step, wire.numel() * wire.element_size())
-        # After the wire copy (the transport's one host sync) this read costs nothing more.
-        inside = visible[reads].sum()
-        if int((visible.sum() - inside).item()) != 0:
-            raise ValueError(
-                f"publish({step}): visible rows outside the planned footprint; a rank may only "
-                "read and write plan.step_footprint(t, rank)"
-            )
+        outside = visible.sum() - visible[reads].sum()  # [] visible rows off the footprint
+        if self._exchange.host_transport:
+            # The wire copy already waited for the step's kernels: this read costs nothing.
+            if int(outside) != 0:
+                self._raise_outside(int(step))
+        else:  # a device-resident transport (or none): kept on the device, read at the drain
+            first = self._first_outside
+            self._first_outside = torch.where((outside != 0) & (first < 0), int(step), first)
         self._cur.bytes_sent += self._exchange.send(t, buf, wire, self._log)
         self._published = t
         self._cur.inflight_bytes_max = max(
             self._cur.inflight_bytes_max,
             max((self._inflight(q)[0] for q in range(self._world) if q != self._rank), default=0),
+        )
+
+    def _raise_outside(self, step: int) -> None:
+        raise ValueError(
+            f"publish({step}): visible rows outside the planned footprint; a rank may only "
+            "read and write plan.step_footprint(t, rank)"
         )
 
     def _inflight(self, peer: int) -> tuple[int, int | None]:
@@ -532,6 +545,9 @@ class PrimitiveSyncEngine:
             raise ValueError(
                 "drain_and_apply_all() between apply_until_readable() and publish() of a step"
             )
+        first_outside = int(self._first_outside)  # publish's deferred check
+        if first_outside >= 0:
+            self._raise_outside(first_outside)
         start = time.perf_counter()
         last = self._published
         self._busy_s += self._wait(

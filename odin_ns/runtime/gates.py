@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from odin_ns.runtime.admission import Decision, GradientEvidence, fallback_reason
+from odin_ns.runtime.admission import Decision, GradientEvidence, decide_in_one_read
 from odin_ns.runtime.config import SyncConfig
 from odin_ns.runtime.update_log import UpdateLog
 
@@ -102,6 +102,7 @@ class BoundedStalenessGate(DependencyGate):
         num_rows: N (gradient evidence is per phase: after a structural change row ids mean
             other Gaussians).
         step_offset: global step of local step 0 (the phase start).
+        device: the parameters' device (arrivals are there; so is the evidence).
     """
 
     def __init__(
@@ -112,11 +113,12 @@ class BoundedStalenessGate(DependencyGate):
         config: SyncConfig,
         num_rows: int,
         step_offset: int,
+        device: torch.device,
     ):
         super().__init__(rank, world_size, dependency)
         self.config = config
         self.step_offset = step_offset
-        self.evidence = GradientEvidence(num_rows, world_size, torch.device("cpu"))
+        self.evidence = GradientEvidence(num_rows, world_size, device)
         self._mask = torch.zeros(num_rows, dtype=torch.bool)  # [N] scratch, all False
         self._admitted: list[tuple[Tensor, int]] = []  # (overlap ids, local s) admitted
 
@@ -148,14 +150,15 @@ class BoundedStalenessGate(DependencyGate):
     ) -> tuple[list[tuple[Decision, Tensor, int]], list[int]]:
         """Decisions on peers' pending publications that overlap ``reads`` (newest first per
         peer, up to the first fallback); returns ([(decision, overlap ids, local s)], need)
-        with need[q] the local step to wait for from q (-1: none)."""
+        with need[q] the local step to wait for from q (-1: none). Every pending overlap is
+        looked at, and the evidence the rule needs is read from the device once."""
         need = [-1] * self.world_size
         decided: list[tuple[Decision, Tensor, int]] = []
         m = reads.numel()
         if m == 0:
             return decided, need
-        tau, window = float(self.config.tau), int(self.config.staleness_window)
         now, first = self.step_offset + t, self.step_offset
+        pending: list[tuple[int, int, Tensor]] = []  # (q, local s, overlap ids), decision order
         self._mask[reads] = True
         try:
             for q in range(self.world_size):
@@ -163,28 +166,25 @@ class BoundedStalenessGate(DependencyGate):
                     continue
                 for s in range(int(self.dependency[t, self.rank, q]), recv_done[q], -1):
                     fq = log.pending[s].footprints[q]
-                    hit = self._mask[fq]
-                    n = int(hit.sum())
-                    if n == 0:
-                        continue
-                    ids = fq[hit]
-                    reason, ratio = fallback_reason(
-                        now,
-                        first + s,
-                        first,
-                        n,
-                        m,
-                        lambda q=q, ids=ids: self.evidence.ratio(q, ids),
-                        tau,
-                        window,
-                        self.config.admission,
-                    )
-                    decided.append((Decision(now, q, first + s, n, m, ratio, reason), ids, s))
-                    if reason is not None:
-                        need[q] = s  # q's older publications arrive before s: no decision
-                        break
+                    ids = fq[self._mask[fq]]
+                    if ids.numel() > 0:
+                        pending.append((q, s, ids))
         finally:
             self._mask[reads] = False
+        reasons = decide_in_one_read(
+            [(now, first + s, ids.numel(), m) for _, s, ids in pending],
+            lambda idx: self.evidence.ratios([(pending[i][0], pending[i][2]) for i in idx]),
+            float(self.config.tau),
+            int(self.config.staleness_window),
+            self.config.admission,
+            first,
+        )
+        for (q, s, ids), (reason, ratio) in zip(pending, reasons, strict=True):
+            if need[q] >= 0:
+                continue  # q's older publications arrive before its fallback: no decision
+            decided.append((Decision(now, q, first + s, ids.numel(), m, ratio, reason), ids, s))
+            if reason is not None:
+                need[q] = s
         return decided, need
 
 
@@ -195,8 +195,9 @@ def make_gate(
     dependency: np.ndarray,
     num_rows: int,
     step_offset: int,
+    device: torch.device,
 ) -> BarrierGate:
-    """The read gate of ``config.mode`` for one bound plan."""
+    """The read gate of ``config.mode`` for one bound plan (``device``: the parameters')."""
     mode = config.mode
     if mode == "barrier":
         return BarrierGate(rank, world_size)
@@ -205,7 +206,9 @@ def make_gate(
     if mode == "quality-first":
         return DependencyGate(rank, world_size, dependency)
     if mode == "throughput-first":
-        return BoundedStalenessGate(rank, world_size, dependency, config, num_rows, step_offset)
+        return BoundedStalenessGate(
+            rank, world_size, dependency, config, num_rows, step_offset, device
+        )
     raise ValueError(f"unknown mode {mode!r}")
 
 

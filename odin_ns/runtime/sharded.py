@@ -70,6 +70,7 @@ from odin_ns.runtime.sharded_admission import PendingSource, ShardedAdmission
 from odin_ns.runtime.step_signal import StepSignal
 from odin_ns.runtime.transport import Transport, has_credits
 from odin_ns.runtime.update_log import UpdateLog
+from odin_ns.runtime.uploads import upload
 
 GRAD, PUSH = 0, 1
 
@@ -397,7 +398,7 @@ class ShardedEngine:
         if k != self.push_recv[owner]:
             raise RuntimeError(f"rank {self.rank}: push {k} from {owner} out of order")
         self.push_recv[owner] += 1
-        rows = torch.from_numpy(push.rows).to(self.device)
+        rows = upload(torch.from_numpy(push.rows), self.device)
         buf = buf.to(self.device)
         off = 0
         for g, d in zip(self.groups, self.dims, strict=True):
@@ -446,7 +447,7 @@ class ShardedEngine:
         for q, pushes in self.out.items():
             k = self.push_sent[q]
             while k < len(pushes) and self._current(pushes[k].rows, pushes[k].prev):
-                rows = torch.from_numpy(pushes[k].rows).to(self.device)
+                rows = upload(torch.from_numpy(pushes[k].rows), self.device)
                 columns = [g.param.detach().reshape(g.param.shape[0], -1) for g in self.groups]
                 buf = ops.pack_rows(rows, columns)
                 if self.admission is not None:
@@ -600,7 +601,7 @@ class ShardedEngine:
         columns.append(visible.to(torch.float32).unsqueeze(1))
         st = self.steps[t]
         for o, rows in st.grad_out.items():
-            buf = ops.pack_rows(torch.from_numpy(rows).to(self.device), columns)
+            buf = ops.pack_rows(upload(torch.from_numpy(rows), self.device), columns)
             nbytes = buf.numel() * buf.element_size()
             if not self._has_credits(self.grads_tx, o, nbytes):
                 tic = time.perf_counter()
@@ -615,7 +616,7 @@ class ShardedEngine:
             self._cur.bytes_sent += nbytes
             self._note_inflight(self.grads_tx, o)
         if st.own_rows.size:
-            own = ops.pack_rows(torch.from_numpy(st.own_rows).to(self.device), columns)
+            own = ops.pack_rows(upload(torch.from_numpy(st.own_rows), self.device), columns)
             self.log.add(t, self.rank, own)
         elif t > self.log.created:  # the step's record exists (drain and admission read it)
             self.log.record(t)  # (a step already retired: every row applied, nothing to do)

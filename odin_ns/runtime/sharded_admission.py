@@ -43,9 +43,10 @@ from odin_ns.runtime.admission import (
     Decision,
     GradientEvidence,
     admission_totals,
-    fallback_reason,
+    decide_in_one_read,
 )
 from odin_ns.runtime.config import SyncConfig
+from odin_ns.runtime.uploads import upload
 
 
 @dataclass
@@ -90,10 +91,10 @@ class ShardedAdmission:
 
     # ------------------------------------------------------------ evidence
     @torch.no_grad()
-    def observe_apply(self, rows: Tensor, acc: Tensor) -> None:
-        """An owner applied ``acc`` ([U, W] summed gradient rows, visible count last) to
-        owned local rows ``rows`` ([U] int64)."""
-        self.evidence.observe(0, rows, acc)
+    def observe_apply(self, rows: Tensor, acc: Tensor, applied: Tensor) -> None:
+        """An owner applied ``acc`` ([U, W] summed gradient rows, visible count last) to the
+        rows ``applied`` ([U] bool) of owned local rows ``rows`` ([U] int64)."""
+        self.evidence.observe(0, rows, acc, keep=applied)
 
     def push_strength(self, rows: Tensor) -> Tensor:
         """[M, 1] float32 the evidence of owned local rows ``rows`` to send with a push
@@ -107,7 +108,7 @@ class ShardedAdmission:
         self.fresh_since[rows - self.num_owned] = step
         visible = (strength > 0).to(torch.float32)  # NaN (unknown) is not > 0
         buf = torch.stack([strength, visible], dim=1)
-        self.evidence.observe(0, torch.from_numpy(rows).to(self.device), buf)
+        self.evidence.observe(0, upload(torch.from_numpy(rows), self.device), buf)
 
     def oldest_missing(self, cached_rows: np.ndarray) -> int:
         """Earliest local step of an update cached local rows ``cached_rows`` may lack."""
@@ -115,35 +116,24 @@ class ShardedAdmission:
 
     # ------------------------------------------------------------ decisions
     def decide(self, t: int, read_rows: int, sources: list[PendingSource]) -> list[Decision]:
-        """One decision per pending source of local step t (``read_rows`` = |F(r, t)|)."""
-        tau, window = float(self.config.tau), int(self.config.staleness_window)
+        """One decision per pending source of local step t (``read_rows`` = |F(r, t)|); the
+        evidence the rule needs is read from the device once."""
         now = self.offset + t
-        out = []
-        for src in sources:
-            ids = torch.from_numpy(src.rows).to(self.device)
-            reason, ratio = fallback_reason(
-                now,
-                self.offset + src.pub_step,
-                self.offset,
-                int(src.rows.size),
-                read_rows,
-                lambda ids=ids: self.evidence.ratio(0, ids),
-                tau,
-                window,
-                self.config.admission,
-            )
-            out.append(
-                Decision(
-                    now,
-                    src.peer,
-                    self.offset + src.pub_step,
-                    int(src.rows.size),
-                    read_rows,
-                    ratio,
-                    reason,
-                )  # fmt: skip
-            )
-        return out
+        reasons = decide_in_one_read(
+            [(now, self.offset + src.pub_step, int(src.rows.size), read_rows) for src in sources],
+            lambda idx: self.evidence.ratios(
+                [(0, upload(torch.from_numpy(sources[i].rows), self.device)) for i in idx]
+            ),
+            float(self.config.tau),
+            int(self.config.staleness_window),
+            self.config.admission,
+            self.offset,
+        )
+        return [
+            Decision(now, src.peer, self.offset + src.pub_step, int(src.rows.size), read_rows,
+                     ratio, reason)
+            for src, (reason, ratio) in zip(sources, reasons, strict=True)
+        ]  # fmt: skip
 
     def count(self, decisions: list[Decision]) -> None:
         for d in decisions:

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from odin_ns.cuda import ops
 from odin_ns.runtime.config import ParamGroupState
+from odin_ns.runtime.uploads import upload
 
 HOST = torch.device("cpu")
 
@@ -104,7 +105,7 @@ class PendingStep:
         self.applied = torch.zeros(ids.shape, dtype=torch.bool)  # [U]
         self.positions = positions  # per rank [M_q] int64 positions into U
         self.device = device
-        self.ids_data = ids.to(device)  # [U] on the parameters' device
+        self.ids_data = upload(ids, device)  # [U] on the parameters' device
         # per rank (positions on device [M_q], rows [M_q, W] on device), in rank order
         self.parts: list[tuple[Tensor, Tensor] | None] = [None] * len(footprints)
         self.received = [silent_when_empty and fp.numel() == 0 for fp in footprints]
@@ -112,7 +113,7 @@ class PendingStep:
 
     def add(self, q: int, rows: Tensor) -> None:
         """Rank q's contribution: [M_q, W] float32 on the parameters' device."""
-        self.parts[q] = (self.positions[q].to(self.device), rows)
+        self.parts[q] = (upload(self.positions[q], self.device), rows)
         self.received[q] = True
         positions = self.positions[q]  # distinct (one footprint): one pass, no gather
         self.arrived.index_add_(
@@ -138,9 +139,10 @@ class UpdateLog:
         step_offset: global step of the plan's local step 0.
         versions: [N] int64 host version vector to continue from (updated in place).
         hook: optional ``ApplyHook`` called around every apply (None: no call).
-        observe_sum: optional ``f(ids, acc)`` called after every apply with the applied
-            rows ([K] int64, parameters' device) and their summed rows ([K, W] float32,
-            visible count last): the sharded throughput-first evidence. None: no call.
+        observe_sum: optional ``f(ids, acc, applied)`` called after every apply with the
+            step's rows ([U] int64), their summed rows ([U, W] float32, visible count last)
+            and which were applied ([U] bool), all on the parameters' device (no read of
+            it): the sharded throughput-first evidence. None: no call.
         silent_when_empty: ``PendingStep``'s; True for the sharded engine.
     """
 
@@ -152,7 +154,7 @@ class UpdateLog:
         step_offset: int,
         versions: Tensor,
         hook: ApplyHook | None = None,
-        observe_sum: Callable[[Tensor, Tensor], None] | None = None,
+        observe_sum: Callable[[Tensor, Tensor, Tensor], None] | None = None,
         silent_when_empty: bool = False,
     ):
         self.groups = list(groups)
@@ -276,7 +278,7 @@ class UpdateLog:
         return total
 
     def _apply(self, rec: PendingStep, ready: Tensor) -> None:
-        ready_data = ready.to(self.device, non_blocking=True)
+        ready_data = upload(ready, self.device)
         width = sum(g.row_dim for g in self.groups) + 1
         acc = torch.zeros(rec.ids.shape[0], width, dtype=torch.float32, device=self.device)
         for part in rec.parts:  # fixed rank order: bitwise identical sums
@@ -302,7 +304,7 @@ class UpdateLog:
         if hook is not None:
             hook.after_apply(rec.step, ids)
         if self.observe_sum is not None:
-            self.observe_sum(rec.ids_data[ready_data], acc[ready_data])
+            self.observe_sum(rec.ids_data, acc, ready_data)
 
 
 __all__ = ["ApplyHook", "PendingStep", "UpdateLog"]

@@ -1,0 +1,129 @@
+"""A device without values: counts the reads of device data that would synchronize a GPU.
+
+Used by ``bench.control_plane`` (``device_reads_per_step``) and ``tests/test_sync_count.py``.
+
+The engine's step runs with its data plane (parameters, moments, gradients, the visible
+mask, publications, everything made from them or created on the parameters' device) on
+PyTorch's ``meta`` device, whose tensors have shapes and no values, while its host control
+plane (plans, ids, versions) stays on the CPU with real values. The compiled ops run their
+shape-only kernels there (``odin_ns.cuda.ops``), as the CUDA kernels run without a read of
+the device. A step whose decisions needed device values would have to read them back;
+``DeviceReads`` catches every such read, on a meta tensor, of the kinds that synchronize a
+CUDA stream with the host:
+
+- ``_local_scalar_dense`` (``.item()``, ``int(t)``, ``bool(t)``, ``float(t)``);
+- ``nonzero``, ``unique``, ``masked_select``, boolean-mask indexing (output sizes that
+  depend on values);
+- copies to the CPU (``.cpu()``, ``.to("cpu")``, ``copy_`` into a host tensor);
+- blocking copies from the CPU (``.to(device)`` without ``non_blocking``): torch waits for
+  the stream after them (``runtime.uploads.upload`` does not).
+
+Each is counted with the line of ``odin_ns`` that made it and answered with zeros (or an
+empty selection; an upload with its meta tensor), so the step goes on: the double cannot say what the values were, only
+that the code asked for them. Reads of host tensors are not counted: they do not touch the
+device.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections import Counter
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+SIZE_FROM_VALUES = {"nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive"}
+
+
+def _on_meta(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == "meta"
+
+
+def _meta_device(d) -> bool:
+    return d is not None and torch.device(d).type == "meta"
+
+
+def _read_kind(name: str, args, kwargs) -> str | None:
+    """Which read of device values the op is (None: none)."""
+    if name == "_local_scalar_dense" and _on_meta(args[0]):
+        return "scalar"
+    if name in SIZE_FROM_VALUES and _on_meta(args[0]):
+        return "size"
+    if name == "index" and _on_meta(args[0]):
+        masks = [i for i in (args[1] or ()) if isinstance(i, torch.Tensor)]
+        if any(i.dtype == torch.bool for i in masks):
+            return "size"
+    if name == "_to_copy" and _on_meta(args[0]):
+        target = kwargs.get("device")
+        if target is not None and torch.device(target).type == "cpu":
+            return "copy"
+    if name == "copy_" and _on_meta(args[1]) and args[0].device.type == "cpu":
+        return "copy"
+    if name == "_to_copy" and _meta_device(kwargs.get("device")):
+        blocking = not kwargs.get("non_blocking", False)
+        return "upload" if args[0].device.type == "cpu" and blocking else None
+    if name == "copy_" and _on_meta(args[0]) and args[1].device.type == "cpu":
+        blocking = not (kwargs.get("non_blocking") or (len(args) > 2 and args[2] is True))
+        return "upload" if blocking else None
+    return None
+
+
+def _answer(func, name: str, args, kwargs):
+    """Zeros (or an empty selection) in place of the values the double does not have."""
+    src = args[0]
+    if name == "_local_scalar_dense":
+        return False if src.dtype == torch.bool else (0.0 if src.is_floating_point() else 0)
+    if name == "nonzero":
+        return torch.empty((0, src.dim()), dtype=torch.int64, device="meta")
+    if name == "index":
+        return src.new_empty((0, *src.shape[1:]))
+    if name == "_to_copy" and src.device.type == "cpu":  # an upload: the meta tensor
+        return func(*args, **kwargs)
+    if name == "_to_copy":
+        return torch.zeros(src.shape, dtype=kwargs.get("dtype") or src.dtype)
+    if name == "copy_" and _on_meta(args[0]):  # an upload
+        return func(*args, **kwargs)
+    if name == "copy_":
+        return args[0].zero_()
+    return src.new_empty((0,))
+
+
+class DeviceReads(TorchDispatchMode):
+    """Counts reads of meta tensors' values (see the module docstring) while active.
+
+    ``counting`` off lets set-up run through the double without being counted.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.counting = True
+        self.reads: Counter[tuple[str, str]] = Counter()  # (op, odin_ns line) -> reads
+
+    @property
+    def total(self) -> int:
+        return sum(self.reads.values())
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.__name__.split(".")[0]
+        to_meta = _meta_device(kwargs.get("device"))
+        if not to_meta and not any(_on_meta(t) for t in tree_leaves((args, kwargs))):
+            return func(*args, **kwargs)
+        kind = _read_kind(name, args, kwargs)
+        if kind is None:
+            return func(*args, **kwargs)
+        if self.counting:
+            self.reads[(name, _caller())] += 1
+        return _answer(func, name, args, kwargs)
+
+
+def _caller() -> str:
+    """``file:line code`` of the innermost frame in ``odin_ns`` outside the benchmarks."""
+    for frame in reversed(traceback.extract_stack(limit=24)):
+        if "odin_ns" in frame.filename and "/bench/" not in frame.filename:
+            return f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} {frame.line}"
+    return "?"
+
+
+__all__ = ["DeviceReads"]

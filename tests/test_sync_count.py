@@ -1,0 +1,66 @@
+"""No host synchronization in the steady-state step: at most 2 reads of the device per step.
+
+One rank's engine (``odin_ns.bench.control_plane``'s rank under test: the session's engine
+calls, R - 1 injected peers one step behind it) runs with its data plane on a device
+without values (``odin_ns.bench.device_reads``); every read of device values it makes is
+one a GPU would wait for. ``pytest -k sync_count`` selects these tests.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from odin_ns.bench.control_plane import (
+    RankUnderTest,
+    ShardedRankUnderTest,
+    city_footprints,
+    device_reads_per_step,
+)
+from odin_ns.bench.device_reads import DeviceReads
+from odin_ns.cuda import ops
+
+RANKS, WARMUP, STEPS = 4, 8, 12
+MAX_READS_PER_STEP = 2
+
+pytestmark = pytest.mark.skipif(
+    not ops.status("meta").compiled, reason="the compiled ops' meta kernels need the CPU library"
+)
+
+
+@pytest.fixture(scope="module")
+def footprints():
+    return city_footprints(rows=20_000, share=0.045, views=8 * RANKS, seed=0)
+
+
+@pytest.mark.parametrize("layout", ["replicated", "sharded"])
+@pytest.mark.parametrize("mode", ["quality-first", "throughput-first"])
+def test_sync_count_of_a_steady_state_step(footprints, layout, mode):
+    make = RankUnderTest if layout == "replicated" else ShardedRankUnderTest
+    counts, double, rank = device_reads_per_step(make, footprints, RANKS, mode, 0, WARMUP, STEPS)
+    where = "; ".join(f"{n} x {op} at {line}" for (op, line), n in double.reads.most_common())
+    assert max(counts) <= MAX_READS_PER_STEP, f"reads per step {counts}: {where}"
+    if mode == "throughput-first":  # the peers' lag gave the rule something to decide
+        summary = rank.engine.summary()
+        assert summary["decisions"] > 0, summary
+
+
+def test_sync_count_double_sees_what_a_gpu_waits_for():
+    """Each kind of read of a device tensor is counted (with its line), host reads are not,
+    and the step goes on with zeros."""
+    double = DeviceReads()
+    dev = torch.ones(4, device="meta")
+    host = torch.ones(4)
+    with double:
+        assert int(dev.sum()) == 0  # .item(): a scalar read, answered with 0
+        assert dev[dev > 0].numel() == 0  # a boolean mask: size from values
+        assert torch.nonzero(dev).shape == (0, 1)
+        assert dev.cpu().device.type == "cpu"  # a copy to the host
+        assert host.to("meta").device.type == "meta"  # a blocking upload: torch waits after it
+        host.to("meta", non_blocking=True)  # not counted
+        assert int(host.sum()) == 4 and host[host > 0].numel() == 4  # host: not counted
+        dev.add_(1)  # a kernel the host only launches: not counted
+    by_op: dict[str, int] = {}
+    for (op, _), n in double.reads.items():
+        by_op[op] = by_op.get(op, 0) + n
+    assert by_op == {"_local_scalar_dense": 1, "index": 1, "nonzero": 1, "_to_copy": 2}
