@@ -110,9 +110,10 @@ def _fail(reason: str, code: int = 1) -> NoReturn:
 def parse_training_config(args: Sequence[str]) -> TrainerConfig:
     """The ``ns-train``-style tyro config, exactly as every rank parses it."""
     import tyro
-    from nerfstudio.configs.method_configs import AnnotatedBaseConfigUnion
 
-    config = tyro.cli(AnnotatedBaseConfigUnion, args=list(args))
+    from odin_ns.method_registry import method_registry
+
+    config = tyro.cli(method_registry().AnnotatedBaseConfigUnion, args=list(args))
     if config.data:
         config.pipeline.datamanager.data = config.data
     return config
@@ -397,6 +398,10 @@ def name_process(name: str) -> None:
 def _train_rank(args: argparse.Namespace, rest: list[str]) -> None:
     import torch
     import torch.distributed as dist
+
+    from odin_ns.method_registry import method_registry
+
+    method_registry()  # a spawned rank imports it here: cheaply
     from nerfstudio.scripts.train import train_loop
     from nerfstudio.utils import comms
 

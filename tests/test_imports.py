@@ -83,3 +83,26 @@ def test_a_cycle_is_found(tmp_path):
     (package / "b.py").write_text("def g():\n    from odin_ns import a\n")
     (package / "c.py").write_text("import odin_ns.a\n")
     assert import_cycles(package) == [["odin_ns.a", "odin_ns.b"]]
+
+
+def test_nerfstudio_registry_imports_with_source_free_stacks():
+    """``method_registry``'s stand-in for ``inspect.stack`` names the same frames, is undone
+    after, and nerfstudio's external-method placeholders still recognize their registry
+    under it (they would offer an install and exit otherwise)."""
+    import inspect
+
+    from nerfstudio.configs.external_methods import get_external_methods
+
+    from odin_ns.method_registry import method_registry, stacks_without_source
+
+    def here():
+        return inspect.stack()
+
+    full = [(f.function, f.filename) for f in here()]
+    with stacks_without_source():
+        light = [(f.function, f.filename) for f in here()]
+        configs, _ = get_external_methods()
+    assert inspect.stack.__module__ == "inspect"
+    assert light == full
+    assert len(configs) > 0
+    assert "odin-splatfacto" in method_registry().all_methods

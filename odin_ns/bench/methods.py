@@ -92,6 +92,9 @@ def install_timing_hook(path: Path) -> None:
 
 def run_worker(argv: list[str]) -> None:
     """``ns-train argv`` in this process, with the timing hook."""
+    from odin_ns.method_registry import method_registry
+
+    method_registry()  # before nerfstudio's script imports it: cheaply
     from nerfstudio.scripts.train import entrypoint
 
     install_timing_hook(Path(os.environ[ENV_TIMES]))

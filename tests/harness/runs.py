@@ -140,6 +140,9 @@ def ns_eval_in_process(config: Path, output: Path) -> dict:
     tests/test_train_e2e.py and tests/test_distributed.py."""
     import json
 
+    from odin_ns.method_registry import method_registry
+
+    method_registry()  # before nerfstudio's script imports it: cheaply
     from nerfstudio.scripts.eval import ComputePSNR
 
     ComputePSNR(load_config=config, output_path=output).main()
