@@ -489,3 +489,19 @@ def test_compute_footprints_culls_through_the_op(odin_ops, monkeypatch):
     F_ref = compute_footprints(means, scales, quats, opac, viewmats, Ks, 64, [48, 48, 40, 48, 48])
     assert calls[-1] is reference.footprint_cull
     assert F.nnz > 100 and (F != F_ref).nnz == 0
+
+
+def test_value_reading_checks_run_on_host_tensors_or_when_debugging(monkeypatch):
+    """Range and order checks read values: always on the host, on an accelerator only with
+    ODIN_NS_DEBUG_CHECKS=1 (a read there waits for the stream)."""
+    from odin_ns.cuda.reference import reads_values
+
+    host, device = torch.zeros(2), torch.zeros(2, device="meta")
+    monkeypatch.delenv("ODIN_NS_DEBUG_CHECKS", raising=False)
+    assert reads_values(host) and not reads_values(device)
+    with pytest.raises(ValueError, match="out of range"):
+        reference.pack_rows(torch.tensor([5]), [torch.zeros(3, 2)])
+    rows = reference.pack_rows(torch.tensor([5], device="meta"), [torch.zeros(3, 2, device="meta")])
+    assert rows.shape == (1, 2)  # not read back on the device
+    monkeypatch.setenv("ODIN_NS_DEBUG_CHECKS", "1")
+    assert reads_values(device)
