@@ -25,6 +25,31 @@ def test_help_lists_the_options():
         assert option in proc.stdout
 
 
+def test_cpu_dry_run_of_the_script(tmp_path):
+    """The same script on the CPU (``--device cpu``), the checks that need no training run
+    (the suite trains elsewhere): the ops against their references and the control plane
+    at 20k rows; the report's shape, and a clean end before its self-deadline."""
+    import json
+
+    out = tmp_path / "dry.json"
+    proc = _gpu_check(
+        "--device", "cpu", "--checks", "ops,control_plane", "--sizes", "1000", "--repeats", "1",
+        "--budget-s", "110", "--seed", "0", "--out", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["all_ok"] and "watchdog" not in report
+    assert report["environment"] and report["seed"] == 0
+    assert set(report["checks"]) == {"ops", "control_plane"}
+    assert report["checks"]["ops"]["cases"]
+    plane = report["checks"]["control_plane"]
+    assert 0 < plane["host_ms_per_step"] < plane["engine_ms_per_step"]
+    assert 0 <= plane["device_reads_per_step_max"] <= 2
+    assert "cuda_syncs_per_step_max" not in plane
+    refused = _gpu_check("--device", "cpu", "--checks", "ops,nope", "--out", str(out))
+    assert refused.returncode == 2 and "unknown ['nope']" in refused.stderr
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
 def test_without_cuda_one_line_and_exit_2(tmp_path):
     out = tmp_path / "report.json"

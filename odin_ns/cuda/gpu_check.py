@@ -31,7 +31,9 @@ and the run goes on):
 gsplat's CUDA code is JIT-compiled on first use (minutes on a fresh machine), so its build
 starts in a background process at once and overlaps check 1. Without a CUDA device the
 script prints one line and exits 2. ``--device cpu`` is a dry run of the harness (CPU
-kernels against the references, training on CPU with the torch rasterizer, no gsplat).
+kernels against the references, training on CPU with the torch rasterizer, no gsplat, the
+control plane at 20k rows; ``raster`` and ``nccl_link`` skipped); ``--checks`` runs a
+subset (the suite's dry run: ``ops,control_plane``).
 Exit status: 0 every check passed, 1 some check failed or was skipped, 2 no CUDA device,
 3 the self-deadline watchdog ended the run.
 
@@ -75,6 +77,8 @@ from odin_ns.cuda.cases import (  # SPLATFACTO_ROWS: re-exported for odin_ns.ben
 # (A Gaussian whose alpha sits at gsplat's 1/255 cut can flip between backends: ~4e-3.)
 RASTER_TOL = {"image_abs": 5e-3, "alpha_abs": 5e-3, "grad_rel": 2e-2}
 # Seconds the checks after the ops check plan for (the ops check leaves them this much).
+CHECKS = ("ops", "raster", "two_ranks_one_gpu", "single_process", "control_plane", "nccl_link")
+CUDA_ONLY = ("raster", "nccl_link")  # the CPU dry run skips them (gsplat, NCCL)
 GPU_PLAN_S = {
     "raster": 30.0,
     "two_ranks_one_gpu": 150.0,
@@ -560,15 +564,23 @@ def check_single_process(run: Run, gsplat: GsplatBuild) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------- main
 def check_control_plane(run: Run) -> dict[str, Any]:
-    """The engine's steady-state step on the GPU (``bench.control_plane --device cuda``)."""
+    """The engine's steady-state step on the GPU (``bench.control_plane --device cuda``; the
+    CPU dry run: 20k rows on the CPU)."""
     from odin_ns.bench import control_plane
 
     out = run.work / "control_plane.json"
-    argv = ["--rows", "1000000", "--ranks", "8", "--steps", "30", "--warmup", "3"]
+    rows = "1000000" if run.cuda else "20000"
+    argv = ["--rows", rows, "--ranks", "8", "--layouts", "replicated", "--steps", "30"]
     threads = str(torch.get_num_threads())
-    argv += ["--profile-steps", "3", "--device", "cuda", "--threads", threads, "--out", str(out)]
+    argv += ["--warmup", "3", "--profile-steps", "3", "--device", run.args.device]
+    argv += ["--threads", threads, "--out", str(out)]
     result = control_plane.main(argv)
     key = "r8_replicated"
+    cuda_syncs = {
+        f"cuda_syncs_per_step_{stat}": result[f"cuda_syncs_per_step_{key}_{stat}"]
+        for stat in ("max", "median")
+        if run.cuda
+    }
     figures = {
         f"{name}_ms_per_step": result[f"{name}_ms_per_step_{key}"]
         for name in ("engine", "data", "control", "host", "cpu")
@@ -576,8 +588,8 @@ def check_control_plane(run: Run) -> dict[str, Any]:
     return {
         "ok": True,
         **figures,
-        "cuda_syncs_per_step_max": result[f"cuda_syncs_per_step_{key}_max"],
-        "cuda_syncs_per_step_median": result[f"cuda_syncs_per_step_{key}_median"],
+        **cuda_syncs,
+        "device_reads_per_step_max": result["syncs_per_step_max"],  # bench.device_reads
         "share_per_view": result["share_per_view"],
         "json": str(out),
     }
@@ -660,8 +672,9 @@ def run_check(run: Run, name: str, fn: Callable[[], dict], plan_s: float) -> Non
     print(f"{name}: {'ok' if result.get('ok') else 'FAILED'} in {result['seconds']} s", flush=True)
 
 
-def start_watchdog(run: Run) -> None:
-    """Write the report and end the run (and its children) at the self-deadline."""
+def start_watchdog(run: Run) -> threading.Timer:
+    """Write the report and end the run (and its children) at the self-deadline; the caller
+    cancels the returned timer when the run ends first."""
 
     def fire() -> None:
         run.report["watchdog"] = f"self-deadline {run.args.budget_s} s reached"
@@ -681,6 +694,7 @@ def start_watchdog(run: Run) -> None:
     timer = threading.Timer(max(1.0, run.args.budget_s - 5.0 - run.elapsed()), fire)
     timer.daemon = True
     timer.start()
+    return timer
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -706,7 +720,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--device", default="cuda", choices=("cuda", "cpu"), help="cpu: dry run of the harness"
     )
+    parser.add_argument(
+        "--checks", default=",".join(CHECKS), help=f"comma list of checks to run, of {CHECKS}"
+    )
     args = parser.parse_args(argv)
+    args.checks = [c for c in args.checks.split(",") if c]
+    unknown = sorted(set(args.checks) - set(CHECKS))
+    if unknown:
+        parser.error(f"--checks: unknown {unknown}; checks are {', '.join(CHECKS)}")
     if args.prepare is None and args.out is None:
         parser.error("--out is required (unless --prepare)")
     return args
@@ -726,7 +747,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     run = Run(args, {"seed": seed, "budget_s": args.budget_s, "checks": {}})
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    start_watchdog(run)
+    watchdog = start_watchdog(run)
     if args.wheels is not None:  # before anything imports gsplat (the build, environment)
         run.report["wheels"] = gpu_wheels.install(args.wheels, run.work / "site")
     gsplat = GsplatBuild(run)  # overlaps check 1
@@ -734,20 +755,22 @@ def main(argv: list[str] | None = None) -> int:
     run.report["work_dir"] = str(run.work)
     print(f"gpu_check: seed={seed} {run.report['environment']}", flush=True)
     run.write()
-    run_check(run, "ops", lambda: check_ops(run), plan_s=20.0)
-    if run.cuda:
-        run_check(run, "raster", lambda: check_raster(run, gsplat), plan_s=15.0)
-    run_check(run, "two_ranks_one_gpu", lambda: check_two_ranks_one_gpu(run, gsplat), 60.0)
-    run_check(run, "single_process", lambda: check_single_process(run, gsplat), 40.0)
-    if run.cuda:
-        run_check(
-            run, "control_plane", lambda: check_control_plane(run), GPU_PLAN_S["control_plane"]
-        )
-        run_check(run, "nccl_link", lambda: check_nccl_link(run), GPU_PLAN_S["nccl_link"])
+    planned = [
+        ("ops", lambda: check_ops(run), 20.0),
+        ("raster", lambda: check_raster(run, gsplat), 15.0),
+        ("two_ranks_one_gpu", lambda: check_two_ranks_one_gpu(run, gsplat), 60.0),
+        ("single_process", lambda: check_single_process(run, gsplat), 40.0),
+        ("control_plane", lambda: check_control_plane(run), GPU_PLAN_S["control_plane"]),
+        ("nccl_link", lambda: check_nccl_link(run), GPU_PLAN_S["nccl_link"]),
+    ]
+    for name, check, plan_s in planned:
+        if name in args.checks and (run.cuda or name not in CUDA_ONLY):
+            run_check(run, name, check, plan_s)
     if run.cuda:
         run.report["gsplat_build"] = gsplat.wait(0.0)
     run.report["all_ok"] = all(c.get("ok") for c in run.report["checks"].values())
     run.write()
+    watchdog.cancel()
     print(f"gpu_check: all_ok={run.report['all_ok']} in {run.elapsed():.0f} s -> {args.out}")
     return 0 if run.report["all_ok"] else 1
 
