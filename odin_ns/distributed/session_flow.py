@@ -141,8 +141,13 @@ class SessionFlow:
         rank still holds the last finite state."""
         assert self._rows is not None
         grads = {name: self.model.gauss_params[name].grad for name in GAUSSIAN_GROUPS}
-        for name, grad in grads.items():
-            if grad is not None and not torch.isfinite(grad[self._rows]).all():
+        names = [name for name, grad in grads.items() if grad is not None]
+        if not names:
+            return grads
+        # one flag per group on the device, read in one copy (on a GPU: one synchronization)
+        finite = torch.stack([torch.isfinite(grads[n][self._rows]).all() for n in names])
+        for name, ok in zip(names, finite.cpu().tolist(), strict=True):
+            if not ok:
                 raise FloatingPointError(
                     f"rank {self.rank}: non-finite gradient of '{name}' at step {step}; "
                     "refusing to publish it"
