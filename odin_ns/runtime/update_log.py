@@ -259,20 +259,25 @@ class UpdateLog:
             return 0
         self.dirty = False
         total = 0
+        earlier_done = True  # every step before s fully applied (retired steps are)
         for s in list(self.pending):
             rec = self.pending[s]
             if not rec.done:
-                blocked = self.versions[rec.ids] < rec.prev
+                if earlier_done:  # every row's previous planned write is applied
+                    blocked = torch.zeros_like(rec.applied)
+                else:
+                    blocked = self.versions[rec.ids] < rec.prev
                 ready = ops.ready_mask(rec.arrived, rec.expected, rec.applied, blocked)
                 n = int(ready.sum())  # host
                 if n:
                     self._apply(rec, ready)
                     rec.applied |= ready
-                    self.versions[rec.ids[ready]] = rec.step
+                    self.versions[rec.ids if n == ready.numel() else rec.ids[ready]] = rec.step
                     total += n
                 if bool(rec.applied.all()):
                     rec.done = True
                     rec.parts = [None] * self.world_size
+            earlier_done = earlier_done and rec.done
             if rec.done and all(rec.received):
                 del self.pending[s]
         return total
