@@ -156,7 +156,10 @@ class PrimitiveSyncEngine:
                 raise ValueError(
                     "world_size > 1 needs torch.distributed initialized or a transport"
                 )
-            transport = P2PTransport(rank, world_size, process_group, self.config.idle_timeout_s)
+            transport = P2PTransport(
+                rank, world_size, process_group, self.config.idle_timeout_s,
+                groups[0].param.device.type == "cuda",
+            )  # fmt: skip
             if liveness is None:
                 liveness = StoreLiveness(rank, world_size, self.config.beat_s)
         self._transport = transport

@@ -21,6 +21,7 @@ from torch import Tensor
 from odin_ns.cuda import ops
 from odin_ns.runtime.transport import ALL_PEERS, Arrival, Transport
 from odin_ns.runtime.update_log import UpdateLog
+from odin_ns.runtime.uploads import upload
 
 TAG_MODULUS = 1 << 30
 
@@ -166,7 +167,7 @@ class SparseExchange:
                 f"{arrival.peer} out of order"
             )
         rec = log.record(s)
-        buf = arrival.buf.to(self.device)  # a host transport's arrivals are host buffers
+        buf = upload(arrival.buf, self.device)  # a host transport's arrivals are host buffers
         gate.observe(arrival.peer, rec.footprints[arrival.peer], buf)
         log.add(s, arrival.peer, buf)
         self.recv_done[arrival.peer] = s
@@ -216,7 +217,7 @@ class DenseExchange(SparseExchange):
         peers = [q for q in range(self.world_size) if q != self.rank]
         if arrival.peer != ALL_PEERS or any(self.recv_done[q] + 1 != s for q in peers):
             raise RuntimeError(f"rank {self.rank}: all-reduce of step {arrival.step} out of order")
-        log.add_sum(s, arrival.buf.to(self.device))
+        log.add_sum(s, upload(arrival.buf, self.device))
         for q in peers:
             self.recv_done[q] = s
         return arrival.buf.numel() * arrival.buf.element_size()

@@ -384,7 +384,7 @@ class ShardedEngine:
         for a in arrived:
             self._cur.bytes_recv += a.buf.numel() * a.buf.element_size()
             if kind == GRAD:
-                self.log.add(a.step // 2 - self.offset, a.peer, a.buf.to(self.device))
+                self.log.add(a.step // 2 - self.offset, a.peer, upload(a.buf, self.device))
             else:
                 self._absorb_push(a.peer, a.step // 2, a.buf)
         err = tx.failure()
@@ -399,7 +399,7 @@ class ShardedEngine:
             raise RuntimeError(f"rank {self.rank}: push {k} from {owner} out of order")
         self.push_recv[owner] += 1
         rows = upload(torch.from_numpy(push.rows), self.device)
-        buf = buf.to(self.device)
+        buf = upload(buf, self.device)
         off = 0
         for g, d in zip(self.groups, self.dims, strict=True):
             g.param.data.view(g.param.shape[0], d)[rows] = buf[:, off : off + d]

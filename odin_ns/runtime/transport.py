@@ -101,6 +101,8 @@ class P2PTransport:
         idle_timeout_s: how long a background wait may last; a gloo wait that times out
             closes the connection, so this is a last resort (the engine's deadlines are
             shorter and fire first).
+        pin_receives: receive into pinned host memory (parameters on CUDA: the arrival
+            then goes to the device without the host waiting for the stream).
     """
 
     device_resident = False  # sends from host memory (a CUDA buffer is copied first)
@@ -111,6 +113,7 @@ class P2PTransport:
         world_size: int,
         group: dist.ProcessGroup | None = None,
         idle_timeout_s: float = 1800.0,
+        pin_receives: bool = False,
     ):
         backend = str(dist.get_backend(group))
         if "gloo" not in backend:
@@ -121,6 +124,7 @@ class P2PTransport:
         self.rank = rank
         self.world_size = world_size
         self.group = group
+        self._pin = pin_receives
         self._idle = timedelta(seconds=idle_timeout_s)
         self._cond = threading.Condition()
         self._inbox: list[Arrival] = []
@@ -188,7 +192,7 @@ class P2PTransport:
                     if spec is None:
                         return
                     step, tag, rows, cols = spec
-                    buf = torch.empty(rows, cols, dtype=torch.float32)
+                    buf = torch.empty(rows, cols, dtype=torch.float32, pin_memory=self._pin)
                     posted.append((step, buf, dist.irecv(buf, src=src, group=self.group, tag=tag)))
                     block = False
                 step, buf, work = posted.popleft()

@@ -75,7 +75,7 @@ def open_transport(
 ) -> Transport:
     """The chosen transport; ``group`` (gloo) carries gloo's publications or NCCL's
     notices."""
-    host = P2PTransport(rank, world_size, group, idle_timeout_s)
+    host = P2PTransport(rank, world_size, group, idle_timeout_s, device.type == "cuda")
     if choice.kind == "gloo":
         return host
     return DeviceTransport(rank, world_size, NcclLink(world_size, device), host, device)
