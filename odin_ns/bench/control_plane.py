@@ -185,6 +185,13 @@ def make_groups(rows: int, seed: int, device="cpu") -> list[ParamGroupState]:
     return groups
 
 
+def odin_plan(F: sp.csr_matrix, ranks: int, steps: int, seed: int):
+    """The Odin plan of ``steps`` steps of footprints ``F`` on ``ranks`` ranks."""
+    from odin_ns.schedule import build_plan
+
+    return build_plan(F, ranks, steps, seed=seed, strategy="odin")
+
+
 class RankUnderTest:
     """Rank 0's engine on its plan, its injected peers and its step's gradients."""
 
@@ -199,11 +206,7 @@ class RankUnderTest:
         late: bool = False,
         plan=None,
     ):
-        from odin_ns.schedule import build_plan
-
-        self.plan = (
-            plan if plan is not None else build_plan(F, ranks, steps, seed=seed, strategy="odin")
-        )
+        self.plan = plan if plan is not None else odin_plan(F, ranks, steps, seed)
         self.ranks = ranks
         rows = F.shape[1]
         self.groups = make_groups(rows, seed, device)
@@ -253,12 +256,9 @@ class ShardedRankUnderTest:
         plan=None,
     ):
         from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, phase_read_sets
-        from odin_ns.schedule import build_plan
         from odin_ns.schedule.ownership import assign_ownership
 
-        self.plan = (
-            plan if plan is not None else build_plan(F, ranks, steps, seed=seed, strategy="odin")
-        )
+        self.plan = plan if plan is not None else odin_plan(F, ranks, steps, seed)
         owner = assign_ownership(self.plan, "locality", seed)
         reads = phase_read_sets(self.plan, ranks)[0]
         self.layout = layout = ShardLayout(owner, 0, reads[owner[reads] != 0])

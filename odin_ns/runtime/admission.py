@@ -230,16 +230,19 @@ class GradientEvidence:
         table, active = self.strength[peer], self.active[peer]
         rows = upload(rows, table.device)
         old, was_active = table[rows], active[rows]
-        if keep is not None:
-            visible = visible & keep
-            was_active = was_active & keep
+        now_active = visible
+        if keep is not None:  # rows not kept: counted neither way, tables unchanged
+            visible, was_counted = visible & keep, was_active & keep
+            now_active = torch.where(keep, visible, was_active)
             norms = torch.where(keep, norms, old)
+        else:
+            was_counted = was_active
         gained = torch.where(visible, norms, 0.0).double().sum()
-        lost = torch.where(was_active, old, 0.0).double().sum()
+        lost = torch.where(was_counted, old, 0.0).double().sum()
         self.active_sum[peer] += gained - lost
-        self.active_count[peer] += visible.sum() - was_active.sum()
+        self.active_count[peer] += visible.sum() - was_counted.sum()
         table[rows] = norms
-        active[rows] = visible if keep is None else torch.where(keep, visible, active[rows])
+        active[rows] = now_active
 
     def mean(self, peer: int) -> float | None:
         """Mean known norm over peer's active set, None before its first publication
