@@ -11,7 +11,7 @@ SRC := odin_ns method_configs viewer_ext tests
 # Ranks and tests share few cores: OpenMP workers must not spin while waiting.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: venv test lint demo bench bench-phase-ab clean
+.PHONY: venv test lint demo bench bench-phase-ab bench-scale-inputs bench-scale clean
 
 # Large wheels (open3d is 400 MB) can lose their connection part-way: pip resumes a
 # broken download (one install here needed 21 resumes for its last 30 MB), and a failed
@@ -119,8 +119,23 @@ bench: venv
 	done
 	$(PY) -m odin_ns.bench.trace --run-json outputs/bench_sync/street/bench/odin-splatfacto/barrier-r0/odin_run.json \
 		--out bench/trace_street.json
-	$(PY) -m odin_ns.bench.scale --sync-json bench/sync_street.json --sync-json bench/sync_fox.json \
-		--sync-json bench/sync_street_3ranks.json --fox ../shared/data/fox --out bench/scale.json
+
+# The simulator's inputs, committed so that bench-scale rebuilds from the repository alone:
+# traces of 2-rank runs (bench/traces), the gloo point-to-point link (bench/p2p_gloo.json);
+# bench/allreduce.json and bench/control_plane.json come from the bench target.
+bench-scale-inputs: venv
+	$(PY) -m odin_ns.data.synthetic --out $(DEMO_DIR) --layout street
+	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 2 --no-eval \
+		--work-dir outputs/bench_sync/street_traces --out outputs/sync_street_traces.json
+	$(PY) -m odin_ns.bench.trace_store --sync-json outputs/sync_street_traces.json --out-dir bench/traces/street
+	$(PY) -m odin_ns.bench.sync --data ../shared/data/fox --downscale-factor 8 --ranks 2 --steps 300 \
+		--repeats 2 --no-eval --work-dir outputs/bench_sync/fox_traces --out outputs/sync_fox_traces.json \
+		-- --pipeline.datamanager.camera-res-scale-factor 0.5
+	$(PY) -m odin_ns.bench.trace_store --sync-json outputs/sync_fox_traces.json --out-dir bench/traces/fox
+	$(PY) -m odin_ns.bench.p2p --out bench/p2p_gloo.json
+
+bench-scale: venv
+	$(PY) -m odin_ns.bench.scale --out bench/scale.json
 
 clean:
 	rm -rf $(VENV) outputs demo_data

@@ -11,7 +11,6 @@ import scipy.sparse as sp
 from odin_ns.bench.allreduce import AllReduceSample, calibration_record, fit_ring
 from odin_ns.bench.scale import allreduce_calibration, predict_round
 from odin_ns.bench.simulate import (
-    NETWORKS,
     PUBLICATION_ROW_BYTES,
     Network,
     Phase,
@@ -87,7 +86,6 @@ def test_bandwidth_and_ownership_traffic():
     # = 2 s -> 6
     assert bar.total_time == pytest.approx(6.0)
     assert bar.bytes_per_rank_per_step == pytest.approx(70 / 4)
-    assert set(NETWORKS) == {"nvlink", "pcie", "100gbe", "10gbe"}
 
 
 def test_throughput_first_admits_small_overlaps_only():
@@ -339,3 +337,163 @@ def test_sync_seed_control_refusals_come_before_any_run(tmp_path, capsys, extra,
     assert exc.value.code == 2
     assert reason in capsys.readouterr().err.strip().splitlines()[-1]
     assert not out.exists() and not (tmp_path / "runs").exists()
+
+
+# ------------------------------------------------ transports, host work, Grendel-style
+
+
+def test_topology_prices_each_pair_on_its_link_and_host_copies():
+    from odin_ns.bench.simulate import Topology, allreduce_seconds, message_seconds
+
+    fast = Network("in node", 1.0, 10.0)  # 1 s + 10 bytes/s
+    slow = Network("between nodes", 5.0, 1.0)
+    topo = Topology("2 x 2", fast, slow, per_node=2)
+    traffic = np.zeros((1, 4, 4))
+    traffic[0, 0, 1] = 20.0  # same node: 1 + 20 / 10 = 3 s
+    traffic[0, 0, 2] = 3.0  # other node: 5 + 3 / 1 = 8 s
+    nothing = np.zeros((1, 4))
+    dur = message_seconds(traffic, topo, nothing)
+    assert dur[0, 0, 1] == pytest.approx(3.0) and dur[0, 0, 2] == pytest.approx(8.0)
+    staged = Topology("2 x 2 staged", fast, slow, per_node=2, copy_Bps=10.0)
+    copied = np.array([[23.0, 0.0, 0.0, 0.0]])  # what rank 0 took off its device
+    dur = message_seconds(traffic, staged, copied)
+    assert dur[0, 0, 1] == pytest.approx(3.0 + (23 + 20) / 10)
+    # one node: the intra link's ring; two nodes: the rails' inter-node links in parallel
+    assert allreduce_seconds(8.0, 2, topo) == pytest.approx(ring_allreduce_seconds(8.0, 2, fast))
+    rails = Network("rails", 5.0, min(10.0, 2 * 1.0))
+    assert allreduce_seconds(8.0, 4, topo) == pytest.approx(ring_allreduce_seconds(8.0, 4, rails))
+
+
+def test_host_work_is_paid_by_odin_modes_not_by_ddp():
+    plan = two_rank_plan()
+    ph = phase(plan, [[1.0, 3.0], [1.0, 1.0]])
+    instant = Network("instant", 0.0, 1e30)  # nothing to hide the host work behind
+    for mode in ("barrier", "quality-first", "throughput-first"):
+        base = replay([ph], mode, instant).total_time
+        # rank 1 (3 s, then 1 s) is the critical path and pays it after both steps
+        assert replay([ph], mode, instant, host_s=0.25).total_time == pytest.approx(base + 0.5)
+    # behind a message's latency (0.5 s) the host work is hidden: a rank waits anyway
+    assert replay([ph], "barrier", FAST, host_s=0.25).total_time == pytest.approx(5.0)
+    assert replay([ph], "ddp", FAST, host_s=0.25).total_time == replay([ph], "ddp", FAST).total_time
+
+
+def test_host_work_interpolates_in_log_ranks_and_scales_its_integer_part(tmp_path):
+    from odin_ns.bench.scale import HostWork
+
+    cp = {"rows": 1000, "share_per_view": 0.1, "code": "test"}  # 100 rows per view
+    cp.update({"host_ms_per_step_r8_replicated": 10.0, "control_ms_per_step_r8_replicated": 4.0})
+    cp.update({"host_ms_per_step_r64_replicated": 40.0, "control_ms_per_step_r64_replicated": 10.0})
+    path = tmp_path / "cp.json"
+    path.write_text(json.dumps(cp))
+    host = HostWork.load(path)
+    assert host.seconds("replicated", 8, 100.0) == pytest.approx(10e-3)
+    assert host.seconds("replicated", 64, 200.0) == pytest.approx((30.0 + 20.0) * 1e-3)
+    # halfway in log R (8 -> 64 through sqrt(512)), and constant outside the measured sizes
+    assert host.seconds("replicated", int(round(np.sqrt(512))), 100.0) == pytest.approx(
+        25e-3, rel=0.01
+    )
+    assert host.seconds("replicated", 2, 100.0) == pytest.approx(10e-3)
+
+
+def test_grendel_style_step_by_hand():
+    from odin_ns.bench.simulate import (
+        GRENDEL_BACKWARD_BYTES,
+        GRENDEL_FORWARD_BYTES,
+        owned_reads,
+        replay_grendel,
+    )
+
+    plan = two_rank_plan()  # step 0: rank 0 reads {0, 1}, rank 1 {2, 3}; step 1: {0}, {1, 2}
+    owner = np.array([1, 1, 0, 0])  # every read at step 0 is remote
+    reads = owned_reads(plan, owner)
+    np.testing.assert_array_equal(reads[0], [[0, 2], [2, 0]])  # [owner, reader]
+    np.testing.assert_array_equal(reads[1], [[0, 1], [1, 0]])
+    net = Network("hand", 0.5, 1e30)  # latency only
+    ph = phase(plan, [[1.0, 3.0], [1.0, 1.0]])
+    balanced = np.array([[2.0, 2.0], [1.0, 1.0]])
+    g = replay_grendel(ph, balanced, net, owner, num_rows=4)
+    # per step: the slower rank's balanced compute + forward and backward all-to-all (0.5 s
+    # each) + the counts' all-gather ((R - 1) x 0.5 s) + redistribution / 1000 (~0.5 ms)
+    per_step_extra = 3 * 0.5 + (0.5 + 0) / 1000
+    assert g.total_time == pytest.approx(2.0 + 1.0 + 2 * per_step_extra, rel=1e-9)
+    assert g.bytes_per_rank_per_step == pytest.approx(
+        6 * (GRENDEL_FORWARD_BYTES + GRENDEL_BACKWARD_BYTES) / 4
+    )
+
+
+def test_dependency_share_counts_rows_a_peer_wrote_before():
+    from odin_ns.bench.simulate import dependency_share
+
+    plan = two_rank_plan()
+    # step 1: rank 1 reads {1, 2}: row 1 rank 0 wrote at step 0; rank 0 reads {0}, its own
+    assert dependency_share(plan) == pytest.approx(1 / 3)
+    assert plan.dependency_rows[1].sum() == 1  # the training runs' count, for two ranks
+    # three ranks all reading row 0 every step: each row counts once, not once per peer
+    F = sp.csr_matrix(np.array([[1, 1], [1, 0], [1, 0]], dtype=bool))
+    three = StepPlan.from_views(F, np.array([[[0], [1], [2]], [[0], [1], [2]]]))
+    assert dependency_share(three) == pytest.approx(3 / 4)  # rows {0,1}, {0}, {0}: 3 of 4
+
+
+def test_trace_store_round_trip(tmp_path):
+    from odin_ns.bench.trace_store import CASE_FILE, FOOTPRINTS_FILE, load_case, save_table
+
+    table = synthetic_table(0.02)
+    table.update(world_size=2, sources={"footprint_rows": "run log"})
+    table.update(
+        visible_rows=table["footprint_rows"],
+        pixels=np.full((12, 2), 100.0),
+        num_rows=np.full(12, 8),
+    )
+    save_table(table, tmp_path / "barrier-r0.npz")
+    sp.save_npz(tmp_path / FOOTPRINTS_FILE, table["footprints"])
+    case = {
+        "data": "x",
+        "ranks": 2,
+        "steps": 12,
+        "measured": {},
+        "traces": {"barrier": ["barrier-r0.npz"]},
+    }
+    (tmp_path / CASE_FILE).write_text(json.dumps(case))
+    meta, tables = load_case(tmp_path)
+    back = tables["barrier"][0]
+    for key in ("step", "view", "compute_s", "start", "end", "pixels"):
+        np.testing.assert_array_equal(back[key], table[key])
+    assert back["phases"] == table["phases"] and back["world_size"] == 2
+    assert (back["footprints"] != table["footprints"]).nnz == 0
+    # the validation's inputs come back whole: the fitted delay is the same
+    from odin_ns.bench.scale import calibrate_on_barrier
+
+    assert calibrate_on_barrier(back).latency_s == pytest.approx(
+        calibrate_on_barrier(table).latency_s
+    )
+
+
+def test_p2p_fit_recovers_latency_and_bandwidth():
+    from odin_ns.bench.p2p import P2PSample, fit_link
+
+    samples = [P2PSample(b, 5e-5 + b / 2e9, 0.0, 0.0, 1) for b in (4096, 2**18, 2**22, 2**25)]
+    fit = fit_link(samples)
+    assert fit.latency_s == pytest.approx(5e-5, rel=1e-6)
+    assert fit.bandwidth_Bps == pytest.approx(2e9, rel=1e-6)
+
+
+def test_scale_rebuilds_from_the_repository(tmp_path, monkeypatch):
+    """``python -m odin_ns.bench.scale`` reads only committed files; its validation,
+    recomputed here from the committed traces, gives the committed figure."""
+    from pathlib import Path
+
+    from odin_ns.bench import scale
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)
+    committed = json.loads((root / "bench/scale.json").read_text())
+    out = tmp_path / "scale.json"
+    argv = ["--ranks", "2,8", "--city-views", "480", "--drive-views", "48", "--max-steps", "6"]
+    result = scale.main([*argv, "--out", str(out)])
+    assert result["validation_error_max"] == pytest.approx(committed["validation_error_max"])
+    assert all(not Path(p).is_absolute() for p in result["inputs"]["traces"])
+    for key in ("host", "device", "device_transport_target_host"):
+        tail = key if key.endswith("host") and key != "host" else f"{key}_transport"
+        assert np.isfinite(result[f"sim_qf_vs_ddp_nccl_8_{tail}"])
+    assert {r["scene_key"] for r in result["scaling"]} == {"city", "drive", "street", "fox"}
+    assert out.exists() and out.with_suffix(".png").exists()

@@ -1,30 +1,41 @@
-"""Scale evidence: a trace-driven simulator, validated on measured runs, replayed to 64 ranks.
+"""Scale evidence: a trace-driven simulator that prices the code as built, validated on
+measured runs and replayed to 8 ranks (one node) and 64 ranks (8 nodes of 8).
 
-    python -m odin_ns.bench.scale --sync-json bench/sync_street.json [--sync-json ...] \
-        [--allreduce-json SAVED] --out bench/scale.json
+    python -m odin_ns.bench.scale --out bench/scale.json
 
-1. **Validation** (measured vs simulated). Two calibrations, neither from the run being
-   predicted. (a) For every ``bench.sync`` result and round, its ``barrier`` run: per-step
-   measured compute, the per-step overhead around it (publish, apply, loop), phase-start
-   costs, the recorded views, and footprints of the run's final Gaussians
-   (``bench.trace``); one constant per-message delay is fitted so the simulated barrier
-   run takes the measured time. (b) ddp's dense all-reduce: a gloo all-reduce
-   micro-benchmark on this machine (``odin_ns.bench.allreduce``, run at the start, ~10-20
-   s, or read with ``--allreduce-json``) at each world size, fitted to the ring model; the
-   fitted per-message delay of (a) is the point-to-point publications' cost and is not
-   charged to the all-reduce. The simulator then *predicts* the other modes, from the
-   barrier trace (``cross_mode``) and from each mode's own trace (its compute and overhead,
-   waits re-simulated: ``errors_points``), and each predicted throughput ratio is compared
-   with the measured median ratio (error in percentage points).
-2. **Scaling** (simulated). Real footprints (the street scene's and fox's trained
-   Gaussians when their runs are given, else fox's cameras over random Gaussians, and the
-   synthetic city of ``bench.schedule``), real plans and dependency tables from
-   ``odin_ns.schedule.build_plan`` at 2-64 ranks, the fitted per-view cost model scaled to
-   a GPU (stated assumption below, ``gpu_assumption``), the fitted jitter, network presets
-   (``odin_ns.bench.simulate.NETWORKS``; ddp's all-reduce: the ring model on the preset's
-   latency and bandwidth, as NCCL's ring moves it); modes ddp, barrier, quality-first,
-   throughput-first; replicated ownership. Sharded ownership is another issue: it plugs in
-   as an ``Ownership`` (traffic = remote part of the footprint); until then its key is null.
+Everything it reads is in the repository (defaults in brackets):
+
+- measured traces of ``bench.sync`` runs, exported by ``odin_ns.bench.trace_store``
+  [``bench/traces/street``, ``bench/traces/fox``]: per-step compute, overhead, waits and
+  views of every mode and round, the measured throughput ratios, footprints of the final
+  Gaussians;
+- the gloo all-reduce micro-benchmark [``bench/allreduce.json``] and the gloo
+  point-to-point micro-benchmark [``bench/p2p_gloo.json``], both measured on this machine;
+- the engine's host work per step at 1M Gaussians [``bench/control_plane.json``].
+
+1. **Validation** (measured vs simulated), recomputed in every run. Per case and round:
+   one per-message delay fitted on the barrier trace; ddp's all-reduce priced by the
+   all-reduce micro-benchmark's ring fit; the other modes *predicted* from their own
+   traces (``errors_points``) and from the barrier trace alone (``cross_mode``), and the
+   median predicted ratio compared with the measured median (percentage points).
+2. **Scaling** (simulated). Scenes: the street and fox runs' trained Gaussians, the
+   synthetic city (``bench.schedule.make_city``) and the drive layout (a camera looking
+   down its street: dense overlap, ``bench.schedule.make_layout_scene``), each with its
+   dependency share (rows of a step that a peer wrote at its step before). Plans from
+   ``odin_ns.schedule.build_plan``; per-view GPU time from the fitted cost model scaled
+   to published gsplat times (``GPU_ASSUMPTION``) with the fitted jitter. Two transports,
+   on nodes of 8 GPUs (``CLUSTER``): **device** (NCCL, ``runtime.device_transport``:
+   NVLink in a node, one InfiniBand NIC per GPU between nodes) and **host** (gloo,
+   ``runtime.transport``: the measured gloo point-to-point link, plus device-to-host and
+   host-to-device copies at PCIe speed). Every Odin mode (barrier, quality-first,
+   throughput-first; replicated and sharded with locality ownership) pays the engine's
+   measured host work per step (``HostWork``). Baselines as users run them: **ddp_nccl**
+   (the dense all-reduce of torch DDP over NCCL, no per-row host work) and **grendel**
+   (Grendel-GS: random ownership, lockstep sparse all-to-all of projected Gaussians and
+   their gradients every step, balanced pixels, periodic redistribution:
+   ``simulate.replay_grendel``). The ``target`` variants: the device transport with the
+   host work the device data plane issue aims at (2 ms per step at 8 ranks, 4 at 64),
+   what meeting it would buy.
 
 Every simulated figure is labelled ``simulated`` (keys ``sim_*``, ``source`` fields, plot
 titles). Writes JSON and a PNG.
@@ -35,25 +46,30 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from odin_ns.bench.report import save_figure, write_json
 from odin_ns.bench.simulate import (
-    NETWORKS,
     PUBLICATION_ROW_BYTES,
     Network,
     Phase,
     Replay,
     Sharded,
     StepPlan,
+    Topology,
+    dependency_share,
     replay,
+    replay_grendel,
 )
-from odin_ns.bench.trace import CostModel, Jitter, fit_trace, step_table
+from odin_ns.bench.trace import CostModel, Jitter, fit_trace
 
 SIM_SHORT = {"ddp": "ddp", "barrier": "barrier", "quality-first": "qf", "throughput-first": "tf"}
-# Published per-iteration time of gsplat (stated assumption; no GPU lent to this task).
+ODIN_MODES = ("barrier", "quality-first", "throughput-first")
+LAYOUTS = ("replicated", "sharded")
+# Published per-iteration time of gsplat (stated assumption; no GPU check has run).
 GPU_ASSUMPTION = {
     "seconds_per_iteration": 19.39 * 60 / 30000,
     "num_gaussians": 3_240_000,
@@ -62,7 +78,40 @@ GPU_ASSUMPTION = {
     "images); Table 2: 3.24M Gaussians (default strategy)",
     "rule": "a view's GPU time = 38.8 ms x (fitted CPU cost of the view / mean fitted cost over "
     "the scene's views) x a jitter ratio resampled from the fitted CPU residuals; publication "
-    "rows and the ddp all-reduce scaled to 3.24M Gaussians (footprint fractions kept)",
+    "rows, host work and the ddp all-reduce scaled to 3.24M Gaussians (footprint fractions "
+    "kept)",
+}
+# The cluster the figures stand for (stated, the GPU of GPU_ASSUMPTION): DGX A100 nodes.
+CLUSTER = {
+    "gpus_per_node": 8,
+    "nvlink": Network(
+        "NVLink 3", 3e-6, 300e9, "A100 NVLink 3: 600 GB/s total = 300 GB/s per direction"
+    ),
+    "infiniband": Network(
+        "InfiniBand HDR",
+        5e-6,
+        25e9,
+        "DGX A100: one ConnectX-6 HDR 200 Gb/s NIC per GPU = 25 GB/s per direction",
+    ),
+    "pcie_copy_Bps": 25e9,
+    "pcie_source": "PCIe 4.0 x16 (A100's host link), ~25 GB/s achievable per direction: a "
+    "documented figure, not measured (the GPU check, which measures pinned and pageable "
+    "copies, has not run on a GPU)",
+}
+
+
+def target_host_ms(ranks: int) -> float:
+    """The device data plane issue's host-work targets: 2 ms per step up to 8 ranks, 4 ms at
+    64 (not met by the code: the ``target`` variants say what meeting them would buy)."""
+    return 2.0 if ranks <= 8 else 4.0
+
+
+ANCHORS = {
+    "paper_speedup_8": 1.22,
+    "paper_wait_hidden_8": 0.82,
+    "paper_speedup_vs_grendel_64": 1.89,
+    "source": "the Odin paper's figures (DESIGN.md): 1.22x and 82% of critical-path wait "
+    "hidden at 8 GPUs, 1.89x over Grendel at 64",
 }
 
 
@@ -224,8 +273,8 @@ def allreduce_calibration(
     return record, fits
 
 
-def validate_case(sync_json: Path, collectives: dict[int, Network]) -> dict:
-    """Predict a ``bench.sync`` result's throughput ratios from its measured traces.
+def validate_case(case_dir: Path, collectives: dict[int, Network]) -> dict:
+    """Predict an exported ``bench.sync`` case's throughput ratios from its traces.
 
     Per round i, ``predict_round`` on round i's traces (the delay calibrated on round i's
     barrier run; ddp's all-reduce priced by ``collectives[ranks]``, the micro-benchmark's
@@ -234,38 +283,32 @@ def validate_case(sync_json: Path, collectives: dict[int, Network]) -> dict:
     trace replayed (``trace_replay``); ``errors_points_cross_mode``: every mode from the
     barrier trace alone.
     """
-    from odin_ns.bench.trace import run_footprints
+    from odin_ns.bench.trace_store import load_case
 
-    res = json.loads(sync_json.read_text())
-    modes = res["modes"]
-    rounds = len(modes["barrier"]["run_dirs"])
-    collective = collectives[int(res["ranks"])]
-    fp = run_footprints(Path(modes["barrier"]["run_dirs"][0]))  # identical final Gaussians
+    meta, tables = load_case(case_dir)
+    rounds = len(tables["barrier"])
+    collective = collectives[int(meta["ranks"])]
     cross: dict[str, list[float]] = {}
     own: dict[str, list[float]] = {}
     delays, r2 = [], []
     for i in range(rounds):
-        tables = {}
-        for mode in (m for m in modes if m in SIM_SHORT):  # not bench.sync's A/A control
-            run_dir = Path(modes[mode]["run_dirs"][i])
-            summary = json.loads((run_dir / "odin_run.json").read_text())
-            tables[mode] = step_table(summary, run_dir, fp)
-        c, o, net = predict_round(tables, collective)
+        round_tables = {m: t[i] for m, t in tables.items() if m in SIM_SHORT and i < len(t)}
+        c, o, net = predict_round(round_tables, collective)
         delays.append(net.latency_s)
-        r2.append(fit_trace(tables["barrier"])[0].r2)
+        r2.append(fit_trace(round_tables["barrier"])[0].r2)
         for key, v in c.items():
             cross.setdefault(key, []).append(v)
         for key, v in o.items():
             own.setdefault(key, []).append(v)
     case: dict = {
         "source": "measured ratios (bench.sync medians) vs simulated from their traces",
-        "sync_json": str(sync_json),
-        "data": res["data"],
-        "ranks": res["ranks"],
-        "steps": res["steps"],
+        "traces": str(case_dir),
+        "data": meta["data"],
+        "ranks": meta["ranks"],
+        "steps": meta["steps"],
         "repeats": rounds,
-        "jitter_ms": res.get("jitter_ms", 0.0),
-        "calibration_traces": modes["barrier"]["run_dirs"],
+        "jitter_ms": meta.get("jitter_ms", 0.0),
+        "dependency_share_measured": meta.get("dependency_share", {}).get("barrier"),
         "calibrated_delay_s": delays,
         "allreduce_network": vars(collective),
         "cost_model_r2": r2,
@@ -273,7 +316,7 @@ def validate_case(sync_json: Path, collectives: dict[int, Network]) -> dict:
         "errors_points_cross_mode": {},
     }
     for key in cross:
-        measured = res.get(f"throughput_ratio_{key}")
+        measured = meta["measured"].get(f"throughput_ratio_{key}")
         case[f"measured_ratio_{key}"] = measured
         case[f"sim_ratio_{key}_cross_mode"] = float(np.median(cross[key]))
         if key in own:
@@ -288,108 +331,249 @@ def validate_case(sync_json: Path, collectives: dict[int, Network]) -> dict:
     return case
 
 
+# ------------------------------------------------------------------------ host work
+
+
+@dataclass(frozen=True)
+class HostWork:
+    """The engine's host seconds per step, as ``bench.control_plane`` measured them: per
+    (layout, world size) its ``host_ms`` (outside the data-plane kernels) and the part of it
+    spent in integer operations over row ids (``control_ms``), at ``rows_per_view``."""
+
+    ms: dict[tuple[str, int], tuple[float, float]]  # (layout, R) -> (host_ms, control_ms)
+    rows_per_view: float
+    source: str
+
+    @classmethod
+    def load(cls, path: Path) -> HostWork:
+        cp = json.loads(Path(path).read_text())
+        ms = {}
+        for layout in LAYOUTS:
+            for key in cp:
+                prefix = "host_ms_per_step_r"
+                if key.startswith(prefix) and key.endswith(f"_{layout}"):
+                    r = int(key[len(prefix) :].split("_")[0])
+                    ms[(layout, r)] = (cp[key], cp[f"control_ms_per_step_r{r}_{layout}"])
+        if not ms:
+            raise ValueError(f"{path} holds no host_ms_per_step_r<R>_<layout> medians")
+        return cls(ms, float(cp["rows"]) * float(cp["share_per_view"]), f"{path}: {cp['code']}")
+
+    def seconds(self, layout: str, ranks: int, rows_per_view: float) -> float:
+        """Host seconds per step at ``ranks``: the measured medians interpolated in log R
+        (held constant outside the measured world sizes); the integer part scaled by
+        ``rows_per_view`` over the benchmark's (each peer's publication costs its rows),
+        the rest (Python) kept."""
+        sizes = sorted(r for lay, r in self.ms if lay == layout)
+        x = np.log([float(r) for r in sizes])
+        host = np.interp(np.log(ranks), x, [self.ms[(layout, r)][0] for r in sizes])
+        control = np.interp(np.log(ranks), x, [self.ms[(layout, r)][1] for r in sizes])
+        return float((host - control) + control * rows_per_view / self.rows_per_view) / 1e3
+
+
 # ------------------------------------------------------------------------ scaling
 
 
-def scene_footprints(name: str, args, traces: dict) -> tuple:
-    """(footprints [V, N], pixels per view, label) of a scaling scene."""
-    if name in traces:
-        t = traces[name]
-        return t["footprints"], float(t["pixels"].mean()), f"{name} (trained Gaussians)"
+def transports(p2p: Network) -> dict[str, Topology]:
+    """The two transports of the code, on ``CLUSTER``'s nodes of 8 GPUs."""
+    nvlink, ib = CLUSTER["nvlink"], CLUSTER["infiniband"]
+    per_node = int(CLUSTER["gpus_per_node"])
+    device = Topology(
+        "device: NCCL (runtime.device_transport)",
+        nvlink,
+        ib,
+        per_node,
+        0.0,
+        "publications GPU to GPU: NVLink in a node, one InfiniBand NIC per GPU between nodes",
+    )
+    host = Topology(
+        "host: gloo (runtime.transport)",
+        Network("gloo in a node", p2p.latency_s, p2p.bandwidth_Bps, p2p.source),
+        Network(
+            "gloo between nodes",
+            p2p.latency_s + ib.latency_s,
+            min(p2p.bandwidth_Bps, ib.bandwidth_Bps),
+            "the measured gloo link, capped by the NIC, plus its latency",
+        ),
+        per_node,
+        float(CLUSTER["pcie_copy_Bps"]),
+        "publications device -> host -> gloo over TCP -> host -> device",
+    )
+    return {"host": host, "device": device}
+
+
+def scene_footprints(name: str, args, cases: dict) -> tuple:
+    """(footprints [V, N], label) of a scaling scene."""
+    from odin_ns.bench.trace_store import FOOTPRINTS_FILE
+
+    if name in cases:
+        import scipy.sparse as sp
+
+        F = sp.load_npz(Path(cases[name]) / FOOTPRINTS_FILE).tocsr()
+        return F, f"{name} (trained Gaussians of the validation runs)"
     import torch
 
-    from odin_ns.bench.schedule import load_transforms_scene, make_city, timed_footprints
+    from odin_ns.bench.schedule import make_city, make_layout_scene, timed_footprints
 
     torch.set_num_threads(1)
-    if name == "fox":
-        scene = load_transforms_scene(args.fox, 100_000, seed=0, downscale=16)
-        label = "fox (67 real cameras, 100k random Gaussians)"
+    if name == "drive":
+        scene = make_layout_scene("drive", args.drive_views, points_per_view=50, seed=args.seed)
+        label = f"drive ({args.drive_views} views down a synthetic street, its point cloud)"
     else:
-        scene = make_city(args.city_views, 20 * args.city_views, seed=0)
+        scene = make_city(args.city_views, 20 * args.city_views, seed=args.seed)
         label = f"city ({args.city_views} views, {20 * args.city_views} Gaussians)"
     F, _, _ = timed_footprints(scene)
-    return F, float(scene.width * scene.height), label
+    return F, label
 
 
-def gpu_phase(F, ranks: int, model: CostModel, jitter: Jitter, steps: int, seed: int) -> Phase:
+def gpu_phase(
+    F, ranks: int, model: CostModel, jitter: Jitter, steps: int, seed: int
+) -> tuple[Phase, np.ndarray]:
+    """The phase at GPU cost, and the per-(step, rank) cost with the step's views' work
+    spread evenly over the ranks (Grendel balances pixels by measured time; the jitter,
+    which no balancing foresees, stays per rank)."""
     from odin_ns.schedule import build_plan
 
     plan = build_plan(F, ranks, steps, seed=seed, strategy="odin")
     rows = np.diff(F.indptr).astype(np.float64)
-    rel = model.predict(rows, 0.0) + model.per_pixel * 0.0
+    rel = model.predict(rows, 0.0)
     rel = np.maximum(rel, 1e-12) / np.maximum(rel.mean(), 1e-12)
     base = GPU_ASSUMPTION["seconds_per_iteration"] * rel[plan.views].sum(axis=2)
-    rng = np.random.default_rng([seed, ranks])
-    compute = base * jitter.sample(rng, base.shape)
-    return Phase(plan, compute, np.zeros_like(compute), GPU_ASSUMPTION["num_gaussians"])
+    ratio = jitter.sample(np.random.default_rng([seed, ranks]), base.shape)
+    phase = Phase(plan, base * ratio, np.zeros_like(base), GPU_ASSUMPTION["num_gaussians"])
+    return phase, base.mean(axis=1, keepdims=True) * ratio
 
 
-def sharded_replays(ph: Phase, net, row_bytes: float, seed: int) -> dict:
-    """Quality-first with sharded ownership (odin_ns.schedule.ownership): locality (each rank
-    owns what its stream reads) vs random (Grendel-style), simulated."""
+def variant(transport: str, layout: str, mode: str) -> str:
+    return f"{transport}/{layout}/{SIM_SHORT[mode]}"
+
+
+def scaling_row(name: str, label: str, F, R: int, model, jitter, host: HostWork, args) -> dict:
+    """Every variant of one scene at R ranks (see the module docstring)."""
     from odin_ns.schedule.ownership import assign_ownership
 
+    t0 = time.perf_counter()
+    steps = min(args.max_steps, F.shape[0] // R)
+    ph, balanced = gpu_phase(F, R, model, jitter, steps, args.seed)
+    scale = GPU_ASSUMPTION["num_gaussians"] / F.shape[1]
+    row_bytes = PUBLICATION_ROW_BYTES * scale
+    rows_per_view = float(np.diff(F.indptr).mean()) * scale
+    topos = transports(args.p2p)
+    local = Sharded(assign_ownership(ph.plan, "locality", seed=args.seed))
+    random_owner = np.random.default_rng(args.seed).integers(0, R, F.shape[1])
+    sims: dict[str, Replay] = {
+        "ddp_nccl": replay([ph], "ddp", topos["device"], row_bytes=row_bytes),
+        "grendel": replay_grendel(
+            ph, balanced, topos["device"], random_owner, scale, GPU_ASSUMPTION["num_gaussians"]
+        ),
+    }
+    host_ms = {}
+    target_s = target_host_ms(R) / 1e3
+    for layout, own in (("replicated", None), ("sharded", local)):
+        h = host.seconds(layout, R, rows_per_view)
+        host_ms[layout] = h * 1e3
+        for transport, topo in topos.items():
+            for mode in ODIN_MODES:
+                sims[variant(transport, layout, mode)] = replay(
+                    [ph], mode, topo, ownership=own, row_bytes=row_bytes, host_s=h
+                )
+        for mode in ODIN_MODES:  # what the device data plane issue's host targets would buy
+            sims[variant("target", layout, mode)] = replay(
+                [ph], mode, topos["device"], ownership=own, row_bytes=row_bytes, host_s=target_s
+            )
+
+    def ratio(a: str, b: str) -> float:
+        return sims[b].total_time / sims[a].total_time
+
+    odin = [k for k in sims if k.count("/") == 2]
+    barrier_of = {k: k.rsplit("/", 1)[0] + "/barrier" for k in odin}
     return {
-        kind: replay(
-            [ph],
-            "quality-first",
-            net,
-            ownership=Sharded(assign_ownership(ph.plan, kind, seed=seed)),
-            row_bytes=row_bytes,
-        )
-        for kind in ("locality", "random")
+        "source": "simulated",
+        "scene": label,
+        "scene_key": name,
+        "ranks": R,
+        "nodes": -(-R // int(CLUSTER["gpus_per_node"])),
+        "steps": steps,
+        "dependency_share": dependency_share(ph.plan),
+        "rows_per_view": rows_per_view,
+        "host_ms_per_step": host_ms,
+        "views_per_second": {k: s.views_per_second for k, s in sims.items()},
+        "vs_ddp_nccl": {k: ratio(k, "ddp_nccl") for k in odin + ["grendel"]},
+        "vs_grendel": {k: ratio(k, "grendel") for k in odin + ["ddp_nccl"]},
+        "vs_barrier": {k: ratio(k, barrier_of[k]) for k in odin if not k.endswith("/barrier")},
+        "wait_hidden": {
+            k: 1.0 - sims[k].critical_path_wait / max(sims[barrier_of[k]].critical_path_wait, 1e-12)
+            for k in odin
+            if not k.endswith("/barrier")
+        },
+        "barrier_wait_share": {
+            k: sims[k].critical_path_wait / sims[k].total_time
+            for k in odin
+            if k.endswith("/barrier")
+        },
+        "tf_admitted_reads": sims[
+            variant("device", "replicated", "throughput-first")
+        ].admitted_reads,
+        "bytes_per_rank_per_step": {k: s.bytes_per_rank_per_step for k, s in sims.items()},
+        "seconds": time.perf_counter() - t0,
     }
 
 
-def run_scaling(scenes: dict, model: CostModel, jitter: Jitter, args) -> list[dict]:
+def run_scaling(scenes: dict, model: CostModel, jitter: Jitter, host: HostWork, args) -> list[dict]:
     rows_out = []
-    for name, (F, _pixels, label) in scenes.items():
-        V = F.shape[0]
-        gpu_row_bytes = PUBLICATION_ROW_BYTES * GPU_ASSUMPTION["num_gaussians"] / F.shape[1]
+    for name, (F, label) in scenes.items():
         for R in args.ranks:
-            if V < R:
+            if F.shape[0] // R < args.min_steps:
+                print(f"skipped {label} at R={R}: fewer than {args.min_steps} steps of views")
                 continue
-            steps = min(args.max_steps, max(1, V // R))
-            t0 = time.perf_counter()
-            ph = gpu_phase(F, R, model, jitter, steps, args.seed)
-            for net_name in args.networks:
-                net = NETWORKS[net_name]
-                sims = {m: replay([ph], m, net, row_bytes=gpu_row_bytes) for m in SIM_SHORT}
-                bar, qf, ddp = sims["barrier"], sims["quality-first"], sims["ddp"]
-                sharded = sharded_replays(ph, net, gpu_row_bytes, args.seed)
-                rows_out.append(
-                    {
-                        "source": "simulated",
-                        "scene": label,
-                        "scene_key": name,
-                        "ranks": R,
-                        "steps": steps,
-                        "network": net_name,
-                        "views_per_second": {m: s.views_per_second for m, s in sims.items()},
-                        "speedup_qf_vs_barrier": bar.total_time / qf.total_time,
-                        "speedup_qf_vs_ddp": ddp.total_time / qf.total_time,
-                        "speedup_tf_vs_barrier": bar.total_time
-                        / sims["throughput-first"].total_time,
-                        "wait_hidden_qf": 1.0
-                        - qf.critical_path_wait / max(bar.critical_path_wait, 1e-12),
-                        "barrier_wait_share": bar.critical_path_wait / bar.total_time,
-                        "tf_admitted_reads": sims["throughput-first"].admitted_reads,
-                        "bytes_per_rank_per_step": {
-                            m: s.bytes_per_rank_per_step for m, s in sims.items()
-                        },
-                        "sharded_qf_views_per_second": {
-                            k: v.views_per_second for k, v in sharded.items()
-                        },
-                        "sharded_bytes_per_rank_per_step": {
-                            k: v.bytes_per_rank_per_step for k, v in sharded.items()
-                        },
-                        "speedup_sharded_locality_vs_random": sharded["random"].total_time
-                        / sharded["locality"].total_time,
-                        "seconds": time.perf_counter() - t0,
-                    }
-                )
-            print(f"simulated {label} R={R}: {time.perf_counter() - t0:.1f}s", flush=True)
+            rows_out.append(scaling_row(name, label, F, R, model, jitter, host, args))
+            print(f"simulated {label} R={R}: {rows_out[-1]['seconds']:.1f}s", flush=True)
     return rows_out
+
+
+def headline(scaling: list[dict], scene: str) -> tuple[dict, list[dict]]:
+    """The issue's keys and one table (R = 8 and 64; every layout, mode and transport)."""
+
+    def row(R: int) -> dict | None:
+        return next((r for r in scaling if r["scene_key"] == scene and r["ranks"] == R), None)
+
+    keys: dict = {}
+    r8, r64 = row(8), row(64)
+    for transport in ("host", "device", "target"):
+        qf = variant(transport, "replicated", "quality-first")
+        tail = "device_transport_target_host" if transport == "target" else f"{transport}_transport"
+        if r8 is not None:
+            keys[f"sim_qf_vs_ddp_nccl_8_{tail}"] = r8["vs_ddp_nccl"][qf]
+            keys[f"sim_qf_vs_barrier_8_{tail}"] = r8["vs_barrier"][qf]
+            keys[f"sim_wait_hidden_qf_8_{tail}"] = r8["wait_hidden"][qf]
+        if r64 is not None:
+            sharded = variant(transport, "sharded", "quality-first")
+            keys[f"sim_sharded_qf_vs_grendel_64_{tail}"] = r64["vs_grendel"][sharded]
+            keys[f"sim_sharded_qf_vs_ddp_nccl_64_{tail}"] = r64["vs_ddp_nccl"][sharded]
+    table = []
+    for r in (r8, r64):
+        if r is None:
+            continue
+        for transport in ("host", "device", "target"):
+            for layout in LAYOUTS:
+                for mode in ("quality-first", "throughput-first"):
+                    k = variant(transport, layout, mode)
+                    table.append(
+                        {
+                            "ranks": r["ranks"],
+                            "nodes": r["nodes"],
+                            "transport": transport,
+                            "layout": layout,
+                            "mode": mode,
+                            "vs_ddp_nccl": r["vs_ddp_nccl"][k],
+                            "vs_barrier": r["vs_barrier"][k],
+                            "vs_grendel": r["vs_grendel"][k],
+                            "wait_hidden": r["wait_hidden"][k],
+                            "host_ms_per_step": target_host_ms(r["ranks"])
+                            if transport == "target"
+                            else r["host_ms_per_step"][layout],
+                        }
+                    )
+    return keys, table
 
 
 def plot(result: dict, path: Path) -> None:
@@ -398,9 +582,9 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(18, 4.5))
     for case in result["validation"]:
-        keys = list(case["errors_points_cross_mode"])
+        keys = list(case["errors_points"])
         x = np.arange(len(keys))
         name = Path(case["data"]).name
         a.scatter(
@@ -414,120 +598,139 @@ def plot(result: dict, path: Path) -> None:
         )
         a.set_xticks(x, keys)
     a.axhline(1.0, color="gray", lw=0.8)
-    a.set_title(f"validation: max error {result['validation_error_max']} points")
+    a.set_title(f"validation (2 CPU ranks): max error {result['validation_error_max']:.1f} points")
     a.set_ylabel("throughput ratio")
     a.legend(fontsize=7)
-    for scene in sorted({r["scene_key"] for r in result["scaling"]}):
-        for metric, style in (("speedup_qf_vs_barrier", "-o"), ("speedup_qf_vs_ddp", "--x")):
-            pts = [
-                (r["ranks"], r[metric])
-                for r in result["scaling"]
-                if r["scene_key"] == scene and r["network"] == result["headline_network"]
-            ]
-            if pts:
-                xs, ys = zip(*pts, strict=True)
-                b.plot(xs, ys, style, label=f"{scene} {metric[8:]}")
-    b.set_xscale("log", base=2)
+    table = result["headline_table"]
+    labels = [
+        f"{t['ranks']} {t['transport'][0]} {t['layout'][:4]} {SIM_SHORT[t['mode']]}" for t in table
+    ]
+    x = np.arange(len(table))
+    b.bar(x - 0.2, [t["vs_ddp_nccl"] for t in table], 0.4, label="vs ddp (NCCL)")
+    b.bar(x + 0.2, [t["vs_grendel"] for t in table], 0.4, label="vs Grendel-style")
     b.axhline(1.0, color="gray", lw=0.8)
-    b.set_xlabel("ranks")
-    b.set_ylabel("speed-up (simulated)")
-    b.set_title(f"SIMULATED, {result['headline_network']}, GPU cost per published gsplat times")
+    b.set_xticks(x, labels, rotation=70, fontsize=7)
+    b.set_ylabel("speed-up (SIMULATED)")
+    b.set_title(f"SIMULATED, {result['headline_scene']}: ranks, transport, layout, mode")
     b.legend(fontsize=7)
+    for scene in sorted({r["scene_key"] for r in result["scaling"]}):
+        pts = [r for r in result["scaling"] if r["scene_key"] == scene]
+        c.plot(
+            [r["ranks"] for r in pts],
+            [r["vs_ddp_nccl"][variant("device", "replicated", "quality-first")] for r in pts],
+            "-o",
+            label=f"{scene} (dep. share {np.mean([r['dependency_share'] for r in pts]):.0%})",
+        )
+    c.set_xscale("log", base=2)
+    c.axhline(1.0, color="gray", lw=0.8)
+    c.set_xlabel("ranks")
+    c.set_ylabel("quality-first (device, replicated) vs ddp NCCL")
+    c.set_title("SIMULATED, per scene")
+    c.legend(fontsize=7)
     save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from odin_ns.bench.p2p import load_fit
+    from odin_ns.bench.trace_store import load_case
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--sync-json", type=Path, action="append", default=[])
-    ap.add_argument("--fox", type=Path, default=Path("../shared/data/fox"))
-    ap.add_argument("--city-views", type=int, default=10_000)
     ap.add_argument(
-        "--ranks", type=lambda s: [int(x) for x in s.split(",")], default=[2, 4, 8, 16, 64]
-    )
-    ap.add_argument("--networks", type=lambda s: s.split(","), default=list(NETWORKS))
-    ap.add_argument("--headline-network", default="nvlink")
-    ap.add_argument("--max-steps", type=int, default=300, help="steps replayed per plan")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument(
-        "--allreduce-mbytes",
-        type=lambda s: [float(x) for x in s.split(",")],
-        default=[2.0, 8.0, 32.0],
-        help="buffer sizes (MiB) of the all-reduce micro-benchmark run at the start",
-    )
-    ap.add_argument(
-        "--allreduce-json",
+        "--traces",
         type=Path,
+        action="append",
         default=None,
-        help="reuse a saved all-reduce calibration (bench.allreduce output, or a bench.scale "
-        "output's allreduce_calibration) instead of measuring",
+        help="exported bench.sync cases (odin_ns.bench.trace_store) [bench/traces/street, "
+        "bench/traces/fox]",
     )
+    ap.add_argument("--allreduce-json", type=Path, default=Path("bench/allreduce.json"))
+    ap.add_argument("--p2p-json", type=Path, default=Path("bench/p2p_gloo.json"))
+    ap.add_argument("--control-plane-json", type=Path, default=Path("bench/control_plane.json"))
+    ap.add_argument("--city-views", type=int, default=10_000)
+    ap.add_argument("--drive-views", type=int, default=640)
+    ap.add_argument("--ranks", type=lambda s: [int(x) for x in s.split(",")], default=[2, 8, 64])
+    ap.add_argument("--max-steps", type=int, default=300, help="steps replayed per plan")
+    ap.add_argument("--min-steps", type=int, default=4, help="fewer steps of views: skipped")
+    ap.add_argument("--headline-scene", default="city")
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
-    if not args.sync_json:
-        ap.error("give at least one --sync-json (a bench.sync result with run_dirs)")
-
-    ranks = sorted({int(json.loads(p.read_text())["ranks"]) for p in args.sync_json})
-    ar_record, collectives = allreduce_calibration(
-        ranks, args.allreduce_mbytes, args.allreduce_json
-    )
-    validation = [validate_case(p, collectives) for p in args.sync_json]
+    args.traces = args.traces or [Path("bench/traces/street"), Path("bench/traces/fox")]
+    for path in [*args.traces, args.allreduce_json, args.p2p_json, args.control_plane_json]:
+        if not path.exists():
+            ap.error(f"{path} does not exist")
+    ranks = sorted({int(load_case(p)[0]["ranks"]) for p in args.traces})
+    ar_record, collectives = allreduce_calibration(ranks, [], args.allreduce_json)
+    args.p2p = load_fit(args.p2p_json)
+    host = HostWork.load(args.control_plane_json)
+    validation = [validate_case(p, collectives) for p in args.traces]
     errors = [e for c in validation for e in c["errors_points"].values()]
     errors_cross = [e for c in validation for e in c["errors_points_cross_mode"].values()]
-    # Calibration of the GPU cost shape and jitter: the first case's barrier trace.
-    calib = Path(validation[0]["calibration_traces"][0]) / "odin_run.json"
-    table = step_table(json.loads(calib.read_text()), calib.parent)
-    model, jitter = fit_trace(table)
-    traces = {}
-    for case in validation:
-        name = "fox" if "fox" in case["data"] else "street"
-        if name not in traces:
-            p = Path(case["calibration_traces"][0]) / "odin_run.json"
-            traces[name] = step_table(json.loads(p.read_text()), p.parent)
-    scenes = {
-        n: scene_footprints(n, args, traces)
-        for n in ("street", "fox", "city")
-        if n in traces or n != "street"
-    }
-    scaling = run_scaling(scenes, model, jitter, args)
-
-    def pick(scene: str, ranks: int, key: str):
-        for r in scaling:
-            if (
-                r["scene_key"] == scene
-                and r["ranks"] == ranks
-                and r["network"] == args.headline_network
-            ):
-                return r[key]
-        return None
-
+    # The GPU cost shape and jitter: the first case's barrier trace of round 0.
+    meta, tables = load_case(args.traces[0])
+    model, jitter = fit_trace(tables["barrier"][0])
+    cases = {("fox" if "fox" in load_case(p)[0]["data"] else "street"): p for p in args.traces}
+    scenes = {n: scene_footprints(n, args, cases) for n in ("city", "drive", *cases)}
+    scaling = run_scaling(scenes, model, jitter, host, args)
+    keys, table = headline(scaling, args.headline_scene)
     result = {
         "source": "validation: measured CPU runs vs simulated; sim_*: simulated",
+        "inputs": {
+            "traces": [str(p) for p in args.traces],
+            "allreduce": str(args.allreduce_json),
+            "p2p": str(args.p2p_json),
+            "control_plane": str(args.control_plane_json),
+        },
         "validation_error_max": max(errors) if errors else None,
         "validation_error_max_cross_mode": max(errors_cross) if errors_cross else None,
         "validation": validation,
-        "allreduce_calibration": ar_record,
-        "sim_speedup_qf_vs_barrier_8": pick("city", 8, "speedup_qf_vs_barrier"),
-        "sim_speedup_qf_vs_ddp_8": pick("city", 8, "speedup_qf_vs_ddp"),
-        "sim_wait_hidden_qf_8": pick("city", 8, "wait_hidden_qf"),
-        "sim_speedup_sharded_locality_vs_random_64": pick(
-            "city", 64, "speedup_sharded_locality_vs_random"
-        ),
-        "sim_sharded_note": "quality-first over sharded ownership (odin_ns.bench.simulate."
-        "Sharded): gradient rows of non-owned rows go to their owners and updated rows come "
-        "back (two hops, and a rank waits for its own previous step's round trip); locality "
-        "ownership from odin_ns.schedule.ownership vs random ownership (Grendel-style)",
-        "headline_scene": "city (street-like layout)",
-        "headline_network": args.headline_network,
+        **keys,
+        "anchors": ANCHORS,
+        "headline_scene": args.headline_scene,
+        "headline_table": table,
+        "dependency_share": {
+            n: float(np.mean([r["dependency_share"] for r in scaling if r["scene_key"] == n]))
+            for n in scenes
+            if any(r["scene_key"] == n for r in scaling)
+        },
         "gpu_assumption": GPU_ASSUMPTION,
-        "networks": {k: vars(v) for k, v in NETWORKS.items()},
-        "allreduce_model": "ddp's dense [N, 60] float32 all-reduce as a ring (reduce-scatter "
-        "+ all-gather): 2 (R - 1) x (latency + bytes / R / bandwidth). Validation: latency and "
-        "bandwidth fitted to the gloo micro-benchmark (allreduce_calibration; gloo's default "
-        "CPU all-reduce is a ring, gloo/allreduce.cc). Scaling: the network preset's latency "
-        "and bandwidth (NCCL ring; bus bandwidth 2 (R - 1) / R x bytes / time, nccl-tests "
-        "PERFORMANCE.md), no overlap with backward or the step's overhead",
-        "cost_model_calibration": {"trace": str(calib), "r2": model.r2, "per_row": model.per_row},
+        "cluster": {k: (vars(v) if isinstance(v, Network) else v) for k, v in CLUSTER.items()},
+        "transports": {
+            k: {
+                "name": t.name,
+                "intra": vars(t.intra),
+                "inter": vars(t.inter),
+                "per_node": t.per_node,
+                "copy_Bps": t.copy_Bps,
+                "source": t.source,
+            }
+            for k, t in transports(args.p2p).items()
+        },
+        "host_work": {
+            "source": host.source,
+            "rows_per_view_measured": host.rows_per_view,
+            "ms": {f"{lay}_r{r}": v[0] for (lay, r), v in host.ms.items()},
+            "rule": "HostWork.seconds: interpolated in log R, integer part scaled by rows per "
+            "view; every Odin mode pays it after each step, serially (an upper bound: the host "
+            "could prepare a step while the GPU runs the previous one); ddp_nccl and grendel "
+            "pay none",
+        },
+        "allreduce_calibration": ar_record,
+        "allreduce_model": "validation: ring fit of the gloo micro-benchmark; scaling: "
+        "ddp_nccl's dense [N, 60] float32 all-reduce as NCCL's ring on the device transport "
+        "(one node: NVLink; 8 nodes: the rails' inter-node links, simulate.allreduce_seconds), "
+        "no overlap with backward",
+        "grendel_model": "simulate.replay_grendel: random ownership; per step the send counts "
+        "gathered, projected Gaussians (44 B per row and destination) to the ranks whose pixels "
+        "they touch and their gradients back (36 B), lockstep, the step's work balanced over "
+        "ranks; redistribution of (R - 1) / R of the Gaussians with parameters and Adam moments "
+        "every 1000 steps, amortized; read from Grendel-GS 6e50e9a",
+        "cost_model_calibration": {
+            "traces": str(args.traces[0]),
+            "r2": model.r2,
+            "per_row": model.per_row,
+        },
         "jitter_lognormal_sigma": jitter.lognormal_sigma,
         "tf_evidence_assumption": "E = 0 (gradient evidence is not known from footprints): "
         "throughput-first admits every read the overlap/staleness rule allows (upper bound)",
@@ -536,11 +739,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     write_json(args.out, result)
     plot(result, args.out.with_suffix(".png"))
-    print(
-        json.dumps(
-            {k: v for k, v in result.items() if k not in ("scaling", "validation")}, indent=1
-        )
-    )
+    print(json.dumps({k: v for k, v in result.items() if k.startswith("sim_")}, indent=1))
     return result
 
 

@@ -138,6 +138,40 @@ def make_city(
     )
 
 
+def make_layout_scene(
+    layout: str, num_views: int, points_per_view: int = 100, seed: int = 0
+) -> Scene:
+    """A synthetic layout (``odin_ns.data.synthetic``: "street", "drive", "object") with
+    ``num_views`` cameras at 320 x 192 and Gaussians at its point cloud (street-scale sizes,
+    2 to 20 cm), without rendering: "drive" looks down the street, so far facades and the
+    end wall are in every frame (dense overlap)."""
+    from odin_ns.data.synthetic import layout_geometry
+
+    width, height = 320, 192
+    cams, xyz = layout_geometry(layout, num_views, points_per_view * num_views, width, height, seed)
+    rng = np.random.default_rng(seed)
+    n = xyz.shape[0]
+    flip = np.diag([1.0, -1.0, -1.0, 1.0])  # OpenGL camera axes -> OpenCV
+    viewmats = torch.tensor(
+        np.stack([np.linalg.inv(c.c2w @ flip) for c in cams]), dtype=torch.float32
+    )
+    Ks = torch.tensor(
+        [[[c.fx, 0.0, c.cx], [0.0, c.fy, c.cy], [0.0, 0.0, 1.0]] for c in cams], dtype=torch.float32
+    )
+    return Scene(
+        means=torch.from_numpy(xyz.astype(np.float32)),
+        scales=torch.tensor(
+            np.exp(rng.uniform(np.log(0.02), np.log(0.2), (n, 3))), dtype=torch.float32
+        ),
+        quats=torch.tensor(rng.normal(size=(n, 4)), dtype=torch.float32),
+        opacities=torch.tensor(rng.uniform(0.05, 1.0, n), dtype=torch.float32),
+        viewmats=viewmats,
+        Ks=Ks,
+        width=width,
+        height=height,
+    )
+
+
 def load_transforms_scene(
     data_dir: Path, num_primitives: int, seed: int = 0, downscale: int = 4
 ) -> Scene:

@@ -14,7 +14,7 @@ Two entry points:
 ``replay(phases, mode, network, ...)`` replays a whole run: a list of ``Phase`` (a plan
 with its dependency table, per-step compute and overhead seconds, the phase start's cost),
 modes ``ddp`` / ``barrier`` / ``quality-first`` / ``throughput-first``, a ``Network``
-(latency + bandwidth) for the point-to-point publications, optionally another for ddp's
+(latency + bandwidth) or a ``Topology`` (nodes of ranks, host-staged or not) for the point-to-point publications, optionally another for ddp's
 dense all-reduce (``collective``: on one CPU host, gloo's all-reduce is measured by
 ``odin_ns.bench.allreduce``, not the publications' fitted delay), and an ``Ownership``
 (who sends which bytes to whom; ``Replicated`` today, a sharded ownership plugs in through
@@ -137,27 +137,78 @@ class Network:
     source: str = ""
 
 
-NETWORKS: dict[str, Network] = {
-    "nvlink": Network(
-        "NVLink",
-        3e-6,
-        300e9,
-        "A100 NVLink 3: 600 GB/s total = 300 GB/s per direction; 3 us assumed",
-    ),
-    "pcie": Network(
-        "PCIe", 5e-6, 25e9, "PCIe 4.0 x16: ~25 GB/s achievable per direction; 5 us assumed"
-    ),
-    "100gbe": Network(
-        "100 GbE", 10e-6, 12.5e9, "100 Gb/s line rate = 12.5 GB/s; 10 us (RDMA) assumed"
-    ),
-    "10gbe": Network("10 GbE", 50e-6, 1.25e9, "10 Gb/s line rate = 1.25 GB/s; 50 us (TCP) assumed"),
-}
+@dataclass(frozen=True)
+class Topology:
+    """Ranks in nodes of ``per_node`` consecutive ranks: a message between two ranks of one
+    node travels on ``intra``, between nodes on ``inter`` (each rank its own link of that
+    kind: one NIC per GPU, as DGX nodes have). ``copy_Bps`` > 0: a host-staged transport
+    (gloo on GPUs): the sender copies what it publishes device -> host and the receiver
+    host -> device at that rate, on top of the wire; 0: device-resident (NCCL)."""
+
+    name: str
+    intra: Network
+    inter: Network
+    per_node: int
+    copy_Bps: float = 0.0
+    source: str = ""
+
+    def nodes(self, ranks: int) -> np.ndarray:
+        """[R] node of every rank."""
+        return np.arange(ranks) // max(1, self.per_node)
+
+
+def as_topology(net: Network | Topology) -> Topology:
+    """A single ``Network`` as a one-node topology (every pair on ``net``)."""
+    if isinstance(net, Topology):
+        return net
+    return Topology(net.name, net, net, per_node=1 << 30, source=net.source)
+
+
+def message_seconds(traffic: np.ndarray, topo: Topology, copied: np.ndarray) -> np.ndarray:
+    """[T, q, r] seconds from q's publication leaving to its arrival at r.
+
+    ``traffic``: [T, q, r] bytes; ``copied``: [T, q] bytes q copies off its device (host-
+    staged only). A message takes its link's latency plus the larger of the sender's egress
+    and the receiver's ingress on that kind of link (everything a rank sends or receives in
+    the step shares its link), plus, host-staged, the sender's device -> host copy and the
+    receiver's host -> device copy of the message."""
+    T, R, _ = traffic.shape
+    node = topo.nodes(R)
+    same = node[:, None] == node[None, :]  # [q, r]
+    out = np.empty_like(traffic, dtype=np.float64)
+    for mask, link in ((same, topo.intra), (~same, topo.inter)):
+        part = traffic * mask
+        egress = part.sum(axis=2) / link.bandwidth_Bps  # [T, q]
+        ingress = part.sum(axis=1) / link.bandwidth_Bps  # [T, r]
+        dur = link.latency_s + np.maximum(egress[:, :, None], ingress[:, None, :])
+        out = np.where(mask[None], dur, out)
+    if topo.copy_Bps > 0:
+        out = out + (copied[:, :, None] + traffic) / topo.copy_Bps
+    return out
+
+
+def allreduce_seconds(num_bytes: float, ranks: int, net: Network | Topology) -> float:
+    """Ring all-reduce on ``net``; on a topology spanning nodes, NCCL's rings (one per NIC
+    rail) each cross between nodes on one rank's NIC: the ring moves at the inter-node
+    links' latency and at min(intra bandwidth, per_node x inter bandwidth) (the rails in
+    parallel); on one node, at the intra-node link's."""
+    if isinstance(net, Network):
+        return ring_allreduce_seconds(num_bytes, ranks, net)
+    if ranks <= net.per_node:
+        return ring_allreduce_seconds(num_bytes, ranks, net.intra)
+    rails = Network(
+        f"{net.name} rings",
+        max(net.intra.latency_s, net.inter.latency_s),
+        min(net.intra.bandwidth_Bps, net.per_node * net.inter.bandwidth_Bps),
+    )
+    return ring_allreduce_seconds(num_bytes, ranks, rails)
 
 
 class PlanLike(Protocol):
     views: np.ndarray  # int64 [T, R, B]
     footprints: sp.csr_matrix  # [V, N] bool
     dependency: np.ndarray  # int64 [T, R, R]
+    dependency_rows: np.ndarray  # int64 [T, R, R]
     message_rows: np.ndarray  # int64 [T, R]
 
 
@@ -169,22 +220,58 @@ class StepPlan:
     footprints: sp.csr_matrix
     dependency: np.ndarray
     message_rows: np.ndarray
+    dependency_rows: np.ndarray
 
     @classmethod
     def from_views(cls, footprints: sp.csr_matrix, views: np.ndarray) -> StepPlan:
         from odin_ns.schedule import dependency_table
 
-        dep, _, msg = dependency_table(footprints, views)
-        return cls(views, footprints, dep, msg)
+        dep, rows, msg = dependency_table(footprints, views)
+        return cls(views, footprints, dep, msg, rows)
+
+
+def dependency_share(plan: PlanLike) -> float:
+    """Share of the rows steps read that a peer wrote at the step before: rows of rank r's
+    step-t read set in some peer's step t - 1 read set (a step writes what it reads), over
+    every row read, steps t >= 1 and all ranks. At two ranks stepping together this is
+    what the training runs report (``mean_dependency_rows_per_step`` over
+    ``mean_footprint_rows_per_step``); each row counts once however many peers wrote it."""
+    T, R, _ = plan.views.shape
+    F = plan.footprints.tocsr()
+    N = F.shape[1]
+
+    def read_set(t: int, r: int) -> np.ndarray:
+        parts = [F.indices[F.indptr[v] : F.indptr[v + 1]] for v in plan.views[t, r]]
+        return np.unique(np.concatenate(parts))
+
+    writers = np.zeros(N, dtype=np.int32)  # how many ranks wrote each row at t - 1
+    own = np.zeros(N, dtype=np.int32)
+    prev = [read_set(0, r) for r in range(R)]
+    dependent = read = 0
+    for t in range(1, T):
+        writers[:] = 0
+        for rows in prev:
+            writers[rows] += 1
+        cur = [read_set(t, r) for r in range(R)]
+        for r in range(R):
+            own[prev[r]] = 1
+            dependent += int(np.count_nonzero(writers[cur[r]] - own[cur[r]] > 0))
+            read += cur[r].size
+            own[prev[r]] = 0
+        prev = cur
+    return dependent / max(1, read)
 
 
 class Ownership(Protocol):
     """Who holds which rows, seen by the simulator as traffic: ``traffic(plan, row_bytes)``
-    is ``[T, R, R]`` bytes that rank r sends to rank q at step t (sender, receiver)."""
+    is ``[T, R, R]`` bytes that rank r sends to rank q at step t (sender, receiver);
+    ``copied(traffic)`` the [T, R] bytes a sender takes off its device for them."""
 
     name: str
 
     def traffic(self, plan: PlanLike, row_bytes: float) -> np.ndarray: ...
+
+    def copied(self, traffic: np.ndarray) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -198,6 +285,10 @@ class Replicated:
         out = np.repeat((plan.message_rows * row_bytes)[:, :, None], R, axis=2).astype(np.float64)
         out[:, np.arange(R), np.arange(R)] = 0.0
         return out
+
+    def copied(self, traffic: np.ndarray) -> np.ndarray:
+        """One publication, the same bytes to every peer: copied once."""
+        return traffic.max(axis=2)
 
 
 @dataclass(frozen=True)
@@ -228,6 +319,10 @@ class Sharded:
                 out[t, r, :] += remote  # gradient rows to their owners
                 out[t, :, r] += remote  # updated rows pushed back to the reader
         return out
+
+    def copied(self, traffic: np.ndarray) -> np.ndarray:
+        """Different rows to every peer: all of them."""
+        return traffic.sum(axis=2)
 
 
 @dataclass
@@ -336,13 +431,14 @@ def tf_needs(
 def replay(
     phases: list[Phase],
     mode: str,
-    network: Network,
+    network: Network | Topology,
     ownership: Ownership | None = None,
     tau: float = 0.2,
     window: int = 4,
     evidence: float = 0.0,
     row_bytes: float = PUBLICATION_ROW_BYTES,
-    collective: Network | None = None,
+    collective: Network | Topology | None = None,
+    host_s: float = 0.0,
 ) -> Replay:
     """Replay ``phases`` in order under ``mode``.
 
@@ -359,7 +455,11 @@ def replay(
     ``throughput-first``: those the admission rule does not let through (``tf_needs``).
     A publication of q (step s) leaves when q's compute ends and reaches r after
     ``latency + max(q's egress bytes, r's ingress bytes) / bandwidth`` of that step, in
-    FIFO order per peer pair. A phase starts once every rank ended its last step and every
+    FIFO order per peer pair (``message_seconds``: on a ``Topology``, each pair on its
+    node's or the inter-node links, host-staged copies added). ``host_s``: the engine's
+    host work per step (``bench.control_plane``), added after every step of every mode
+    but ddp (ddp stands for the dense all-reduce users run, torch's DDP, which keeps no
+    per-row bookkeeping). A phase starts once every rank ended its last step and every
     message arrived (drain), plus ``phase_start_s``.
     """
     if mode not in SIM_MODES:
@@ -372,9 +472,7 @@ def replay(
     for ph in phases:
         T = ph.compute.shape[0]
         traffic = own.traffic(ph.plan, row_bytes)  # [T, R, R]
-        egress = traffic.sum(axis=2) / network.bandwidth_Bps  # [T, R]
-        ingress = traffic.sum(axis=1) / network.bandwidth_Bps  # [T, R]
-        dur = network.latency_s + np.maximum(egress[:, :, None], ingress[:, None, :])  # [T, q, r]
+        dur = message_seconds(traffic, as_topology(network), own.copied(traffic))  # [T, q, r]
         hops = int(getattr(own, "hops", 1))  # sharded: every update goes through its owner
         dur = dur * hops
         need = ph.plan.dependency
@@ -384,7 +482,8 @@ def replay(
             need, n_adm = ph.tf_need
             admitted += n_adm
         dense_bytes = ph.num_rows * PUBLICATION_ROW_BYTES
-        allreduce = ring_allreduce_seconds(dense_bytes, R, collective or network)
+        allreduce = allreduce_seconds(dense_bytes, R, collective or network)
+        after = ph.overhead + (0.0 if mode == "ddp" else host_s)  # [T, R]
         start_phase = clock + ph.phase_start_s
         ready = np.full(R, start_phase)  # own previous step done
         arrive = np.zeros((T, R, R))  # [s, q, r]
@@ -409,8 +508,8 @@ def replay(
             arrive[t] = np.maximum(prev, done[:, None] + dur[t])
             if hops == 1:  # replicated: a rank's own update is local
                 arrive[t, np.arange(R), np.arange(R)] = 0.0
-            ready = done + ph.overhead[t]
-            busy += ph.compute[t] + ph.overhead[t]
+            ready = done + after[t]
+            busy += ph.compute[t] + after[t]
         end = ready.max()
         if mode == "ddp":
             end += allreduce
@@ -431,4 +530,87 @@ def replay(
         critical_path_wait=float(idle.max()),
         bytes_per_rank_per_step=sent / max(1, steps * R),
         admitted_reads=admitted,
+    )
+
+
+# ------------------------------------------------------------------ Grendel-style baseline
+
+# What Grendel-GS moves per step (github.com/nyu-systems/Grendel-GS, read at 6e50e9a):
+# gaussian_renderer/__init__.py all_to_all_communication_final sends every Gaussian a
+# rank owns to every rank whose image part it touches, as 9 float32 (means2D 2, rgb 3,
+# conic and opacity 4, differentiable) plus 2 (radii, depth); autograd sends the 9
+# gradients back. scene/gaussian_model.py redistribute_gaussians moves Gaussians to
+# uniformly random ranks with their 59 parameters and both Adam moments when the counts
+# drift apart (checked every 10th densification, densification every 100 steps).
+GRENDEL_FORWARD_BYTES = 4 * (9 + 2)  # per (Gaussian, destination rank)
+GRENDEL_BACKWARD_BYTES = 4 * 9
+GRENDEL_MOVED_BYTES = 4 * 59 * 3  # a redistributed Gaussian: parameters + exp_avg(_sq)
+GRENDEL_REDISTRIBUTE_EVERY = 1000  # steps between redistributions (upper bound on their rate)
+
+
+def owned_reads(plan: PlanLike, owner: np.ndarray) -> np.ndarray:
+    """[T, q, r]: rows of rank r's step-t read set that rank q owns (q != r; 0 on the
+    diagonal)."""
+    T, R, _ = plan.views.shape
+    F = plan.footprints
+    out = np.zeros((T, R, R))
+    for t in range(T):
+        for r in range(R):
+            rows = np.unique(
+                np.concatenate([F.indices[F.indptr[v] : F.indptr[v + 1]] for v in plan.views[t, r]])
+            )
+            out[t, :, r] = np.bincount(owner[rows], minlength=R)
+            out[t, r, r] = 0.0
+    return out
+
+
+def replay_grendel(
+    phase: Phase,
+    compute: np.ndarray,
+    network: Network | Topology,
+    owner: np.ndarray,
+    row_scale: float = 1.0,
+    num_rows: int | None = None,
+) -> Replay:
+    """Grendel-style training of ``phase``'s views: every rank owns ``owner``'s rows
+    (random), renders its part of the step's views, and in lockstep every step (a) gathers
+    the send counts (one all-gather, latency-bound), (b) receives the projected Gaussians of
+    its part from their owners (all-to-all, ``GRENDEL_FORWARD_BYTES`` per row and
+    destination), (c) renders, and (d) returns their gradients (``GRENDEL_BACKWARD_BYTES``);
+    each all-to-all ends when its slowest message arrives. ``compute[t, r]``: the rank's
+    forward/backward seconds (Grendel balances pixels across ranks by measured time: pass
+    the balanced cost). Redistribution: every ``GRENDEL_REDISTRIBUTE_EVERY`` steps,
+    (R - 1) / R of ``num_rows`` Gaussians move, amortized per step. ``row_scale``: bytes
+    per footprint row are scaled by it (footprints of a small scene standing for a larger
+    one)."""
+    topo = as_topology(network)
+    T, R = compute.shape
+    reads = owned_reads(phase.plan, owner) * row_scale  # [T, q, r] rows
+    nothing = np.zeros((T, R))
+    forward = message_seconds(reads * GRENDEL_FORWARD_BYTES, topo, nothing)
+    backward = message_seconds(np.swapaxes(reads, 1, 2) * GRENDEL_BACKWARD_BYTES, topo, nothing)
+    forward = np.where(reads > 0, forward, 0.0).max(axis=(1, 2))  # [T]
+    backward = np.where(np.swapaxes(reads, 1, 2) > 0, backward, 0.0).max(axis=(1, 2))
+    latency = topo.intra.latency_s if R <= topo.per_node else topo.inter.latency_s
+    counts = (R - 1) * latency  # ring all-gather of the send counts
+    n = phase.num_rows if num_rows is None else num_rows
+    moved = n / R * (R - 1) / R * GRENDEL_MOVED_BYTES  # bytes each rank sends
+    redistribute = (latency + moved / topo.inter.bandwidth_Bps) / GRENDEL_REDISTRIBUTE_EVERY
+    if R <= topo.per_node:
+        redistribute = (latency + moved / topo.intra.bandwidth_Bps) / GRENDEL_REDISTRIBUTE_EVERY
+    step = compute.max(axis=1) + forward + backward + counts + redistribute  # [T]
+    total = float(step.sum() + phase.phase_start_s)
+    busy = compute.sum(axis=0)
+    wait = total - busy
+    return Replay(
+        mode="grendel",
+        total_time=total,
+        views=int(phase.plan.views.shape[0] * R * phase.plan.views.shape[2]),
+        wait_per_rank=wait,
+        busy_per_rank=busy,
+        critical_path_wait=float(wait.max()),
+        bytes_per_rank_per_step=float(
+            (reads.sum() * (GRENDEL_FORWARD_BYTES + GRENDEL_BACKWARD_BYTES)) / (T * R)
+        ),
+        admitted_reads=0,
     )

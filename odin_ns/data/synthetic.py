@@ -924,6 +924,26 @@ def _parse_size(size: str) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
+def layout_geometry(
+    layout: str, num_views: int, num_points: int, width: int = 160, height: int = 96, seed: int = 0
+) -> tuple[list[PinholeCamera], np.ndarray]:
+    """A layout's cameras and its SfM-like point cloud ([P, 3] float32), drawn as
+    ``make_scene`` draws them, without rendering images: footprint studies of large
+    versions of a layout (``odin_ns.bench.scale``)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    rng = np.random.default_rng(seed)
+    if layout == "object":
+        scene = _object_scene(rng)
+        cams = _object_cameras(rng, num_views, width, height)
+    else:
+        scene = _street_scene(rng, num_views)
+        make_cameras = _street_cameras if layout == "street" else _drive_cameras
+        cams = make_cameras(rng, num_views, width, height)
+    xyz, _ = sample_point_cloud(scene, cams, num_points, rng)
+    return cams, xyz
+
+
 def make_scene(
     out_dir: Path,
     layout: str = "object",
