@@ -356,7 +356,8 @@ class HostWork:
                     ms[(layout, r)] = (cp[key], cp[f"control_ms_per_step_r{r}_{layout}"])
         if not ms:
             raise ValueError(f"{path} holds no host_ms_per_step_r<R>_<layout> medians")
-        return cls(ms, float(cp["rows"]) * float(cp["share_per_view"]), f"{path}: {cp['code']}")
+        code = f": {cp['code']}" if "code" in cp else ""
+        return cls(ms, float(cp["rows"]) * float(cp["share_per_view"]), f"{path}{code}")
 
     def seconds(self, layout: str, ranks: int, rows_per_view: float) -> float:
         """Host seconds per step at ``ranks``: the measured medians interpolated in log R

@@ -99,7 +99,7 @@ class PendingStep:
             ids, positions = union
             counts = torch.bincount(torch.cat(positions), minlength=ids.numel())
         self.ids = ids  # [U] int64 (host)
-        self.prev = last_write[ids]  # [U] int64 planned previous write of each row
+        self.prev = last_write.index_select(0, ids)  # [U] int64 planned previous write
         self.expected = counts.to(torch.int32)  # [U] writers per row
         self.arrived = torch.zeros_like(self.expected)  # [U] int32
         self.applied = torch.zeros(ids.shape, dtype=torch.bool)  # [U]
@@ -198,7 +198,7 @@ class UpdateLog:
                 self.silent_when_empty,
                 union,
             )
-            self._last_write[rec.ids] = rec.step
+            self._last_write.index_fill_(0, rec.ids, rec.step)
             self.pending[s] = rec
             self.created = s
         rec = self.pending.get(t)
@@ -220,7 +220,7 @@ class UpdateLog:
         """[M_q] int64: the version every row of rank q's read set must have at step t (the
         last planned write before t, the row's version at bind if none)."""
         rec = self.record(t)
-        return rec.prev[rec.positions[q]]
+        return rec.prev.index_select(0, rec.positions[q])
 
     def prev_write(self, s: int, ids: Tensor) -> Tensor:
         """[K] int64: the planned write before local step s of ``ids`` (rows s writes)."""
@@ -266,13 +266,14 @@ class UpdateLog:
                 if earlier_done:  # every row's previous planned write is applied
                     blocked = torch.zeros_like(rec.applied)
                 else:
-                    blocked = self.versions[rec.ids] < rec.prev
+                    blocked = self.versions.index_select(0, rec.ids) < rec.prev
                 ready = ops.ready_mask(rec.arrived, rec.expected, rec.applied, blocked)
                 n = int(ready.sum())  # host
                 if n:
                     self._apply(rec, ready)
                     rec.applied |= ready
-                    self.versions[rec.ids if n == ready.numel() else rec.ids[ready]] = rec.step
+                    written = rec.ids if n == ready.numel() else rec.ids[ready]
+                    self.versions.index_fill_(0, written, rec.step)
                     total += n
                 if bool(rec.applied.all()):
                     rec.done = True
