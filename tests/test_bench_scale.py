@@ -393,6 +393,13 @@ def test_host_work_interpolates_in_log_ranks_and_scales_its_integer_part(tmp_pat
         25e-3, rel=0.01
     )
     assert host.seconds("replicated", 2, 100.0) == pytest.approx(10e-3)
+    assert host.basis == "host_ms"
+    # the wall time with the data plane on a device without values is preferred
+    cp.update({"meta_ms_per_step_r8_replicated": 6.0, "meta_ms_per_step_r64_replicated": 12.0})
+    path.write_text(json.dumps(cp))
+    host = HostWork.load(path)
+    assert host.basis == "meta_ms"
+    assert host.seconds("replicated", 8, 200.0) == pytest.approx((2.0 + 8.0) * 1e-3)
 
 
 def test_grendel_style_step_by_hand():

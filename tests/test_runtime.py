@@ -129,8 +129,9 @@ def test_bad_input_is_rejected():
 
 
 def test_step_union_kernel_equals_its_twin():
-    """The update log's per-step union (``torch.ops.odin.step_union``: a dense pass) equals
-    its torch twin (unique + searchsorted) bit for bit, empty footprints included."""
+    """The update log's per-step union (``torch.ops.odin.step_union``: row tables reused
+    across calls) equals its torch twin (unique + searchsorted) bit for bit, empty
+    footprints included."""
     kernel = ops.host_op("step_union")
     if kernel is None:
         pytest.skip("the CPU library is not built (python -m odin_ns.cuda build)")
@@ -145,6 +146,12 @@ def test_step_union_kernel_equals_its_twin():
             assert torch.equal(a, b)
     with pytest.raises(ValueError, match="out of range"):
         kernel([torch.tensor([3, 500])], 500)
+    # the tables it keeps between calls are left clear: a smaller step after a larger one,
+    # and a refused call in between, give the twin's answer
+    small = [torch.tensor([7, 9]), torch.tensor([2, 9])]
+    got, want = kernel(small, 20), step_union_reference(small, 20)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert all(torch.equal(a, b) for a, b in zip(got[2], want[2], strict=True))
 
 
 # ------------------------------------------------- engine vs reference (in-process)

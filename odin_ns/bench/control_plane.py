@@ -33,6 +33,12 @@ Measured per step, R values interleaved step by step:
   values, the host control plane real, peers one step behind so that throughput-first
   decides), per layout in quality-first and throughput-first, with the line of each: the
   synchronizations a GPU step would have;
+- ``meta_ms``: the wall time of the same rank's step with its data plane on PyTorch's
+  ``meta`` device (shapes, no values; its own plan and engine, stepped right after the
+  measured one): the data-plane operations cost only their dispatch, about what launching
+  a CUDA kernel costs the host, and the control plane is real: the host's time per step
+  beside a GPU, without the CPU's cost of allocating and freeing large row buffers that
+  ``host_ms`` carries;
 - ``split``: cProfile's own time per function of ``odin_ns`` over a few separate steps
   (shares of the profiled total; cProfile slows Python code, so shares, not milliseconds),
   and ``control_lines``: the integer / boolean operations' ms per step by source line.
@@ -273,7 +279,10 @@ class ShardedRankUnderTest:
         width = sum(g.row_dim for g in self.groups) + 1
         self.peers = InjectedPeers(layout.num_local, width, seed, device, late)
         pushes = InjectedPeers(layout.num_local, width, seed + 1, device, late)
-        versions = torch.full((owned,), -1, dtype=torch.int64, device=device)
+        # the version vector the session binds (on a device without values: on the host,
+        # since binding copies it there once)
+        at = "cpu" if torch.device(device).type == "meta" else device
+        versions = torch.full((owned,), -1, dtype=torch.int64, device=at)
         config = SyncConfig(mode=mode, verify_plan=False, timeout_s=600.0)
         self.engine = ShardedEngine(
             self.groups, layout, self.plan, 0, ranks, self.peers, pushes, step_offset=0,
@@ -504,15 +513,34 @@ def measure(args) -> dict:
             tested[key] = make[layout](F, r, total_steps, args.mode, args.seed, device)
             print(f"{key}: plan and engine in {time.perf_counter() - tic:.0f} s")
     keys = list(tested)
+    # The same rank with its data plane on a device without values: its step's wall time
+    # is the host's (Python, integer operations, one dispatch per data operation).
+    without_values = {
+        key: make[variant[key][1]](
+            F, variant[key][0], total_steps, args.mode, args.seed, "meta", plan=tested[key].plan
+        )
+        for key in keys
+    }
     for key in keys:
         for _ in range(args.warmup):
-            tested[key].prepare_step()
-            tested[key].run_step()
+            for rank in (tested[key], without_values[key]):
+                rank.prepare_step()
+                rank.run_step()
     per: dict[str, dict[str, list]] = {
         key: {
             k: []
-            for k in ("engine", "data", "control", "host", "cpu", "syncs", "data_syncs", "ops")
-        }
+            for k in (
+                "engine",
+                "data",
+                "control",
+                "host",
+                "cpu",
+                "syncs",
+                "data_syncs",
+                "ops",
+                "meta",
+            )
+        }  # fmt: skip
         for key in keys
     }
     names: dict[str, Counter] = {key: Counter() for key in keys}
@@ -539,12 +567,17 @@ def measure(args) -> dict:
             rec["data_syncs"].append(timer.data_syncs)
             rec["ops"].append(timer.ops)
             names[key].update(timer.syncs)
+            meta = without_values[key]
+            meta.prepare_step()
+            tic = time.perf_counter()
+            meta.run_step()
+            rec["meta"].append(1e3 * (time.perf_counter() - tic))
         if (i + 1) % 10 == 0:
             print(f"step {i + 1}/{args.steps}: " + ", ".join(
                 f"{k} host {np.median(per[k]['host']):.1f} ms" for k in keys))  # fmt: skip
     for key in keys:
         rec = per[key]
-        for name in ("engine", "data", "control", "host", "cpu"):
+        for name in ("engine", "data", "control", "host", "cpu", "meta"):
             put_spread(result, f"{name}_ms_per_step_{key}", rec[name])
         if cuda:  # real stream synchronizations, over as many steps as profiled
             counts = []
@@ -573,6 +606,7 @@ def measure(args) -> dict:
         split, control = profile_split(tested[key], args.profile_steps)
         result[f"split_{key}"], result[f"control_lines_{key}"] = split, control
         result[f"series_host_ms_{key}"] = rec["host"]
+        result[f"series_meta_ms_{key}"] = rec["meta"]
     result["syncs_per_step_max"] = max(
         v
         for k, v in result.items()
@@ -591,9 +625,15 @@ def plot(result: dict, path: Path) -> None:
     keys = result["variants"]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
     for key in keys:
-        ax.plot(
-            result[f"series_host_ms_{key}"], label=key.replace("_", " ").replace("r", "R = ", 1)
-        )
+        label = key.replace("_", " ").replace("r", "R = ", 1)
+        line = ax.plot(result[f"series_host_ms_{key}"], label=f"{label}, host")
+        if f"series_meta_ms_{key}" in result:
+            ax.plot(
+                result[f"series_meta_ms_{key}"],
+                ls="--",
+                color=line[0].get_color(),
+                label=f"{label}, data plane on meta",
+            )
     ax.axhline(2.0, color="gray", ls="--", label="target R = 8: 2 ms")
     ax.axhline(4.0, color="gray", ls=":", label="target R = 64: 4 ms")
     ax.set(xlabel="step", ylabel="host ms per step", title="host control plane per step")

@@ -337,27 +337,33 @@ def validate_case(case_dir: Path, collectives: dict[int, Network]) -> dict:
 @dataclass(frozen=True)
 class HostWork:
     """The engine's host seconds per step, as ``bench.control_plane`` measured them: per
-    (layout, world size) its ``host_ms`` (outside the data-plane kernels) and the part of it
-    spent in integer operations over row ids (``control_ms``), at ``rows_per_view``."""
+    (layout, world size) the host's ms per step and the part of it spent in integer
+    operations over row ids (``control_ms``), at ``rows_per_view``. The host's ms is
+    ``meta_ms`` when the file has it (the step's wall time with the data plane on a device
+    without values: what the host does beside a GPU), else ``host_ms`` (the CPU run's time
+    outside data operations, which also carries the CPU's allocation of row buffers)."""
 
-    ms: dict[tuple[str, int], tuple[float, float]]  # (layout, R) -> (host_ms, control_ms)
+    ms: dict[tuple[str, int], tuple[float, float]]  # (layout, R) -> (host ms, control ms)
     rows_per_view: float
     source: str
+    basis: str  # "meta_ms" or "host_ms"
 
     @classmethod
     def load(cls, path: Path) -> HostWork:
         cp = json.loads(Path(path).read_text())
+        basis = "meta_ms" if any(k.startswith("meta_ms_per_step_r") for k in cp) else "host_ms"
         ms = {}
+        prefix = f"{basis}_per_step_r"
         for layout in LAYOUTS:
             for key in cp:
-                prefix = "host_ms_per_step_r"
                 if key.startswith(prefix) and key.endswith(f"_{layout}"):
                     r = int(key[len(prefix) :].split("_")[0])
                     ms[(layout, r)] = (cp[key], cp[f"control_ms_per_step_r{r}_{layout}"])
         if not ms:
-            raise ValueError(f"{path} holds no host_ms_per_step_r<R>_<layout> medians")
+            raise ValueError(f"{path} holds no {prefix}<R>_<layout> medians")
         code = f": {cp['code']}" if "code" in cp else ""
-        return cls(ms, float(cp["rows"]) * float(cp["share_per_view"]), f"{path}{code}")
+        rows = float(cp["rows"]) * float(cp["share_per_view"])
+        return cls(ms, rows, f"{path}{code}", basis)
 
     def seconds(self, layout: str, ranks: int, rows_per_view: float) -> float:
         """Host seconds per step at ``ranks``: the measured medians interpolated in log R
@@ -368,7 +374,8 @@ class HostWork:
         x = np.log([float(r) for r in sizes])
         host = np.interp(np.log(ranks), x, [self.ms[(layout, r)][0] for r in sizes])
         control = np.interp(np.log(ranks), x, [self.ms[(layout, r)][1] for r in sizes])
-        return float((host - control) + control * rows_per_view / self.rows_per_view) / 1e3
+        rest = max(0.0, host - control)  # Python, dispatch
+        return float(rest + control * rows_per_view / self.rows_per_view) / 1e3
 
 
 # ------------------------------------------------------------------------ scaling
@@ -711,6 +718,7 @@ def main(argv: list[str] | None = None) -> dict:
         "host_work": {
             "source": host.source,
             "rows_per_view_measured": host.rows_per_view,
+            "basis": host.basis,
             "ms": {f"{lay}_r{r}": v[0] for (lay, r), v in host.ms.items()},
             "rule": "HostWork.seconds: interpolated in log R, integer part scaled by rows per "
             "view; every Odin mode pays it after each step, serially (an upper bound: the host "

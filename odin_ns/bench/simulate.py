@@ -14,8 +14,8 @@ Two entry points:
 ``replay(phases, mode, network, ...)`` replays a whole run: a list of ``Phase`` (a plan
 with its dependency table, per-step compute and overhead seconds, the phase start's cost),
 modes ``ddp`` / ``barrier`` / ``quality-first`` / ``throughput-first``, a ``Network``
-(latency + bandwidth) or a ``Topology`` (nodes of ranks, host-staged or not) for the point-to-point publications, optionally another for ddp's
-dense all-reduce (``collective``: on one CPU host, gloo's all-reduce is measured by
+(latency + bandwidth) or a ``Topology`` (ranks in nodes, host-staged or device-resident)
+for the point-to-point publications, optionally another for ddp's dense all-reduce (``collective``: on one CPU host, gloo's all-reduce is measured by
 ``odin_ns.bench.allreduce``, not the publications' fitted delay), and an ``Ownership``
 (who sends which bytes to whom; ``Replicated`` today, a sharded ownership plugs in through
 the same ``traffic`` hook). See ``replay``.
@@ -230,6 +230,13 @@ class StepPlan:
         return cls(views, footprints, dep, msg, rows)
 
 
+def read_set(plan: PlanLike, t: int, r: int) -> np.ndarray:
+    """[M] sorted unique rows rank r reads (and writes) at step t: its views' footprints."""
+    F = plan.footprints
+    parts = [F.indices[F.indptr[v] : F.indptr[v + 1]] for v in plan.views[t, r]]
+    return np.unique(np.concatenate(parts))
+
+
 def dependency_share(plan: PlanLike) -> float:
     """Share of the rows steps read that a peer wrote at the step before: rows of rank r's
     step-t read set in some peer's step t - 1 read set (a step writes what it reads), over
@@ -237,22 +244,16 @@ def dependency_share(plan: PlanLike) -> float:
     what the training runs report (``mean_dependency_rows_per_step`` over
     ``mean_footprint_rows_per_step``); each row counts once however many peers wrote it."""
     T, R, _ = plan.views.shape
-    F = plan.footprints.tocsr()
-    N = F.shape[1]
-
-    def read_set(t: int, r: int) -> np.ndarray:
-        parts = [F.indices[F.indptr[v] : F.indptr[v + 1]] for v in plan.views[t, r]]
-        return np.unique(np.concatenate(parts))
-
+    N = plan.footprints.shape[1]
     writers = np.zeros(N, dtype=np.int32)  # how many ranks wrote each row at t - 1
     own = np.zeros(N, dtype=np.int32)
-    prev = [read_set(0, r) for r in range(R)]
+    prev = [read_set(plan, 0, r) for r in range(R)]
     dependent = read = 0
     for t in range(1, T):
         writers[:] = 0
         for rows in prev:
             writers[rows] += 1
-        cur = [read_set(t, r) for r in range(R)]
+        cur = [read_set(plan, t, r) for r in range(R)]
         for r in range(R):
             own[prev[r]] = 1
             dependent += int(np.count_nonzero(writers[cur[r]] - own[cur[r]] > 0))
@@ -306,15 +307,10 @@ class Sharded:
 
     def traffic(self, plan: PlanLike, row_bytes: float) -> np.ndarray:
         T, R = plan.message_rows.shape
-        F = plan.footprints
         out = np.zeros((T, R, R))
         for t in range(T):
             for r in range(R):
-                views = plan.views[t, r]
-                rows = np.unique(
-                    np.concatenate([F.indices[F.indptr[v] : F.indptr[v + 1]] for v in views])
-                )
-                owners = self.owner[rows]
+                owners = self.owner[read_set(plan, t, r)]
                 remote = np.bincount(owners[owners != r], minlength=R) * row_bytes
                 out[t, r, :] += remote  # gradient rows to their owners
                 out[t, :, r] += remote  # updated rows pushed back to the reader
@@ -552,14 +548,10 @@ def owned_reads(plan: PlanLike, owner: np.ndarray) -> np.ndarray:
     """[T, q, r]: rows of rank r's step-t read set that rank q owns (q != r; 0 on the
     diagonal)."""
     T, R, _ = plan.views.shape
-    F = plan.footprints
     out = np.zeros((T, R, R))
     for t in range(T):
         for r in range(R):
-            rows = np.unique(
-                np.concatenate([F.indices[F.indptr[v] : F.indptr[v + 1]] for v in plan.views[t, r]])
-            )
-            out[t, :, r] = np.bincount(owner[rows], minlength=R)
+            out[t, :, r] = np.bincount(owner[read_set(plan, t, r)], minlength=R)
             out[t, r, r] = 0.0
     return out
 
