@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-# The test harness (tests/harness) is imported as ``harness``; spawned ranks inherit sys.path.
+# The test harness (tests/harness) is imported as ``harness``; its ranks inherit sys.path.
 _TESTS = str(Path(__file__).resolve().parent)
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)

@@ -20,11 +20,18 @@ start minus the first step's start minus earlier checkpoint writes (``checkpoint
 reported). Process start-up (imports, data loading, first plan) is not in ``wall_s``.
 
 Reported per setting: the PSNR / SSIM curve (views, optimizer step, wall_s), the time to each
-PSNR target (linear between checkpoints; null if never reached), the final PSNR at the
-equal views budget. Across settings: ``time_ratio_to_final_psnr_2ranks_vs_1`` (time the
-best 2-rank setting takes to reach the one-process final PSNR over the one-process wall
-time; null if none reaches it) and ``psnr_gap_equal_views_2ranks_vs_1`` (one-process final
-PSNR minus that setting's, dB). Writes JSON and a PNG (PSNR vs wall time and vs views).
+PSNR target (linear between checkpoints; null if never reached; by default the one-process
+best PSNR minus 3, 2, 1, 0.5 and 0 dB), the final PSNR at the equal views budget and the best
+PSNR with the views it came at. Across settings: ``time_ratio_to_final_psnr_2ranks_vs_1``
+(time the best 2-rank setting takes to reach the one-process final PSNR over the one-process
+wall time; null if none reaches it), ``psnr_gap_equal_views_2ranks_vs_1`` (one-process final
+PSNR minus that setting's, dB), and the same two against the one-process *best* PSNR
+(``time_ratio_to_best_psnr_2ranks_vs_1``: over the one-process time to its best;
+``psnr_gap_best_2ranks_vs_1``). When the one-process curve falls more than
+``OVERFIT_DROP_DB`` after its best (the budget overfits the scene), ``peaked_early`` says so
+and the final-PSNR figures compare runs past their useful length. Writes JSON and a PNG (PSNR
+vs wall time and vs views). ``--from-json`` recomputes the summary and the PNG of an earlier
+run's JSON without training.
 """
 
 from __future__ import annotations
@@ -53,6 +60,9 @@ DEFAULT_SETTINGS = "1x1,2x1:sqrt,2x2:sqrt,2x1:none,2x1:linear"
 # splatfacto's schedule compressed so that a small budget densifies (refines at views 300,
 # 400, 500 of 600), in views (converted per run); full resolution from the start.
 DEFAULT_TRAINING = schedule_flags(warmup=200, refine_every=100)
+# A held-out PSNR this far below its best at the end of the budget is a curve past its peak:
+# more than the +-0.4 dB swing between checkpoints that refines cause.
+OVERFIT_DROP_DB = 0.5
 
 
 @dataclass(frozen=True)
@@ -216,9 +226,10 @@ def time_to(curve: list[dict], target: float, key: str = "wall_s") -> float | No
 
 
 def summarize(results: dict[str, dict], targets: list[float]) -> dict:
-    """Per-setting times to targets, final PSNR; the 2-rank vs 1-process headline keys."""
+    """Per-setting times to targets, final and best PSNR; the 2-rank vs 1-process keys."""
     single = results["1x1"]
     final = single["curve"][-1]
+    peak = max(single["curve"], key=lambda p: p["psnr"])
     for res in results.values():
         res["final_psnr"] = res["curve"][-1]["psnr"]
         res["final_views"] = res["curve"][-1]["views"]
@@ -226,11 +237,16 @@ def summarize(results: dict[str, dict], targets: list[float]) -> dict:
         res["time_to_psnr"] = {f"{t:.2f}": time_to(res["curve"], t) for t in targets}
         # views to a target: what the batch rule changes, free of the machine's load
         res["views_to_psnr"] = {f"{t:.2f}": time_to(res["curve"], t, "views") for t in targets}
-        res["best_psnr"] = max(p["psnr"] for p in res["curve"])
+        best = max(res["curve"], key=lambda p: p["psnr"])
+        res["best_psnr"], res["best_views"] = best["psnr"], best["views"]
         reach = time_to(res["curve"], final["psnr"])
         res["time_to_final_psnr_1x1_s"] = reach
         res["time_ratio_to_final_psnr_vs_1"] = None if reach is None else reach / final["wall_s"]
         res["psnr_gap_equal_views_vs_1"] = final["psnr"] - res["final_psnr"]
+        reach = time_to(res["curve"], peak["psnr"])
+        res["time_to_best_psnr_1x1_s"] = reach
+        res["time_ratio_to_best_psnr_vs_1"] = None if reach is None else reach / peak["wall_s"]
+        res["psnr_gap_best_vs_1"] = peak["psnr"] - res["best_psnr"]
     two = {k: v for k, v in results.items() if v["ranks"] == 2}
     reached = {k: v for k, v in two.items() if v["time_ratio_to_final_psnr_vs_1"] is not None}
     if reached:
@@ -245,13 +261,26 @@ def summarize(results: dict[str, dict], targets: list[float]) -> dict:
         "psnr_gap_equal_views_2ranks_vs_1": two[best]["psnr_gap_equal_views_vs_1"]
         if best
         else None,
+        "time_ratio_to_best_psnr_2ranks_vs_1": (
+            two[best]["time_ratio_to_best_psnr_vs_1"] if best else None
+        ),
+        "psnr_gap_best_2ranks_vs_1": two[best]["psnr_gap_best_vs_1"] if best else None,
         "single_final_psnr": final["psnr"],
         "single_train_wall_s": final["wall_s"],
+        "single_best_psnr": peak["psnr"],
+        "single_best_views": peak["views"],
+        "peaked_early": peak["psnr"] - final["psnr"] > OVERFIT_DROP_DB,
     }
     by_rule = {k: v for k, v in two.items() if v["views_per_rank"] == 1}
     if by_rule:
         out["best_rule_2x1_by_final_psnr"] = max(by_rule, key=lambda k: by_rule[k]["final_psnr"])
     return out
+
+
+def default_targets(results: dict[str, dict]) -> list[float]:
+    """The one-process best held-out PSNR minus 3, 2, 1, 0.5 and 0 dB."""
+    best = max(p["psnr"] for p in results["1x1"]["curve"])
+    return [round(best - d, 2) for d in (3.0, 2.0, 1.0, 0.5, 0.0)]
 
 
 def plot(results: dict[str, dict], path: Path, title: str) -> None:
@@ -302,23 +331,45 @@ def run_benchmark(args) -> dict:
         res = results[setting.name]
         print(f"[convergence] evaluating {setting.name}", flush=True)
         res.update(evaluate(Path(res["run"]), setting, res.pop("times")))
-    single_final = results["1x1"]["curve"][-1]["psnr"]
-    targets = args.targets or [round(single_final - d, 2) for d in (3.0, 2.0, 1.0, 0.5, 0.0)]
-    headline = summarize(results, targets)
-    out = {
+    run = {
         "scene": str(args.data),
         "views": args.views,
         "eval_every_views": args.eval_every,
         "seed": args.seed,
         "downscale_factor": args.downscale_factor,
         "training_args": DEFAULT_TRAINING + list(args.training),
-        "targets_psnr": targets,
         "cpu_count": os.cpu_count(),
-        **headline,
-        "settings": results,
+        "note": args.note,
     }
-    write_json(args.out, out)
-    plot(results, args.out.with_suffix(".png"), f"{Path(args.data).name}: {args.views} views")
+    return report(run, results, args.targets, args.out)
+
+
+RUN_KEYS = (
+    "scene",
+    "views",
+    "eval_every_views",
+    "seed",
+    "downscale_factor",
+    "training_args",
+    "cpu_count",
+    "note",
+)
+
+
+def report(run: dict, results: dict[str, dict], targets: list[float] | None, out_path: Path):
+    """Summarize ``results`` (per-setting curves), write the JSON and the PNG, print."""
+    targets = targets or default_targets(results)
+    headline = summarize(results, targets)
+    out = {**run, "targets_psnr": targets, **headline, "settings": results}
+    write_json(out_path, out)
+    plot(results, out_path.with_suffix(".png"), f"{Path(run['scene']).name}: {run['views']} views")
+    if headline["peaked_early"]:
+        print(
+            f"[convergence] one process's held-out PSNR peaked at {headline['single_best_views']}"
+            f" views ({headline['single_best_psnr']:.2f} dB) and ended "
+            f"{headline['single_best_psnr'] - headline['single_final_psnr']:.2f} dB lower: "
+            "the budget overfits this scene; compare best PSNRs, not final ones"
+        )
     for name, res in results.items():
         print(
             f"{name:>10}: final PSNR {res['final_psnr']:.2f} dB at {res['final_views']} views, "
@@ -347,7 +398,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--data", type=Path, default=None, help="scene (not with --from-json)")
     parser.add_argument("--out", type=Path, required=True, help="JSON path (PNG next to it)")
     parser.add_argument("--views", type=int, default=600, help="training views per run")
     parser.add_argument("--eval-every", type=int, default=60, help="views between checkpoints")
@@ -357,8 +408,31 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--port", type=int, default=29650)
     parser.add_argument("--work", default=None, help="run folders (default: a temp dir)")
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        help="recompute the summary and PNG of this earlier run's JSON (no training); "
+        "--out names the new JSON",
+    )
+    parser.add_argument("--note", default=None, help="a line stored in the JSON (e.g. the load)")
     args = parser.parse_args(argv)
     args.training = training
+    if (args.data is None) == (args.from_json is None):
+        parser.error("give either --data (train and evaluate) or --from-json (summarize again)")
+    if args.from_json is not None:
+        saved = json.loads(args.from_json.read_text())
+        results = {
+            name: {
+                k: res[k]
+                for k in ("ranks", "views_per_rank", "batch_scaling", "run", "curve", "eval_s")
+            }
+            for name, res in saved["settings"].items()
+        }
+        run = {k: v for k, v in saved.items() if k in RUN_KEYS}
+        run["note"] = args.note or run.get("note")
+        report(run, results, args.targets, args.out)
+        return
     run_benchmark(args)
 
 

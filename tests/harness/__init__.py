@@ -1,8 +1,9 @@
 """Test harness of the runtime (not shipped): toy plans and model, a single-process
-reference, an in-process loopback transport, a spawn helper for gloo ranks.
+reference, an in-process loopback transport, a helper that starts gloo ranks as fresh
+processes (``spawn_ranks``).
 
-``tests/conftest.py`` puts ``tests/`` on ``sys.path``; ranks spawned with
-``multiprocessing``'s spawn start method inherit the parent's ``sys.path``.
+``tests/conftest.py`` puts ``tests/`` on ``sys.path``; the ranks, forked from
+``multiprocessing``'s forkserver, inherit the ``sys.path`` it was started with.
 """
 
 from harness.toy import (
