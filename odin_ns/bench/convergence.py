@@ -225,11 +225,16 @@ def time_to(curve: list[dict], target: float, key: str = "wall_s") -> float | No
     return None
 
 
+def best_point(curve: list[dict]) -> dict:
+    """The checkpoint of ``curve`` with the highest held-out PSNR (the first if tied)."""
+    return max(curve, key=lambda p: p["psnr"])
+
+
 def summarize(results: dict[str, dict], targets: list[float]) -> dict:
     """Per-setting times to targets, final and best PSNR; the 2-rank vs 1-process keys."""
     single = results["1x1"]
     final = single["curve"][-1]
-    peak = max(single["curve"], key=lambda p: p["psnr"])
+    peak = best_point(single["curve"])
     for res in results.values():
         res["final_psnr"] = res["curve"][-1]["psnr"]
         res["final_views"] = res["curve"][-1]["views"]
@@ -237,8 +242,8 @@ def summarize(results: dict[str, dict], targets: list[float]) -> dict:
         res["time_to_psnr"] = {f"{t:.2f}": time_to(res["curve"], t) for t in targets}
         # views to a target: what the batch rule changes, free of the machine's load
         res["views_to_psnr"] = {f"{t:.2f}": time_to(res["curve"], t, "views") for t in targets}
-        best = max(res["curve"], key=lambda p: p["psnr"])
-        res["best_psnr"], res["best_views"] = best["psnr"], best["views"]
+        top = best_point(res["curve"])
+        res["best_psnr"], res["best_views"] = top["psnr"], top["views"]
         reach = time_to(res["curve"], final["psnr"])
         res["time_to_final_psnr_1x1_s"] = reach
         res["time_ratio_to_final_psnr_vs_1"] = None if reach is None else reach / final["wall_s"]
@@ -279,7 +284,7 @@ def summarize(results: dict[str, dict], targets: list[float]) -> dict:
 
 def default_targets(results: dict[str, dict]) -> list[float]:
     """The one-process best held-out PSNR minus 3, 2, 1, 0.5 and 0 dB."""
-    best = max(p["psnr"] for p in results["1x1"]["curve"])
+    best = best_point(results["1x1"]["curve"])["psnr"]
     return [round(best - d, 2) for d in (3.0, 2.0, 1.0, 0.5, 0.0)]
 
 
@@ -344,6 +349,9 @@ def run_benchmark(args) -> dict:
     return report(run, results, args.targets, args.out)
 
 
+# What a saved JSON holds that --from-json carries over: the keys of ``run_benchmark``'s
+# ``run`` record, and per setting what training and evaluation measured (the rest of a
+# setting's keys are ``summarize``'s, computed again).
 RUN_KEYS = (
     "scene",
     "views",
@@ -354,6 +362,14 @@ RUN_KEYS = (
     "cpu_count",
     "note",
 )
+MEASURED_KEYS = ("ranks", "views_per_rank", "batch_scaling", "run", "curve", "eval_s")
+
+
+def load_saved(path: Path) -> tuple[dict, dict[str, dict]]:
+    """(run record, per-setting measurements) of a JSON this benchmark wrote."""
+    saved = json.loads(path.read_text())
+    results = {name: {k: res[k] for k in MEASURED_KEYS} for name, res in saved["settings"].items()}
+    return {k: v for k, v in saved.items() if k in RUN_KEYS}, results
 
 
 def report(run: dict, results: dict[str, dict], targets: list[float] | None, out_path: Path):
@@ -421,15 +437,7 @@ def main(argv: list[str] | None = None) -> None:
     if (args.data is None) == (args.from_json is None):
         parser.error("give either --data (train and evaluate) or --from-json (summarize again)")
     if args.from_json is not None:
-        saved = json.loads(args.from_json.read_text())
-        results = {
-            name: {
-                k: res[k]
-                for k in ("ranks", "views_per_rank", "batch_scaling", "run", "curve", "eval_s")
-            }
-            for name, res in saved["settings"].items()
-        }
-        run = {k: v for k, v in saved.items() if k in RUN_KEYS}
+        run, results = load_saved(args.from_json)
         run["note"] = args.note or run.get("note")
         report(run, results, args.targets, args.out)
         return
