@@ -1,39 +1,46 @@
-"""GPU check: one blind run on a lent GPU machine that checks the CUDA paths, in < 7 minutes.
+"""GPU check: one blind run on a lent GPU machine that checks the CUDA paths, in < 8 minutes.
 
-``python -m odin_ns.cuda.gpu_check --out gpu_check.json``; on a bare GPU machine (no gsplat,
-no network) first ``--prepare gpu_wheels`` here and then ``--wheels gpu_wheels`` there
-(``odin_ns.cuda.gpu_wheels``).
+``python -m odin_ns.cuda.gpu_check --out gpu_check.json`` writes the JSON and a PNG beside it.
+On a bare GPU machine (Python and torch only, no network): ``--prepare gpu_wheels`` here
+fetches the 22 wheels of what training and ``ns-eval`` import that the machine lacks
+(nerfstudio, gsplat, tyro, viser, ...; 22.6 MiB), and ``--wheels gpu_wheels`` there installs
+them and this checkout into one folder first (``odin_ns.cuda.gpu_wheels``).
 
-Checks, in order of value (a check that does not fit in what is left of ``--budget-s``
+Checks, in the order they run (a check that does not fit in what is left of ``--budget-s``
 is skipped with a note; each one records ``ok``, its figures, its error text and timing,
-and the run goes on):
+whether a build was running beside it, and the run goes on):
 
 1. ``ops``: every op in ``odin_ns.cuda.ops.OPS`` on CUDA tensors (through the dispatcher,
    which must pick the compiled kernel) against its torch reference
    (``odin_ns.cuda.reference``, on CPU), on small random inputs from the op's input case
    (``odin_ns.cuda.cases.make_inputs``); timings of the CPU op, the CUDA op and the
    reference on the GPU.
-2. ``raster``: the ``gsplat`` backend against the ``torch`` backend of
-   ``odin_ns.render.rasterize`` on one small scene: image / alpha max abs diff and the
-   gradients of means, scales, quats, opacities and colors (tolerances in ``RASTER_TOL``).
-3. ``two_ranks_one_gpu``: ``odin-ns-train --nproc-per-node 2`` with both ranks on cuda:0
-   (default group and runtime over gloo), quality-first and barrier; max abs diff of the
-   final parameters per group (expected 0.0) and the wall time of each run.
-4. ``single_process``: ``ns-train odin-splatfacto`` on the gsplat backend, steps/s and
-   final loss from its tensorboard events, then ``ns-eval`` PSNR.
-5. ``control_plane``: ``odin_ns.bench.control_plane`` on CUDA: rank 0's replicated engine
-   at 1M Gaussians, R = 8 (peers injected), 30 steps: host and wall ms per step and the
-   stream synchronizations per step (torch's sync debug mode).
-6. ``nccl_link``: the device transport's NCCL backend (``odin_ns.runtime.nccl.NcclLink``) on
+2. ``copy_bandwidth``: host<->device copies, pinned and pageable, 16 and 256 MiB, and a
+   device copy (GB/s): the gloo transport's staging cost.
+3. ``nccl_link``: the device transport's NCCL backend (``odin_ns.runtime.nccl.NcclLink``) on
    one rank (NCCL holds one rank per device, so its two-rank channels cannot run here): the
    set-up and ddp's all-reduce, completion polled; NCCL's version.
+4. ``control_plane``: ``odin_ns.bench.control_plane`` on CUDA: rank 0's replicated engine
+   at 1M Gaussians, R = 8 (peers injected), 30 steps: host and wall ms per step and the
+   stream synchronizations per step (torch's sync debug mode).
+5. ``raster``: the ``gsplat`` backend against the ``torch`` backend of
+   ``odin_ns.render.rasterize`` on one small scene: image / alpha max abs diff and the
+   gradients of means, scales, quats, opacities and colors (tolerances in ``RASTER_TOL``).
+6. ``gsplat_speed``: gsplat forward and forward + backward at 0.1M, 1M and 3M Gaussians on
+   one 1280x720 view (median of 5, CUDA events).
+7. ``two_ranks_one_gpu``: ``odin-ns-train --nproc-per-node 2`` with both ranks on cuda:0
+   (default group and runtime over gloo), quality-first and barrier; max abs diff of the
+   final parameters per group (expected 0.0) and the wall time of each run.
+8. ``single_process``: ``ns-train odin-splatfacto`` on the gsplat backend, steps/s and
+   final loss from its tensorboard events, then ``ns-eval`` PSNR.
 
 gsplat's CUDA code is JIT-compiled on first use (minutes on a fresh machine), so its build
-starts in a background process at once and overlaps check 1. Without a CUDA device the
-script prints one line and exits 2. ``--device cpu`` is a dry run of the harness (CPU
-kernels against the references, training on CPU with the torch rasterizer, no gsplat, the
-control plane at 20k rows; ``raster`` and ``nccl_link`` skipped); ``--checks`` runs a
-subset (the suite's dry run: ``ops,control_plane``).
+(and that of the installed odin-ns copy's extension) starts at once in a background process
+at the lowest CPU priority and overlaps checks 1-4; every build and load sees one
+``TORCH_CUDA_ARCH_LIST`` (the device's). Without a CUDA device the script prints one line and
+exits 2. ``--device cpu`` is a dry run of the harness (CPU kernels against the references,
+training on CPU with the torch rasterizer, the control plane at 20k rows; checks 2, 3, 5 and
+6 skipped); ``--checks`` runs a subset (the suite's dry run: ``ops,control_plane``).
 Exit status: 0 every check passed, 1 some check failed or was skipped, 2 no CUDA device,
 3 the self-deadline watchdog ended the run.
 
@@ -44,9 +51,11 @@ in ``apply_ready_rows``, atomics order on repeated positions); everything else i
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,17 +85,24 @@ from odin_ns.cuda.cases import (  # SPLATFACTO_ROWS: re-exported for odin_ns.ben
 # gsplat vs torch rasterizer: image/alpha absolute; gradients relative to the group's max |g|.
 # (A Gaussian whose alpha sits at gsplat's 1/255 cut can flip between backends: ~4e-3.)
 RASTER_TOL = {"image_abs": 5e-3, "alpha_abs": 5e-3, "grad_rel": 2e-2}
-# Seconds the checks after the ops check plan for (the ops check leaves them this much).
-CHECKS = ("ops", "raster", "two_ranks_one_gpu", "single_process", "control_plane", "nccl_link")
-CUDA_ONLY = ("raster", "nccl_link")  # the CPU dry run skips them (gsplat, NCCL)
+# The checks in the order they run: those that need no gsplat first, while gsplat's JIT
+# build runs beside them at the lowest CPU priority (``nice 19``: the control plane's host
+# times are not a compiler's leftovers), then gsplat's, the training runs last.
+CHECKS = (
+    "ops", "copy_bandwidth", "nccl_link", "control_plane", "raster", "gsplat_speed",
+    "two_ranks_one_gpu", "single_process",
+)  # fmt: skip
+CUDA_ONLY = ("copy_bandwidth", "nccl_link", "raster", "gsplat_speed")  # not in the dry run
+# Seconds each check after ``ops`` plans for on a GPU (``ops`` leaves them this much).
 GPU_PLAN_S = {
-    "raster": 30.0,
-    "two_ranks_one_gpu": 150.0,
-    "single_process": 80.0,
-    "control_plane": 60.0,
+    "copy_bandwidth": 10.0,
     "nccl_link": 10.0,
+    "raster": 20.0,
+    "gsplat_speed": 40.0,
+    "control_plane": 60.0,
+    "two_ranks_one_gpu": 120.0,
+    "single_process": 80.0,
 }
-CUDA_LAST = ("control_plane", "nccl_link")  # the checks after single_process (CUDA only)
 EXIT_NO_CUDA, EXIT_WATCHDOG = 2, 3
 __all__ = ["SPLATFACTO_ROWS", "check_case", "main"]
 
@@ -181,13 +197,29 @@ class Run:
         self.args.out.write_text(text)
 
 
+def plan_after(run: Run, name: str) -> float:
+    """Seconds the selected checks after ``name`` plan for (``GPU_PLAN_S``; 0 in the dry run,
+    where every check simply runs)."""
+    if not run.cuda:
+        return 0.0
+    later = CHECKS[CHECKS.index(name) + 1 :]
+    return sum(GPU_PLAN_S[c] for c in later if c in run.args.checks)
+
+
 def run_subprocess(
-    run: Run, cmd: list[str], timeout_s: float, env: dict[str, str] | None = None
+    run: Run,
+    cmd: list[str],
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+    background: bool = False,
 ) -> dict[str, Any]:
     """Run ``cmd`` in its own process group; rc, wall seconds and the output's tail.
+    ``background``: at the lowest CPU priority (``nice -n 19``).
 
     On timeout the whole group (torchrun and its workers) is ended.
     """
+    if background and shutil.which("nice"):
+        cmd = ["nice", "-n", "19", *cmd]
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_WAIT_POLICY="PASSIVE", **(env or {}))
     start = time.perf_counter()
     proc = subprocess.Popen(
@@ -196,6 +228,7 @@ def run_subprocess(
         stderr=subprocess.STDOUT,
         text=True,
         env=full_env,
+        cwd=run.work,  # not the checkout: children import the installed odin-ns (--wheels)
         start_new_session=True,
     )
     run.children.add(proc.pid)
@@ -236,8 +269,11 @@ def _end_group(pgid: int, grace_s: float = 3.0) -> None:
             time.sleep(0.1)
 
 
-def _bin(name: str) -> str:
-    return str(Path(sys.executable).parent / name)
+def _bin(run: Run, name: str) -> str:
+    """The console script ``name``: from the folder ``--wheels`` installed into, else from
+    this interpreter's environment."""
+    installed = Path(run.report.get("wheels", {}).get("bin", "")) / name
+    return str(installed) if installed.is_file() else str(Path(sys.executable).parent / name)
 
 
 def check_ops(run: Run) -> dict[str, Any]:
@@ -264,7 +300,7 @@ def check_ops(run: Run) -> dict[str, Any]:
     cases += [(op, 1000, False, 0.0, 0) for op in ops.OPS]
     cases += [(op, n, False, 0.2, run.args.repeats) for n in sizes for op in ops.OPS]
     # The ops check may use what the GPU checks after it do not need.
-    plan = sum(GPU_PLAN_S.values()) if run.cuda else 0.0
+    plan = plan_after(run, "ops")
     for op, n, dup, fraction, repeats in cases:
         if run.left() - plan < 5.0:
             out.setdefault("skipped", []).append(f"{op} n={n} (time budget)")
@@ -300,30 +336,37 @@ def _print_case(result: dict[str, Any]) -> None:
     print(f"  {label:<40} {state:<9}{times}", flush=True)
 
 
-# ------------------------------------------------------------------------- gsplat build
-class GsplatBuild:
-    """gsplat's JIT CUDA build in a background process (it takes minutes when fresh)."""
+# ------------------------------------------------------------------------- background builds
+GSPLAT_BUILD = "from gsplat.cuda._backend import _C; assert _C is not None, 'gsplat: no CUDA build'"
+# The odin-ns copy that --wheels installed (what ns-train imports) builds its own extension
+# folder (``build.ext_dir`` is per checkout): built here, beside gsplat, not in rank 0.
+ODIN_BUILD = "from odin_ns.cuda import build; build.load_variant('cuda')"
 
-    CODE = "from gsplat.cuda._backend import _C; assert _C is not None, 'gsplat: no CUDA build'"
 
-    def __init__(self, run: Run):
-        self.run, self.result, self.thread = run, None, None
-        # TORCH_CUDA_ARCH_LIST is left as it is: every later load (this process, ns-train)
-        # must see the same flags, or ninja rebuilds everything.
-        self.env = {"MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 4))}
+class BackgroundBuild:
+    """One JIT CUDA build (``code`` run in a child process) that overlaps the first checks:
+    gsplat's takes minutes on a fresh machine."""
+
+    def __init__(self, run: Run, name: str, code: str, jobs: int):
+        self.run, self.name, self.code, self.result, self.thread = run, name, code, None, None
+        self.env = {"MAX_JOBS": str(jobs)}
         if run.cuda:
             self.thread = threading.Thread(target=self._build, daemon=True)
             self.thread.start()
 
     def _build(self) -> None:
         timeout = self.run.args.budget_s - self.run.elapsed()
-        self.result = run_subprocess(self.run, [sys.executable, "-c", self.CODE], timeout, self.env)
+        cmd = [sys.executable, "-c", self.code]
+        self.result = run_subprocess(self.run, cmd, timeout, self.env, background=True)
         self.result.pop("_output")
+
+    def running(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
 
     def wait(self, timeout_s: float) -> dict[str, Any]:
         """The build's record; ``ok`` False if it failed or is still running."""
         if self.thread is None:
-            return {"ok": False, "error": "no CUDA: gsplat not built"}
+            return {"ok": False, "error": f"no CUDA: {self.name} not built"}
         self.thread.join(max(0.0, timeout_s))
         if self.result is None:
             return {"ok": False, "error": f"still building after {self.run.elapsed():.0f} s"}
@@ -378,11 +421,11 @@ def render_with_grads(scene: dict[str, Tensor], width: int, height: int, backend
     return out
 
 
-def check_raster(run: Run, gsplat: GsplatBuild) -> dict[str, Any]:
+def check_raster(run: Run, gsplat: BackgroundBuild) -> dict[str, Any]:
     width, height, n = 128, 96, 2000
     out: dict[str, Any] = {"scene": {"n": n, "width": width, "height": height}}
     out["tolerances"] = RASTER_TOL
-    built = gsplat.wait(run.left() - GPU_PLAN_S["raster"] - GPU_PLAN_S["two_ranks_one_gpu"])
+    built = gsplat.wait(run.left() - GPU_PLAN_S["raster"] - plan_after(run, "raster"))
     out["gsplat_build"] = built
     if not built["ok"]:
         out.update(ok=False, error=f"gsplat build: {built.get('error') or built.get('rc')}")
@@ -409,17 +452,128 @@ def check_raster(run: Run, gsplat: GsplatBuild) -> dict[str, Any]:
     return out
 
 
+def cuda_median_s(fn: Callable[[], Any], repeats: int) -> tuple[float, float, float]:
+    """Median, min and max seconds of ``fn`` on the current stream (CUDA events; one warm-up
+    call first)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    times.sort()
+    return times[len(times) // 2], times[0], times[-1]
+
+
+def check_gsplat_speed(run: Run, gsplat: BackgroundBuild) -> dict[str, Any]:
+    """gsplat forward + backward (``odin_ns.render.rasterize``, SH degree 3, one 1280x720
+    view) at 0.1M, 1M and 3M Gaussians: median of 5 after a warm-up, CUDA events."""
+    from odin_ns.render import rasterize
+
+    width, height = 1280, 720
+    built = gsplat.wait(run.left() - GPU_PLAN_S["gsplat_speed"] - plan_after(run, "gsplat_speed"))
+    if not built["ok"]:
+        return {"ok": False, "error": f"gsplat build: {built.get('error') or built.get('rc')}"}
+    out: dict[str, Any] = {"width": width, "height": height, "sh_degree": 3, "sizes": []}
+    for n in (100_000, 1_000_000, 3_000_000):
+        if run.left() - plan_after(run, "gsplat_speed") < GPU_PLAN_S["gsplat_speed"] / 3:
+            out.setdefault("skipped", []).append(n)
+            continue
+        scene = small_scene(n, width, height, run.report["seed"], "cuda")
+        params = {
+            k: scene[k].clone().requires_grad_(True)
+            for k in ("means", "quats", "scales", "opacities", "colors")
+        }
+
+        def forward(p=params, scene=scene) -> Tensor:
+            colors, alphas, _ = rasterize(
+                p["means"], p["quats"], torch.exp(p["scales"]), torch.sigmoid(p["opacities"]),
+                p["colors"], scene["viewmats"], scene["Ks"], width, height,
+                sh_degree=3, backend="gsplat",
+            )  # fmt: skip
+            return (colors * scene["weights"]).sum() + alphas.sum()
+
+        def step(forward=forward, p=params) -> None:
+            for t in p.values():
+                t.grad = None
+            forward().backward()
+
+        fwd = cuda_median_s(lambda forward=forward: forward(), 5)
+        both = cuda_median_s(step, 5)
+        out["sizes"].append({
+            "n": n,
+            "forward_ms": round(fwd[0] * 1e3, 3),
+            "forward_backward_ms": round(both[0] * 1e3, 3),
+            "forward_backward_ms_min_max": [round(both[1] * 1e3, 3), round(both[2] * 1e3, 3)],
+            "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+        })  # fmt: skip
+        print(f"  gsplat n={n:>9,}  fwd {fwd[0] * 1e3:8.2f} ms  fwd+bwd {both[0] * 1e3:8.2f} ms")
+        del scene, params
+        torch.cuda.empty_cache()
+    out["ok"] = bool(out["sizes"]) and "skipped" not in out
+    return out
+
+
+def check_copy_bandwidth(run: Run) -> dict[str, Any]:
+    """Host<->device copy bandwidth, pinned and pageable, 16 and 256 MiB (GB/s, median of
+    5, CUDA events): what the gloo transport's staging through the host costs per byte."""
+    out: dict[str, Any] = {"rows": []}
+    for mib in (16, 256):
+        numel = (mib << 20) // 4
+        device = torch.empty(numel, device="cuda")
+        for pinned in (True, False):
+            host = torch.empty(numel, pin_memory=pinned)
+            host.uniform_()
+            for direction in ("h2d", "d2h"):
+                if direction == "h2d":
+                    copy = lambda d=device, h=host: d.copy_(h, non_blocking=True)  # noqa: E731
+                else:
+                    copy = lambda d=device, h=host: h.copy_(d, non_blocking=True)  # noqa: E731
+                median, low, high = cuda_median_s(copy, 5)
+                out["rows"].append({
+                    "mib": mib, "pinned": pinned, "direction": direction,
+                    "gb_per_s": round((mib << 20) / median / 1e9, 2),
+                    "gb_per_s_min_max": [round((mib << 20) / high / 1e9, 2),
+                                         round((mib << 20) / low / 1e9, 2)],
+                })  # fmt: skip
+        other = torch.empty_like(device)
+        median, _, _ = cuda_median_s(lambda o=other, d=device: o.copy_(d), 5)
+        out["rows"].append({
+            "mib": mib, "pinned": None, "direction": "d2d",
+            "gb_per_s": round(2 * (mib << 20) / median / 1e9, 2),  # bytes read + written
+        })  # fmt: skip
+    for row in out["rows"]:
+        kind = {True: "pinned", False: "pageable", None: "device"}[row["pinned"]]
+        print(
+            f"  copy {row['direction']} {kind:<8} {row['mib']:>4} MiB {row['gb_per_s']:8.2f} GB/s"
+        )
+    out["ok"] = True
+    return out
+
+
 # ------------------------------------------------------------------------- training runs
 TRAINING = [*quiet_flags(save_every=100000), *schedule_flags(warmup=50, refine_every=25)]
 
 
 def street_scene(run: Run) -> Path:
-    """The built-in street scene (made once per run)."""
+    """The built-in street scene (made once per run). nerfstudio reads its point cloud with
+    open3d, which cannot travel to a bare GPU machine (hundreds of MB): without open3d the
+    scene lists no point cloud and splatfacto starts from random Gaussians (recorded)."""
     from odin_ns.data.synthetic import make_scene
 
     data = run.work / "street"
     if not (data / "transforms.json").exists():
         make_scene(data, layout="street")
+        if importlib.util.find_spec("open3d") is None:
+            transforms = json.loads((data / "transforms.json").read_text())
+            transforms.pop("ply_file_path", None)
+            (data / "transforms.json").write_text(json.dumps(transforms, indent=1))
+            run.report["street_init"] = "random Gaussians (no open3d to read sparse_pc.ply)"
+        else:
+            run.report["street_init"] = "sparse_pc.ply"
     return data
 
 
@@ -463,14 +617,14 @@ def tensorboard_figures(run_dir: Path) -> dict[str, Any]:
     return {"final_loss": last.value, "final_loss_step": last.step, "steps_per_s": rate}
 
 
-def _rasterizer(run: Run, gsplat: GsplatBuild, wait_s: float) -> tuple[str, dict]:
+def _rasterizer(run: Run, gsplat: BackgroundBuild, wait_s: float) -> tuple[str, dict]:
     if not run.cuda:
         return "torch", {"ok": False, "error": "CPU dry run"}
     built = gsplat.wait(wait_s)
     return ("gsplat" if built["ok"] else "torch"), built
 
 
-def check_two_ranks_one_gpu(run: Run, gsplat: GsplatBuild) -> dict[str, Any]:
+def check_two_ranks_one_gpu(run: Run, gsplat: BackgroundBuild) -> dict[str, Any]:
     steps = run.args.dist_steps
     raster, built = _rasterizer(run, gsplat, 0.0)
     out: dict[str, Any] = {"steps": steps, "rasterizer": raster, "runs": {}}
@@ -479,10 +633,9 @@ def check_two_ranks_one_gpu(run: Run, gsplat: GsplatBuild) -> dict[str, Any]:
     data, dest = street_scene(run), run.work / "two_ranks"
     params = {}
     for i, mode in enumerate(("quality-first", "barrier")):
-        later = GPU_PLAN_S["single_process"] if i == 0 else 0.0
-        per_run = (run.left() - later - cuda_last_s(run)) / (2 - i)
+        per_run = (run.left() - plan_after(run, "two_ranks_one_gpu")) / (2 - i)
         cmd = [
-            _bin("odin-ns-train"),
+            _bin(run, "odin-ns-train"),
             "--nproc-per-node",
             "2",
             "--master-port",
@@ -522,12 +675,7 @@ def check_two_ranks_one_gpu(run: Run, gsplat: GsplatBuild) -> dict[str, Any]:
     return out
 
 
-def cuda_last_s(run: Run) -> float:
-    """Seconds the checks after single_process plan for (they run on CUDA only)."""
-    return sum(GPU_PLAN_S[name] for name in CUDA_LAST) if run.cuda else 0.0
-
-
-def check_single_process(run: Run, gsplat: GsplatBuild) -> dict[str, Any]:
+def check_single_process(run: Run, gsplat: BackgroundBuild) -> dict[str, Any]:
     steps = run.args.train_steps
     raster, built = _rasterizer(run, gsplat, run.left() - GPU_PLAN_S["single_process"])
     out: dict[str, Any] = {"steps": steps, "rasterizer": raster}
@@ -535,8 +683,8 @@ def check_single_process(run: Run, gsplat: GsplatBuild) -> dict[str, Any]:
         out.update(ok=False, error=f"gsplat not built: {built.get('error', built.get('rc'))}")
         return out
     data, dest = street_scene(run), run.work / "single"
-    cmd = [_bin("ns-train"), *_train_args(run, data, dest, "single", steps, raster)]
-    train = run_subprocess(run, cmd, run.left() - 20.0 - cuda_last_s(run))
+    cmd = [_bin(run, "ns-train"), *_train_args(run, data, dest, "single", steps, raster)]
+    train = run_subprocess(run, cmd, run.left() - 20.0)
     train.pop("_output")
     out["train"] = train
     if train["rc"] != 0:
@@ -548,10 +696,8 @@ def check_single_process(run: Run, gsplat: GsplatBuild) -> dict[str, Any]:
     except Exception as error:  # noqa: BLE001 - the eval still runs
         out["tensorboard_error"] = repr(error)
     eval_json = run.work / "single_eval.json"
-    cmd = [_bin("ns-eval"), "--load-config", str(run_dir / "config.yml")]
-    evaluation = run_subprocess(
-        run, [*cmd, "--output-path", str(eval_json)], run.left() - cuda_last_s(run)
-    )
+    cmd = [_bin(run, "ns-eval"), "--load-config", str(run_dir / "config.yml")]
+    evaluation = run_subprocess(run, [*cmd, "--output-path", str(eval_json)], run.left())
     evaluation.pop("_output")
     out["eval"] = evaluation
     if evaluation["rc"] == 0:
@@ -648,7 +794,68 @@ def environment(device: str) -> dict[str, Any]:
         info["gpu_capability"] = list(torch.cuda.get_device_capability(0))
         info["gpu_count"] = torch.cuda.device_count()
         info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+        info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        try:
+            query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+            smi = subprocess.run(query, capture_output=True, text=True, timeout=20)
+            info["driver"] = smi.stdout.strip() or smi.stderr.strip()
+        except (OSError, subprocess.TimeoutExpired) as error:
+            info["driver"] = f"nvidia-smi: {error!r}"
     return info
+
+
+def write_figure(report: dict[str, Any], path: Path) -> None:
+    """One PNG of what the run measured: op speed-ups over the CPU kernels, gsplat forward +
+    backward against Gaussians, copy bandwidth, and the engine's host time per step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    checks = report["checks"]
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.5))
+    env = report.get("environment", {})
+    fig.suptitle(
+        f"odin-ns gpu_check on {env.get('gpu', env.get('device'))}: torch {env.get('torch')}, "
+        f"CUDA {env.get('torch_cuda')}, gsplat {env.get('gsplat')}; all_ok={report.get('all_ok')}"
+    )
+    timed = [c for c in checks.get("ops", {}).get("cases", []) if "cuda_s" in c]
+    largest = max((c["n"] for c in timed), default=0)
+    rows = [c for c in timed if c["n"] == largest]
+    ax = axes[0]
+    if rows:
+        speedups = [c["cpu_s"] / max(c["cuda_s"], 1e-9) for c in rows]
+        ax.barh([c["op"] for c in rows], speedups, color="tab:green")
+        ax.set_xscale("log")
+        ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_title(f"ops: CPU kernel time / {env.get('device')} kernel time, n={largest:,}")
+    ax = axes[1]
+    sizes = checks.get("gsplat_speed", {}).get("sizes", [])
+    if sizes:
+        ns = [s["n"] for s in sizes]
+        ax.plot(ns, [s["forward_backward_ms"] for s in sizes], "o-", label="forward+backward")
+        ax.plot(ns, [s["forward_ms"] for s in sizes], "s--", label="forward")
+        ax.set_xscale("log")
+        ax.legend()
+    ax.set(title="gsplat, one 1280x720 view, SH 3", xlabel="Gaussians", ylabel="ms")
+    ax = axes[2]
+    copies = checks.get("copy_bandwidth", {}).get("rows", [])
+    if copies:
+        memory = {True: "pinned", False: "pageable", None: "device"}
+        labels = [f"{c['direction']} {memory[c['pinned']]} {c['mib']}M" for c in copies]
+        ax.barh(labels, [c["gb_per_s"] for c in copies], color="tab:blue")
+    ax.set(title="copy bandwidth", xlabel="GB/s")
+    ax = axes[3]
+    plane = checks.get("control_plane", {})
+    keys = [k for k in ("host", "control", "data", "engine") if f"{k}_ms_per_step" in plane]
+    if keys:
+        ax.bar(keys, [plane[f"{k}_ms_per_step"] for k in keys], color="tab:orange")
+        syncs = plane.get("cuda_syncs_per_step_max", plane.get("device_reads_per_step_max"))
+        ax.text(0.02, 0.95, f"syncs per step (max): {syncs}", transform=ax.transAxes, va="top")
+    ax.set(title="engine step, R=8 replicated (median ms)", ylabel="ms")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def run_check(run: Run, name: str, fn: Callable[[], dict], plan_s: float) -> None:
@@ -713,7 +920,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--sizes", default="1000,100000,1000000", help="op row counts (timed)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per op case")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="self-deadline, seconds")
+    parser.add_argument("--budget-s", type=float, default=480.0, help="self-deadline, seconds")
     parser.add_argument("--train-steps", type=int, default=200, help="single-process steps")
     parser.add_argument("--dist-steps", type=int, default=150, help="2-rank steps per mode")
     parser.add_argument("--seed", type=int, default=None, help="default: random (printed)")
@@ -748,29 +955,46 @@ def main(argv: list[str] | None = None) -> int:
     run = Run(args, {"seed": seed, "budget_s": args.budget_s, "checks": {}})
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     watchdog = start_watchdog(run)
+    if run.cuda:  # one arch list for every build and load (a different one rebuilds)
+        major, minor = torch.cuda.get_device_capability(0)
+        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}")
     if args.wheels is not None:  # before anything imports gsplat (the build, environment)
-        run.report["wheels"] = gpu_wheels.install(args.wheels, run.work / "site")
-    gsplat = GsplatBuild(run)  # overlaps check 1
+        project = gpu_wheels.project_root()
+        run.report["wheels"] = gpu_wheels.install(args.wheels, run.work / "site", project)
+    cpus = os.cpu_count() or 4
+    builds = [BackgroundBuild(run, "gsplat", GSPLAT_BUILD, jobs=max(1, cpus - 4))]
+    if args.wheels is not None:
+        builds.append(BackgroundBuild(run, "odin_ns (installed copy)", ODIN_BUILD, jobs=4))
+    gsplat = builds[0]
     run.report["environment"] = environment(args.device)
     run.report["work_dir"] = str(run.work)
     print(f"gpu_check: seed={seed} {run.report['environment']}", flush=True)
     run.write()
-    planned = [
-        ("ops", lambda: check_ops(run), 20.0),
-        ("raster", lambda: check_raster(run, gsplat), 15.0),
-        ("two_ranks_one_gpu", lambda: check_two_ranks_one_gpu(run, gsplat), 60.0),
-        ("single_process", lambda: check_single_process(run, gsplat), 40.0),
-        ("control_plane", lambda: check_control_plane(run), GPU_PLAN_S["control_plane"]),
-        ("nccl_link", lambda: check_nccl_link(run), GPU_PLAN_S["nccl_link"]),
-    ]
-    for name, check, plan_s in planned:
+    checks = {  # name: (the check, the fewest seconds worth starting it with)
+        "ops": (lambda: check_ops(run), 20.0),
+        "copy_bandwidth": (lambda: check_copy_bandwidth(run), 5.0),
+        "nccl_link": (lambda: check_nccl_link(run), 5.0),
+        "raster": (lambda: check_raster(run, gsplat), 15.0),
+        "gsplat_speed": (lambda: check_gsplat_speed(run, gsplat), 20.0),
+        "control_plane": (lambda: check_control_plane(run), 40.0),
+        "two_ranks_one_gpu": (lambda: check_two_ranks_one_gpu(run, gsplat), 60.0),
+        "single_process": (lambda: check_single_process(run, gsplat), 40.0),
+    }
+    for name in CHECKS:
         if name in args.checks and (run.cuda or name not in CUDA_ONLY):
-            run_check(run, name, check, plan_s)
+            busy = [build.name for build in builds if build.running()]
+            run_check(run, name, *checks[name])
+            run.report["checks"][name]["builds_running_at_start"] = busy  # CPUs shared
     if run.cuda:
-        run.report["gsplat_build"] = gsplat.wait(0.0)
+        run.report["builds"] = {build.name: build.wait(0.0) for build in builds}
     run.report["all_ok"] = all(c.get("ok") for c in run.report["checks"].values())
     run.write()
     watchdog.cancel()
+    figure = args.out.with_suffix(".png")
+    try:
+        write_figure(run.report, figure)
+    except Exception as error:  # noqa: BLE001 - the JSON is the record; say why no picture
+        print(f"gpu_check: no figure ({type(error).__name__}: {error})")
     print(f"gpu_check: all_ok={run.report['all_ok']} in {run.elapsed():.0f} s -> {args.out}")
     return 0 if run.report["all_ok"] else 1
 
