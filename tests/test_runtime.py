@@ -29,7 +29,12 @@ from harness import (
 from odin_ns.cuda import ops
 from odin_ns.runtime import MODES, PrimitiveSyncEngine, SyncConfig
 from odin_ns.runtime.exchange import WireBuffers
-from odin_ns.runtime.update_log import step_union_reference
+from odin_ns.runtime.update_log import (
+    add_arrivals_reference,
+    commit_rows_reference,
+    ready_rows_reference,
+    step_record_reference,
+)
 
 
 def _same(groups_a, groups_b) -> bool:
@@ -128,30 +133,64 @@ def test_bad_input_is_rejected():
         eng.rebind(groups, plan, step_offset=1)
 
 
-def test_step_union_kernel_equals_its_twin():
-    """The update log's per-step union (``torch.ops.odin.step_union``: row tables reused
-    across calls) equals its torch twin (unique + searchsorted) bit for bit, empty
-    footprints included."""
-    kernel = ops.host_op("step_union")
-    if kernel is None:
+def test_step_kernels_equal_their_twins():
+    """The update log's per-step host kernels equal their torch twins bit for bit:
+    ``step_record`` (union, positions, previous writes; row tables reused across calls, and
+    ``last_write`` advanced in place), ``add_arrivals``, ``ready_rows`` (in order or
+    checking versions) and ``commit_rows``; empty footprints and refused calls included."""
+    record, arrivals, ready_rows, commit_rows = (
+        ops.host_op(name) for name in ("step_record", "add_arrivals", "ready_rows", "commit_rows")
+    )
+    if record is None:
         pytest.skip("the CPU library is not built (python -m odin_ns.cuda build)")
     rng = np.random.default_rng(3)
     for world in (1, 2, 5, 8):
         sizes = rng.integers(0, 120, world)
         sizes[rng.integers(world)] = 0
         fps = [torch.from_numpy(np.sort(rng.choice(500, k, replace=False))) for k in sizes]
-        got, want = kernel(fps, 500), step_union_reference(fps, 500)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-        for a, b in zip(got[2], want[2], strict=True):
-            assert torch.equal(a, b)
+        last = torch.from_numpy(rng.integers(-1, 9, 500))
+        last_want = last.clone()
+        got, want = record(fps, last, 11), step_record_reference(fps, last_want, 11)
+        for a, b in zip((*got[:2], got[3], last), (*want[:2], want[3], last_want), strict=True):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+        assert all(torch.equal(a, b) for a, b in zip(got[2], want[2], strict=True))
+        ids, expected, positions, prev = got
+        u = ids.numel()
+        arrived = torch.from_numpy(rng.integers(0, world + 1, u)).int().minimum(expected)
+        got_arrived, want_arrived = arrived.clone(), arrived.clone()
+        for pos in positions:
+            arrivals(got_arrived, pos)
+            add_arrivals_reference(want_arrived, pos)
+        assert torch.equal(got_arrived, want_arrived)
+        applied = torch.from_numpy(rng.random(u) < 0.2)
+        versions = torch.from_numpy(rng.integers(-1, 12, 500))
+        for in_order in (True, False):
+            args = (arrived, expected, applied, ids, prev, versions, in_order)
+            (mask, n), (mask_want, n_want) = ready_rows(*args), ready_rows_reference(*args)
+            assert torch.equal(mask, mask_want) and n == n_want
+        done, done_want = applied.clone(), applied.clone()
+        v, v_want = versions.clone(), versions.clone()
+        assert commit_rows(done, v, ids, mask, 11) == commit_rows_reference(
+            done_want, v_want, ids, mask, 11
+        )
+        assert torch.equal(done, done_want) and torch.equal(v, v_want)
+    assert commit_rows(torch.zeros(1, dtype=torch.bool), v, ids[:1], torch.ones(1).bool(), 3)
+    last = torch.zeros(500, dtype=torch.int64)
     with pytest.raises(ValueError, match="out of range"):
-        kernel([torch.tensor([3, 500])], 500)
+        record([torch.tensor([3, 500])], last, 1)
+    assert not last.any()  # refused before anything was written
+    with pytest.raises(ValueError, match="out of range"):
+        arrivals(torch.zeros(3, dtype=torch.int32), torch.tensor([0, 3]))
+    with pytest.raises(ValueError, match="versions must be torch.int64"):
+        ready_rows(arrived, expected, applied, ids, prev, versions.int(), False)
     # the tables it keeps between calls are left clear: a smaller step after a larger one,
     # and a refused call in between, give the twin's answer
     small = [torch.tensor([7, 9]), torch.tensor([2, 9])]
-    got, want = kernel(small, 20), step_union_reference(small, 20)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    last, last_want = torch.zeros(20, dtype=torch.int64), torch.zeros(20, dtype=torch.int64)
+    got, want = record(small, last, 4), step_record_reference(small, last_want, 4)
+    assert all(torch.equal(a, b) for a, b in zip(got[:2], want[:2], strict=True))
     assert all(torch.equal(a, b) for a, b in zip(got[2], want[2], strict=True))
+    assert torch.equal(last, last_want)
 
 
 # ------------------------------------------------- engine vs reference (in-process)

@@ -1,6 +1,6 @@
 """Dispatcher: each op runs the compiled kernel for its tensors' device, else the reference.
 
-Host ops (``HOST_OPS``: the plan's, the footprint slack's, the update log's step union; CPU library only) are served by
+Host ops (``HOST_OPS``: the plan's, the footprint slack's, the update log's per-step ones; CPU library only) are served by
 ``host_op``: the compiled kernel, or None, and the caller runs its numpy / scipy twin.
 
 The extension builds lazily, on the first call for a device type (CPU library for CPU
@@ -35,8 +35,12 @@ OPS = (
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA", "meta": "Meta"}
 # Host kernels of phase starts and of the update log's steps; their twins:
 # schedule.plan.dependency_pass_reference, schedule.locality.view_overlaps_reference,
-# distributed.phase.footprint_slack_reference, runtime.update_log.step_union_reference.
-HOST_OPS = ("plan_dependencies", "view_overlaps", "footprint_slack", "step_union")
+# distributed.phase.footprint_slack_reference, runtime.update_log.step_record_reference,
+# add_arrivals_reference, ready_rows_reference and commit_rows_reference.
+HOST_OPS = (
+    "plan_dependencies", "view_overlaps", "footprint_slack",
+    "step_record", "add_arrivals", "ready_rows", "commit_rows",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -50,17 +50,62 @@ class ApplyHook(Protocol):
         """Rows ``ids`` ([K] int64 host) just got step ``step``'s update."""
 
 
-def step_union_reference(
-    footprints: Sequence[Tensor], num_rows: int
-) -> tuple[Tensor, Tensor, list[Tensor]]:
-    """(ids [U] sorted unique, writers per id [U], per footprint its [M_q] positions in ids),
-    all int64 host tensors, of a step's footprints (each [M_q] int64 host, sorted unique,
-    ids < num_rows). The torch twin of the host kernel ``torch.ops.odin.step_union``."""
-    if not footprints:
-        empty = torch.zeros(0, dtype=torch.int64)
-        return empty, empty.clone(), []
-    ids, counts = torch.unique(torch.cat(list(footprints)), sorted=True, return_counts=True)
-    return ids, counts, [torch.searchsorted(ids, fp) for fp in footprints]
+def step_record_reference(
+    footprints: Sequence[Tensor], last_write: Tensor, step: int
+) -> tuple[Tensor, Tensor, list[Tensor], Tensor]:
+    """A step's rows from its footprints (each [M_q] int64 host, sorted unique, ids <
+    N = ``last_write``'s length): (ids [U] int64 sorted unique, writers per id [U] int32, per
+    footprint its [M_q] int64 positions in ids, prev [U] int64 = ``last_write[ids]`` before
+    the call); then ``last_write[ids] = step`` in place. The torch twin of the host kernel
+    ``torch.ops.odin.step_record``."""
+    if footprints:
+        ids, counts = torch.unique(torch.cat(list(footprints)), sorted=True, return_counts=True)
+    else:
+        ids = counts = torch.zeros(0, dtype=torch.int64)
+    prev = last_write.index_select(0, ids)
+    last_write.index_fill_(0, ids, step)
+    positions = [torch.searchsorted(ids, fp) for fp in footprints]
+    return ids, counts.to(torch.int32), positions, prev
+
+
+def add_arrivals_reference(arrived: Tensor, positions: Tensor) -> None:
+    """``arrived[positions] += 1`` in place: [U] int32, [M] int64 distinct positions (one
+    publication's rows), host. The torch twin of the host kernel
+    ``torch.ops.odin.add_arrivals``."""
+    arrived.index_add_(0, positions, torch.ones(1, dtype=torch.int32).expand(len(positions)))
+
+
+def ready_rows_reference(
+    arrived: Tensor,
+    expected: Tensor,
+    applied: Tensor,
+    ids: Tensor,
+    prev: Tensor,
+    versions: Tensor,
+    in_order: bool,
+) -> tuple[Tensor, int]:
+    """(ready [U] bool, its count): a pending step's rows whose writers have all arrived,
+    not yet applied, whose previous planned write is applied (``versions[ids] >= prev``;
+    taken as true when ``in_order``: every earlier step is applied). [U] int32 arrived and
+    expected, [U] bool applied, [U] int64 ids and prev, [N] int64 versions, all host. The
+    torch twin of the host kernel ``torch.ops.odin.ready_rows``."""
+    if in_order:
+        blocked = torch.zeros_like(applied)
+    else:
+        blocked = versions.index_select(0, ids) < prev
+    ready = ops.ready_mask(arrived, expected, applied, blocked)
+    return ready, int(ready.sum())
+
+
+def commit_rows_reference(
+    applied: Tensor, versions: Tensor, ids: Tensor, ready: Tensor, step: int
+) -> bool:
+    """Rows ``ready`` ([U] bool) of a step now applied: ``applied |= ready`` and
+    ``versions[ids[ready]] = step`` in place; whether every row of the step is applied. The
+    torch twin of the host kernel ``torch.ops.odin.commit_rows``."""
+    applied |= ready
+    versions.index_fill_(0, ids[ready], step)
+    return bool(applied.all())
 
 
 class PendingStep:
@@ -70,7 +115,8 @@ class PendingStep:
         step: global step.
         footprints: per rank q its [M_q] int64 host footprint (sorted unique).
         last_write: [N] int64 host, per primitive the last planned write before ``step``
-            (or its version at bind time); read for ``prev``.
+            (or its version at bind time); read for ``prev``, then set to ``step`` on the
+            step's rows.
         device: the parameters' device.
         silent_when_empty: a rank with an empty footprint sends nothing for the step (its
             part counts as received); False: every rank publishes every step.
@@ -91,16 +137,16 @@ class PendingStep:
         self.step = step
         self.footprints = footprints  # per rank [M_q] int64 (host)
         if union is None:
-            kernel = ops.host_op("step_union")
-            ids, counts, positions = (kernel or step_union_reference)(
-                footprints, last_write.shape[0]
-            )
+            kernel = ops.host_op("step_record") or step_record_reference
+            ids, counts, positions, prev = kernel(footprints, last_write, step)
         else:
             ids, positions = union
-            counts = torch.bincount(torch.cat(positions), minlength=ids.numel())
+            counts = torch.bincount(torch.cat(positions), minlength=ids.numel()).to(torch.int32)
+            prev = last_write.index_select(0, ids)
+            last_write.index_fill_(0, ids, step)
         self.ids = ids  # [U] int64 (host)
-        self.prev = last_write.index_select(0, ids)  # [U] int64 planned previous write
-        self.expected = counts.to(torch.int32)  # [U] writers per row
+        self.prev = prev  # [U] int64 planned previous write
+        self.expected = counts  # [U] int32 writers per row
         self.arrived = torch.zeros_like(self.expected)  # [U] int32
         self.applied = torch.zeros(ids.shape, dtype=torch.bool)  # [U]
         self.positions = positions  # per rank [M_q] int64 positions into U
@@ -115,10 +161,7 @@ class PendingStep:
         """Rank q's contribution: [M_q, W] float32 on the parameters' device."""
         self.parts[q] = (upload(self.positions[q], self.device), rows)
         self.received[q] = True
-        positions = self.positions[q]  # distinct (one footprint): one pass, no gather
-        self.arrived.index_add_(
-            0, positions, torch.ones(1, dtype=torch.int32).expand(len(positions))
-        )
+        (ops.host_op("add_arrivals") or add_arrivals_reference)(self.arrived, self.positions[q])
 
     def add_sum(self, dense: Tensor) -> None:
         """Every writer's contribution already summed: [N, W] float32 (device), row p = p."""
@@ -190,7 +233,7 @@ class UpdateLog:
                     torch.as_tensor(np.asarray(self.plan.step_footprint(s, q)), dtype=torch.int64)
                     for q in range(self.world_size)
                 ]
-            rec = PendingStep(
+            rec = PendingStep(  # advances self._last_write to this step on its rows
                 self.step_offset + s,
                 fps,
                 self._last_write,
@@ -198,7 +241,6 @@ class UpdateLog:
                 self.silent_when_empty,
                 union,
             )
-            self._last_write.index_fill_(0, rec.ids, rec.step)
             self.pending[s] = rec
             self.created = s
         rec = self.pending.get(t)
@@ -258,26 +300,23 @@ class UpdateLog:
         if not self.dirty:
             return 0
         self.dirty = False
+        ready_rows = ops.host_op("ready_rows") or ready_rows_reference
+        commit_rows = ops.host_op("commit_rows") or commit_rows_reference
         total = 0
         earlier_done = True  # every step before s fully applied (retired steps are)
         for s in list(self.pending):
             rec = self.pending[s]
             if not rec.done:
-                if earlier_done:  # every row's previous planned write is applied
-                    blocked = torch.zeros_like(rec.applied)
-                else:
-                    blocked = self.versions.index_select(0, rec.ids) < rec.prev
-                ready = ops.ready_mask(rec.arrived, rec.expected, rec.applied, blocked)
-                n = int(ready.sum())  # host
-                if n:
+                ready, n = ready_rows(  # host, no device read
+                    rec.arrived, rec.expected, rec.applied, rec.ids, rec.prev, self.versions,
+                    earlier_done,  # then every row's previous planned write is applied
+                )  # fmt: skip
+                if n:  # else nothing changes, and the step is still not done
                     self._apply(rec, ready)
-                    rec.applied |= ready
-                    written = rec.ids if n == ready.numel() else rec.ids[ready]
-                    self.versions.index_fill_(0, written, rec.step)
                     total += n
-                if bool(rec.applied.all()):
-                    rec.done = True
-                    rec.parts = [None] * self.world_size
+                    if commit_rows(rec.applied, self.versions, rec.ids, ready, rec.step):
+                        rec.done = True
+                        rec.parts = [None] * self.world_size
             earlier_done = earlier_done and rec.done
             if rec.done and all(rec.received):
                 del self.pending[s]

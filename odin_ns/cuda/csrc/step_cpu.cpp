@@ -1,18 +1,23 @@
-// Host kernel of every step: torch.ops.odin.step_union, the union of a step's footprints and
-// each footprint's positions in it (the update log's control plane, odin_ns.runtime.
-// update_log). Its specification is the torch twin update_log.step_union_reference
-// (torch.unique + searchsorted), checked bitwise equal in tests/test_runtime.py.
+// Host kernels of every step, the update log's control plane (odin_ns.runtime.update_log):
 //
-// Two tables indexed by row id, kept per thread between calls and left cleared after each
-// (only the entries a call touched are reset): a bit per row (which rows some footprint
-// holds) and a counter per row (its writers, then its position in the union). Count every
-// id, walk the set bits word by word (N / 64 words: the union comes out sorted without a
-// pass over N rows), then read each footprint's positions back. Cost O(sum M + N / 64). The
-// kernel before allocated, zeroed and scanned an [N] array every call: 3.5 ms per million
-// rows of N per step here (16 ms at 3.24M Gaussians, 84 ms at 10M) whatever the footprints.
+// - step_record: the union of a step's footprints, each footprint's positions in it, and
+//   every union row's planned previous write, read from and then advanced in last_write;
+// - add_arrivals: one more writer arrived for each of a publication's rows;
+// - ready_rows: which rows of a pending step to apply now, and how many;
+// - commit_rows: mark rows applied and set their versions; whether the step is all applied.
+//
+// Their specifications are the torch twins update_log.step_record_reference,
+// add_arrivals_reference, ready_rows_reference and commit_rows_reference, checked equal in
+// tests/test_runtime.py. Each replaces several torch operations per step (a unique and a
+// searchsorted, a gather and a fill; a compare, a reduction, a boolean-mask index and a fill),
+// one pass over the union's rows instead of one per operation and no temporaries.
+//
+// step_record marks the footprints' rows in a bit table and reads positions back as ranks
+// (a popcount directory): O(sum M + N / 64), its tables small enough to stay in the cache.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <tuple>
 #include <vector>
@@ -22,60 +27,104 @@
 namespace odin {
 namespace {
 
-// Per-thread tables of step_union: all zero between calls.
-struct UnionScratch {
-  std::vector<uint64_t> rows_held;  // bit p: some footprint holds row p
-  std::vector<int64_t> per_row;     // writers of row p, then its position in the union
+// One footprint's ids: [M] int64, strictly increasing, in [0, num_rows) (the twin's
+// searchsorted needs sorted ids; checked before anything is written).
+void check_footprint(const at::Tensor& fp, int64_t num_rows, const char* op) {
+  TORCH_CHECK_VALUE(fp.device().is_cpu(), op, ": footprints must be host tensors");
+  check_dtype(fp, at::kLong, op, "a footprint");
+  TORCH_CHECK_VALUE(fp.dim() == 1, op, ": a footprint must have shape [M], got ", fp.sizes());
+  const int64_t m = fp.numel();
+  if (m == 0) return;
+  const int64_t* in = fp.data_ptr<int64_t>();
+  TORCH_CHECK_VALUE(in[0] >= 0 && in[m - 1] < num_rows, op,
+                    ": a footprint out of range: values span [", in[0], ", ", in[m - 1],
+                    "] but must lie in [0, ", num_rows, ")");
+  for (int64_t i = 1; i < m; ++i) {
+    TORCH_CHECK_VALUE(in[i - 1] < in[i], op, ": a footprint must be sorted and unique (",
+                      in[i - 1], " before ", in[i], ")");
+  }
+}
+
+// Per-thread tables of step_record, all zero between calls: a bit per row (some footprint
+// holds it) and, per 64-row word, the union's rows before the word (a rank directory). At
+// N = 1M rows they take 125 KB + 62 KB, so the random accesses stay in the cache; a table
+// of one counter per row (8 MB) swept once per footprint cost 7 ms per step at R = 8 here.
+struct RankScratch {
+  std::vector<uint64_t> held;  // [ceil(N / 64)] bit p: row p is in the union
+  std::vector<int32_t> rank;   // [ceil(N / 64)] union rows in the words before
 
   void fit(int64_t num_rows) {
-    if (static_cast<int64_t>(per_row.size()) < num_rows) {
-      per_row.resize(static_cast<size_t>(num_rows), 0);
-      rows_held.resize(static_cast<size_t>((num_rows + 63) / 64), 0);
+    const auto words = static_cast<size_t>((num_rows + 63) / 64);
+    if (held.size() < words) {
+      held.resize(words, 0);
+      rank.resize(words, 0);
     }
   }
 };
 
-std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> step_union_cpu(
-    at::TensorList footprints, int64_t num_rows) {
-  const char* op = "step_union";
-  TORCH_CHECK_VALUE(num_rows >= 0, op, ": num_rows must be >= 0, got ", num_rows);
+// Bits set in a word: the POPCNT instruction where the CPU has it (every x86-64 CPU that
+// runs CUDA 13 or PyTorch 2), else the compiler's portable routine.
+#if defined(__x86_64__)
+__attribute__((target("popcnt")))
+#endif
+inline int64_t bits_set(uint64_t word) {
+  return __builtin_popcountll(word);
+}
+
+// Position in the union of a row p it holds (held: its bits; rank: per word, the rows
+// before it).
+inline int64_t union_position(const uint64_t* held, const int32_t* rank, int64_t p) {
+  const uint64_t below = (uint64_t{1} << (p & 63)) - 1;
+  return rank[p >> 6] + bits_set(held[p >> 6] & below);
+}
+
+// Mark every row of the footprints, number the marked rows in order (the union, sorted),
+// then each footprint's positions are ranks: O(sum M + N / 64), every input read in order.
+std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>, at::Tensor> step_record_cpu(
+    at::TensorList footprints, const at::Tensor& last_write, int64_t step) {
+  const char* op = "step_record";
+  TORCH_CHECK_VALUE(last_write.device().is_cpu(), op, ": last_write must be a host tensor");
+  check_dtype(last_write, at::kLong, op, "last_write");
+  check_shape_1d(last_write, -1, op, "last_write");
+  check_contiguous(last_write, op, "last_write");
+  const int64_t num_rows = last_write.size(0);
   std::vector<at::Tensor> inputs;
   inputs.reserve(footprints.size());
+  int64_t total = 0;
   for (const auto& fp : footprints) {
-    TORCH_CHECK_VALUE(fp.device().is_cpu(), op, ": footprints must be host tensors");
-    check_dtype(fp, at::kLong, op, "a footprint");
-    TORCH_CHECK_VALUE(fp.dim() == 1, op, ": a footprint must have shape [M], got ", fp.sizes());
-    check_ids(fp, num_rows, op, "a footprint");
     inputs.push_back(fp.contiguous());
+    check_footprint(inputs.back(), num_rows, op);
+    total += fp.numel();
   }
-  thread_local UnionScratch scratch;
-  scratch.fit(num_rows);
-  int64_t* per_row = scratch.per_row.data();
-  uint64_t* held = scratch.rows_held.data();
-  int64_t unique = 0;
+  thread_local RankScratch table;
+  table.fit(num_rows);
+  uint64_t* held = table.held.data();  // raw pointers: no thread-local lookup in the loops
+  int32_t* rank = table.rank.data();
   for (const auto& c : inputs) {
     const int64_t* in = c.data_ptr<int64_t>();
-    for (int64_t i = 0; i < c.numel(); ++i) {
-      const int64_t p = in[i];
-      unique += per_row[p]++ == 0;
-      held[p >> 6] |= uint64_t{1} << (p & 63);
-    }
+    const int64_t m = c.numel();  // a local: the loop's stores could alias a tensor's field
+    for (int64_t i = 0; i < m; ++i) held[in[i] >> 6] |= uint64_t{1} << (in[i] & 63);
+  }
+  const int64_t words = (num_rows + 63) / 64;
+  int64_t unique = 0;
+  for (int64_t w = 0; w < words; ++w) {
+    rank[w] = static_cast<int32_t>(unique);
+    unique += bits_set(held[w]);
   }
   at::Tensor ids = at::empty({unique}, at::kLong);
-  at::Tensor counts = at::empty({unique}, at::kLong);
+  at::Tensor counts = at::zeros({unique}, at::kInt);
+  at::Tensor prev = at::empty({unique}, at::kLong);
   int64_t* ids_out = ids.data_ptr<int64_t>();
-  int64_t* counts_out = counts.data_ptr<int64_t>();
+  int32_t* counts_out = counts.data_ptr<int32_t>();
+  int64_t* prev_out = prev.data_ptr<int64_t>();
+  int64_t* last = last_write.data_ptr<int64_t>();
   int64_t u = 0;
-  const int64_t words = (num_rows + 63) / 64;
   for (int64_t w = 0; w < words && u < unique; ++w) {
-    uint64_t bits = held[w];
-    held[w] = 0;
-    while (bits != 0) {
+    for (uint64_t bits = held[w]; bits != 0; bits &= bits - 1) {
       const int64_t p = w * 64 + __builtin_ctzll(bits);
-      bits &= bits - 1;
       ids_out[u] = p;
-      counts_out[u] = per_row[p];
-      per_row[p] = u;  // from here on: the row's position
+      prev_out[u] = last[p];
+      last[p] = step;
       ++u;
     }
   }
@@ -83,21 +132,116 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> step_union_cpu(
   positions.reserve(inputs.size());
   for (const auto& c : inputs) {
     const int64_t* in = c.data_ptr<int64_t>();
-    at::Tensor pos = at::empty({c.numel()}, at::kLong);
+    const int64_t m = c.numel();
+    at::Tensor pos = at::empty({m}, at::kLong);
     int64_t* out = pos.data_ptr<int64_t>();
-    for (int64_t i = 0; i < c.numel(); ++i) out[i] = per_row[in[i]];
+    for (int64_t i = 0; i < m; ++i) {
+      out[i] = union_position(held, rank, in[i]);
+      ++counts_out[out[i]];
+    }
     positions.push_back(pos);
   }
-  for (int64_t i = 0; i < unique; ++i) per_row[ids_out[i]] = 0;  // cleared for the next call
-  return {ids, counts, positions};
+  std::fill(held, held + words, 0);  // cleared for the next call (the rank is rewritten)
+  return {ids, counts, positions, prev};
+}
+
+// The shared checks of ready_rows and commit_rows: [U] tensors of a pending step.
+void check_step_rows(const at::Tensor& t, int64_t U, at::ScalarType dtype, const char* op,
+                     const char* name) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), op, ": ", name, " must be a host tensor");
+  check_dtype(t, dtype, op, name);
+  check_shape_1d(t, U, op, name);
+  check_contiguous(t, op, name);
+}
+
+std::tuple<at::Tensor, int64_t> ready_rows_cpu(const at::Tensor& arrived,
+                                               const at::Tensor& expected,
+                                               const at::Tensor& applied, const at::Tensor& ids,
+                                               const at::Tensor& prev, const at::Tensor& versions,
+                                               bool in_order) {
+  const char* op = "ready_rows";
+  TORCH_CHECK_VALUE(ids.dim() == 1, op, ": ids must have shape [U], got ", ids.sizes());
+  const int64_t U = ids.size(0);
+  check_step_rows(arrived, U, at::kInt, op, "arrived");
+  check_step_rows(expected, U, at::kInt, op, "expected");
+  check_step_rows(applied, U, at::kBool, op, "applied");
+  check_step_rows(ids, U, at::kLong, op, "ids");
+  check_step_rows(prev, U, at::kLong, op, "prev");
+  check_step_rows(versions, -1, at::kLong, op, "versions");
+  if (!in_order) check_ids(ids, versions.size(0), op, "ids");
+  at::Tensor ready = at::empty({U}, at::kBool);
+  const int32_t* got = arrived.data_ptr<int32_t>();
+  const int32_t* want = expected.data_ptr<int32_t>();
+  const bool* done = applied.data_ptr<bool>();
+  const int64_t* id = ids.data_ptr<int64_t>();
+  const int64_t* before = prev.data_ptr<int64_t>();
+  const int64_t* version = versions.data_ptr<int64_t>();
+  bool* out = ready.data_ptr<bool>();
+  int64_t n = 0;
+  for (int64_t i = 0; i < U; ++i) {
+    const bool r = got[i] == want[i] && !done[i] && (in_order || version[id[i]] >= before[i]);
+    out[i] = r;
+    n += r;
+  }
+  return {ready, n};
+}
+
+void add_arrivals_cpu(const at::Tensor& arrived, const at::Tensor& positions) {
+  const char* op = "add_arrivals";
+  check_step_rows(arrived, -1, at::kInt, op, "arrived");
+  check_step_rows(positions, -1, at::kLong, op, "positions");
+  check_ids(positions, arrived.size(0), op, "positions");
+  int32_t* count = arrived.data_ptr<int32_t>();
+  const int64_t* at = positions.data_ptr<int64_t>();
+  const int64_t m = positions.size(0);
+  for (int64_t i = 0; i < m; ++i) ++count[at[i]];
+}
+
+bool commit_rows_cpu(const at::Tensor& applied, const at::Tensor& versions, const at::Tensor& ids,
+                     const at::Tensor& ready, int64_t step) {
+  const char* op = "commit_rows";
+  TORCH_CHECK_VALUE(ids.dim() == 1, op, ": ids must have shape [U], got ", ids.sizes());
+  const int64_t U = ids.size(0);
+  check_step_rows(applied, U, at::kBool, op, "applied");
+  check_step_rows(ids, U, at::kLong, op, "ids");
+  check_step_rows(ready, U, at::kBool, op, "ready");
+  check_step_rows(versions, -1, at::kLong, op, "versions");
+  check_ids(ids, versions.size(0), op, "ids");
+  bool* done = applied.data_ptr<bool>();
+  int64_t* version = versions.data_ptr<int64_t>();
+  const int64_t* id = ids.data_ptr<int64_t>();
+  const bool* now = ready.data_ptr<bool>();
+  bool all = true;
+  for (int64_t i = 0; i < U; ++i) {
+    if (now[i]) {
+      done[i] = true;
+      version[id[i]] = step;
+    }
+    all = all && done[i];
+  }
+  return all;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(odin, m) {
-  m.def("step_union(Tensor[] footprints, int num_rows) -> (Tensor, Tensor, Tensor[])");
+  m.def(
+      "step_record(Tensor[] footprints, Tensor(a!) last_write, int step) -> (Tensor, Tensor, "
+      "Tensor[], Tensor)");
+  m.def(
+      "ready_rows(Tensor arrived, Tensor expected, Tensor applied, Tensor ids, Tensor prev, "
+      "Tensor versions, bool in_order) -> (Tensor, int)");
+  m.def("add_arrivals(Tensor(a!) arrived, Tensor positions) -> ()");
+  m.def(
+      "commit_rows(Tensor(a!) applied, Tensor(b!) versions, Tensor ids, Tensor ready, int step) "
+      "-> bool");
 }
 
-TORCH_LIBRARY_IMPL(odin, CPU, m) { m.impl("step_union", &step_union_cpu); }
+TORCH_LIBRARY_IMPL(odin, CPU, m) {
+  m.impl("step_record", &step_record_cpu);
+  m.impl("ready_rows", &ready_rows_cpu);
+  m.impl("add_arrivals", &add_arrivals_cpu);
+  m.impl("commit_rows", &commit_rows_cpu);
+}
 
 }  // namespace odin
