@@ -394,14 +394,21 @@ def small_scene(n: int, width: int, height: int, seed: int, device: str) -> dict
     return {k: t.to(device) for k, t in scene.items()}
 
 
-def render_with_grads(scene: dict[str, Tensor], width: int, height: int, backend: str) -> dict:
-    """Image, alpha and the gradients of a fixed random linear loss on one backend."""
-    from odin_ns.render import rasterize
-
-    params = {
+def trainable(scene: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Leaf copies of the scene's raw Gaussian parameters that take gradients."""
+    return {
         k: scene[k].clone().requires_grad_(True)
         for k in ("means", "quats", "scales", "opacities", "colors")
     }
+
+
+def render_loss(
+    params: dict[str, Tensor], scene: dict[str, Tensor], width: int, height: int, backend: str
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(a fixed random linear loss, image [1, H, W, 3], alpha [1, H, W, 1]) of ``params``
+    rendered on one backend (SH degree 3)."""
+    from odin_ns.render import rasterize
+
     colors, alphas, _ = rasterize(
         params["means"],
         params["quats"],
@@ -415,7 +422,14 @@ def render_with_grads(scene: dict[str, Tensor], width: int, height: int, backend
         sh_degree=3,
         backend=backend,
     )
-    ((colors * scene["weights"]).sum() + alphas.sum()).backward()
+    return (colors * scene["weights"]).sum() + alphas.sum(), colors, alphas
+
+
+def render_with_grads(scene: dict[str, Tensor], width: int, height: int, backend: str) -> dict:
+    """Image, alpha and the gradients of a fixed random linear loss on one backend."""
+    params = trainable(scene)
+    loss, colors, alphas = render_loss(params, scene, width, height, backend)
+    loss.backward()
     out = {"image": colors.detach(), "alpha": alphas.detach()}
     out.update({f"grad_{k}": p.grad.detach() for k, p in params.items()})
     return out
@@ -471,8 +485,6 @@ def cuda_median_s(fn: Callable[[], Any], repeats: int) -> tuple[float, float, fl
 def check_gsplat_speed(run: Run, gsplat: BackgroundBuild) -> dict[str, Any]:
     """gsplat forward + backward (``odin_ns.render.rasterize``, SH degree 3, one 1280x720
     view) at 0.1M, 1M and 3M Gaussians: median of 5 after a warm-up, CUDA events."""
-    from odin_ns.render import rasterize
-
     width, height = 1280, 720
     built = gsplat.wait(run.left() - GPU_PLAN_S["gsplat_speed"] - plan_after(run, "gsplat_speed"))
     if not built["ok"]:
@@ -483,25 +495,17 @@ def check_gsplat_speed(run: Run, gsplat: BackgroundBuild) -> dict[str, Any]:
             out.setdefault("skipped", []).append(n)
             continue
         scene = small_scene(n, width, height, run.report["seed"], "cuda")
-        params = {
-            k: scene[k].clone().requires_grad_(True)
-            for k in ("means", "quats", "scales", "opacities", "colors")
-        }
+        params = trainable(scene)
 
         def forward(p=params, scene=scene) -> Tensor:
-            colors, alphas, _ = rasterize(
-                p["means"], p["quats"], torch.exp(p["scales"]), torch.sigmoid(p["opacities"]),
-                p["colors"], scene["viewmats"], scene["Ks"], width, height,
-                sh_degree=3, backend="gsplat",
-            )  # fmt: skip
-            return (colors * scene["weights"]).sum() + alphas.sum()
+            return render_loss(p, scene, width, height, "gsplat")[0]
 
         def step(forward=forward, p=params) -> None:
             for t in p.values():
                 t.grad = None
             forward().backward()
 
-        fwd = cuda_median_s(lambda forward=forward: forward(), 5)
+        fwd = cuda_median_s(forward, 5)
         both = cuda_median_s(step, 5)
         out["sizes"].append({
             "n": n,
