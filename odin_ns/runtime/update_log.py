@@ -27,6 +27,7 @@ nothing for the step.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -50,6 +51,13 @@ class ApplyHook(Protocol):
         """Rows ``ids`` ([K] int64 host) just got step ``step``'s update."""
 
 
+def advance_last_write(last_write: Tensor, ids: Tensor, step: int) -> Tensor:
+    """[U] int64 ``last_write[ids]``, then ``last_write[ids] = step`` in place."""
+    prev = last_write.index_select(0, ids)
+    last_write.index_fill_(0, ids, step)
+    return prev
+
+
 def step_record_reference(
     footprints: Sequence[Tensor], last_write: Tensor, step: int
 ) -> tuple[Tensor, Tensor, list[Tensor], Tensor]:
@@ -62,8 +70,7 @@ def step_record_reference(
         ids, counts = torch.unique(torch.cat(list(footprints)), sorted=True, return_counts=True)
     else:
         ids = counts = torch.zeros(0, dtype=torch.int64)
-    prev = last_write.index_select(0, ids)
-    last_write.index_fill_(0, ids, step)
+    prev = advance_last_write(last_write, ids, step)
     positions = [torch.searchsorted(ids, fp) for fp in footprints]
     return ids, counts.to(torch.int32), positions, prev
 
@@ -108,6 +115,26 @@ def commit_rows_reference(
     return bool(applied.all())
 
 
+@dataclass(frozen=True)
+class StepKernels:
+    """The update log's per-step host kernels: the compiled ``torch.ops.odin`` ones where the
+    CPU library is built, else their torch twins (same results). Resolved once per log."""
+
+    record: Callable = step_record_reference
+    add_arrivals: Callable = add_arrivals_reference
+    ready_rows: Callable = ready_rows_reference
+    commit_rows: Callable = commit_rows_reference
+
+    @classmethod
+    def resolve(cls) -> StepKernels:
+        return cls(
+            ops.host_op("step_record") or step_record_reference,
+            ops.host_op("add_arrivals") or add_arrivals_reference,
+            ops.host_op("ready_rows") or ready_rows_reference,
+            ops.host_op("commit_rows") or commit_rows_reference,
+        )
+
+
 class PendingStep:
     """One step's update (rows = sorted union U of the step's footprints).
 
@@ -118,6 +145,7 @@ class PendingStep:
             (or its version at bind time); read for ``prev``, then set to ``step`` on the
             step's rows.
         device: the parameters' device.
+        kernels: the per-step host kernels (``StepKernels.resolve()``).
         silent_when_empty: a rank with an empty footprint sends nothing for the step (its
             part counts as received); False: every rank publishes every step.
         union: the caller's (ids [U] sorted unique, per rank the [M_q] positions of its
@@ -131,19 +159,19 @@ class PendingStep:
         footprints: list[Tensor],
         last_write: Tensor,
         device,
+        kernels: StepKernels,
         silent_when_empty: bool = False,
         union: tuple[Tensor, list[Tensor]] | None = None,
     ):
         self.step = step
         self.footprints = footprints  # per rank [M_q] int64 (host)
+        self.kernels = kernels
         if union is None:
-            kernel = ops.host_op("step_record") or step_record_reference
-            ids, counts, positions, prev = kernel(footprints, last_write, step)
+            ids, counts, positions, prev = kernels.record(footprints, last_write, step)
         else:
             ids, positions = union
             counts = torch.bincount(torch.cat(positions), minlength=ids.numel()).to(torch.int32)
-            prev = last_write.index_select(0, ids)
-            last_write.index_fill_(0, ids, step)
+            prev = advance_last_write(last_write, ids, step)
         self.ids = ids  # [U] int64 (host)
         self.prev = prev  # [U] int64 planned previous write
         self.expected = counts  # [U] int32 writers per row
@@ -161,7 +189,7 @@ class PendingStep:
         """Rank q's contribution: [M_q, W] float32 on the parameters' device."""
         self.parts[q] = (upload(self.positions[q], self.device), rows)
         self.received[q] = True
-        (ops.host_op("add_arrivals") or add_arrivals_reference)(self.arrived, self.positions[q])
+        self.kernels.add_arrivals(self.arrived, self.positions[q])
 
     def add_sum(self, dense: Tensor) -> None:
         """Every writer's contribution already summed: [N, W] float32 (device), row p = p."""
@@ -211,6 +239,7 @@ class UpdateLog:
         self.versions = versions  # [N] int64 host: last applied global step per primitive
         self.versions_data = versions if self.device == HOST else versions.to(self.device)
         self._last_write = versions.clone()  # [N] last planned write of the created steps
+        self.kernels = StepKernels.resolve()
         self.pending: dict[int, PendingStep] = {}
         self.created = -1  # records exist (or existed) for local steps <= this
         self.dirty = False  # something arrived since the last apply_ready
@@ -238,6 +267,7 @@ class UpdateLog:
                 fps,
                 self._last_write,
                 self.device,
+                self.kernels,
                 self.silent_when_empty,
                 union,
             )
@@ -300,8 +330,7 @@ class UpdateLog:
         if not self.dirty:
             return 0
         self.dirty = False
-        ready_rows = ops.host_op("ready_rows") or ready_rows_reference
-        commit_rows = ops.host_op("commit_rows") or commit_rows_reference
+        ready_rows, commit_rows = self.kernels.ready_rows, self.kernels.commit_rows
         total = 0
         earlier_done = True  # every step before s fully applied (retired steps are)
         for s in list(self.pending):
@@ -352,4 +381,4 @@ class UpdateLog:
             self.observe_sum(rec.ids_data, acc, ready_data)
 
 
-__all__ = ["ApplyHook", "PendingStep", "UpdateLog"]
+__all__ = ["ApplyHook", "PendingStep", "StepKernels", "UpdateLog"]
