@@ -145,7 +145,7 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>, at::Tensor> step_rec
   return {ids, counts, positions, prev};
 }
 
-// The shared checks of ready_rows and commit_rows: [U] tensors of a pending step.
+// The shared checks of the apply kernels: [U] tensors of a pending step.
 void check_step_rows(const at::Tensor& t, int64_t U, at::ScalarType dtype, const char* op,
                      const char* name) {
   TORCH_CHECK_VALUE(t.device().is_cpu(), op, ": ", name, " must be a host tensor");
@@ -154,21 +154,29 @@ void check_step_rows(const at::Tensor& t, int64_t U, at::ScalarType dtype, const
   check_contiguous(t, op, name);
 }
 
+// A pending step's [U] int64 ids and the [N] int64 version vector, ids within it when they
+// index it (``indexed``); returns U.
+int64_t check_ids_and_versions(const at::Tensor& ids, const at::Tensor& versions, bool indexed,
+                               const char* op) {
+  TORCH_CHECK_VALUE(ids.dim() == 1, op, ": ids must have shape [U], got ", ids.sizes());
+  const int64_t U = ids.size(0);
+  check_step_rows(ids, U, at::kLong, op, "ids");
+  check_step_rows(versions, -1, at::kLong, op, "versions");
+  if (indexed) check_ids(ids, versions.size(0), op, "ids");
+  return U;
+}
+
 std::tuple<at::Tensor, int64_t> ready_rows_cpu(const at::Tensor& arrived,
                                                const at::Tensor& expected,
                                                const at::Tensor& applied, const at::Tensor& ids,
                                                const at::Tensor& prev, const at::Tensor& versions,
                                                bool in_order) {
   const char* op = "ready_rows";
-  TORCH_CHECK_VALUE(ids.dim() == 1, op, ": ids must have shape [U], got ", ids.sizes());
-  const int64_t U = ids.size(0);
+  const int64_t U = check_ids_and_versions(ids, versions, !in_order, op);
   check_step_rows(arrived, U, at::kInt, op, "arrived");
   check_step_rows(expected, U, at::kInt, op, "expected");
   check_step_rows(applied, U, at::kBool, op, "applied");
-  check_step_rows(ids, U, at::kLong, op, "ids");
   check_step_rows(prev, U, at::kLong, op, "prev");
-  check_step_rows(versions, -1, at::kLong, op, "versions");
-  if (!in_order) check_ids(ids, versions.size(0), op, "ids");
   at::Tensor ready = at::empty({U}, at::kBool);
   const int32_t* got = arrived.data_ptr<int32_t>();
   const int32_t* want = expected.data_ptr<int32_t>();
@@ -200,13 +208,9 @@ void add_arrivals_cpu(const at::Tensor& arrived, const at::Tensor& positions) {
 bool commit_rows_cpu(const at::Tensor& applied, const at::Tensor& versions, const at::Tensor& ids,
                      const at::Tensor& ready, int64_t step) {
   const char* op = "commit_rows";
-  TORCH_CHECK_VALUE(ids.dim() == 1, op, ": ids must have shape [U], got ", ids.sizes());
-  const int64_t U = ids.size(0);
+  const int64_t U = check_ids_and_versions(ids, versions, true, op);
   check_step_rows(applied, U, at::kBool, op, "applied");
-  check_step_rows(ids, U, at::kLong, op, "ids");
   check_step_rows(ready, U, at::kBool, op, "ready");
-  check_step_rows(versions, -1, at::kLong, op, "versions");
-  check_ids(ids, versions.size(0), op, "ids");
   bool* done = applied.data_ptr<bool>();
   int64_t* version = versions.data_ptr<int64_t>();
   const int64_t* id = ids.data_ptr<int64_t>();
