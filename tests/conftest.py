@@ -57,25 +57,36 @@ SHARED_RUNS_TIMEOUT_S = 1200
 
 
 @pytest.fixture(scope="session")
-def street_runs_2(street_scene, tmp_path_factory) -> dict[str, Path]:
+def fork_server():
+    """The suite's ``odin-ns-train`` runs start forked from one interpreter that imported
+    nerfstudio once (``tests/harness/fork_server.py``); pass it to ``train_side_by_side``."""
+    from harness.fork_server import ForkServer
+
+    server = ForkServer(dict(os.environ))
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def street_runs_2(street_scene, fork_server, tmp_path_factory) -> dict[str, Path]:
     """The 2-rank family: barrier, quality-first, throughput-first, sharded, sharded-tf
     (tau 0), sharded-rebalance; name -> run folder."""
     from harness.street_runs import train_family
 
-    return train_family(street_scene, tmp_path_factory.mktemp("street2"), ranks=2)
+    return train_family(street_scene, tmp_path_factory.mktemp("street2"), 2, fork_server)
 
 
 @pytest.fixture(scope="session")
-def street_runs_3(street_scene, tmp_path_factory) -> dict[str, Path]:
+def street_runs_3(street_scene, fork_server, tmp_path_factory) -> dict[str, Path]:
     """The 3-rank family: barrier, sharded (random owners, 1-byte credits),
     sharded-rebalance; name -> run folder."""
     from harness.street_runs import train_family
 
-    return train_family(street_scene, tmp_path_factory.mktemp("street3"), ranks=3)
+    return train_family(street_scene, tmp_path_factory.mktemp("street3"), 3, fork_server)
 
 
 @pytest.fixture(scope="session")
-def street_resumed(street_scene, street_runs_2, street_runs_3, tmp_path_factory):
+def street_resumed(street_scene, street_runs_2, street_runs_3, fork_server, tmp_path_factory):
     """Runs resumed from the families' step-28 checkpoints, side by side; name -> result:
 
     - ``quality-first``: replicated quality-first on 2 ranks, from its own checkpoint;
@@ -96,7 +107,7 @@ def street_resumed(street_scene, street_runs_2, street_runs_3, tmp_path_factory)
         resume_job(street_scene, out, "barrier-as-sharded", 2, two["barrier"], *SHARDED),
         resume_job(street_scene, out, "3-on-2", 2, three["sharded"], *SHARDED),
     ]
-    return train_side_by_side(jobs, out / "logs")
+    return train_side_by_side(jobs, out / "logs", server=fork_server)
 
 
 def pytest_collection_modifyitems(config, items):

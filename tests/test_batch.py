@@ -190,7 +190,7 @@ VIEWS_40 = [
 
 
 @pytest.fixture(scope="module")
-def runs(street_scene, tmp_path_factory) -> dict[str, RunResult]:
+def runs(street_scene, fork_server, tmp_path_factory) -> dict[str, RunResult]:
     """The module's real runs side by side (timing never matters to what they check):
 
     - ``barrier`` / ``quality-first`` / ``sharded``: B = 2, 2 ranks, 80 views;
@@ -219,7 +219,7 @@ def runs(street_scene, tmp_path_factory) -> dict[str, RunResult]:
         *SMALL, *VIEWS_40, "--pipeline.views-per-rank", "2",
     ]  # fmt: skip
     jobs.append(TrainJob("one", one, run_dir(out, "batch", "one"), env=run_env(None)))
-    return train_side_by_side(jobs, out / "logs")
+    return train_side_by_side(jobs, out / "logs", server=fork_server)
 
 
 def _final_params(run_dir: Path) -> dict[str, torch.Tensor]:

@@ -312,6 +312,44 @@ def test_sync_evaluates_every_run_whose_parameters_differ_from_barrier():
     assert without_barrier == [("quality-first", 0), ("quality-first", 1)]
 
 
+def test_sync_paired_seeds_evaluate_barrier_in_every_round():
+    """With a seed per round, barrier differs between rounds: each round's barrier is
+    evaluated, and a run bitwise its round's barrier takes that round's PSNR."""
+    modes = ["barrier", "quality-first", "throughput-first"]
+    rounds = [
+        {
+            "barrier": {},
+            "quality-first": {"max_param_diff_vs_barrier": 0.0},
+            "throughput-first": {"max_param_diff_vs_barrier": 0.1},
+        }
+        for _ in range(2)
+    ]
+    evaluated = runs_to_evaluate(rounds, modes, paired_seeds=True)
+    assert evaluated == [
+        ("barrier", 0),
+        ("throughput-first", 0),
+        ("barrier", 1),
+        ("throughput-first", 1),
+    ]
+    measured = {("barrier", 0): 20.0, ("barrier", 1): 21.0}
+    measured |= {("throughput-first", 0): 19.9, ("throughput-first", 1): 21.2}
+    psnrs = round_psnrs(rounds, modes, measured, paired_seeds=True)
+    assert psnrs["quality-first"] == [20.0, 21.0]
+    assert psnrs["throughput-first"] == [19.9, 21.2]
+
+
+def test_sync_paired_seeds_refuse_a_second_seed_control(tmp_path, capsys):
+    from odin_ns.bench import sync
+
+    out = tmp_path / "sync.json"
+    argv = ["--data", str(tmp_path), "--paired-seeds", "--seed-control", "2", "--out", str(out)]
+    with pytest.raises(SystemExit) as exc:
+        sync.main([*argv, "--work-dir", str(tmp_path / "runs")])
+    assert exc.value.code == 2
+    assert "leave out --seed-control" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not out.exists() and not (tmp_path / "runs").exists()
+
+
 def test_seed_control_range_includes_barrier_itself():
     figures = seed_control_figures(20.0, [20.25, 19.5])
     assert figures["psnr_seed_deltas"] == [0.25, -0.5]

@@ -60,7 +60,7 @@ def _node_command(data, out, node: int, port: int, steps: int, flags) -> list[st
 
 
 @pytest.mark.slow
-def test_two_nodes_quality_first_equals_barrier(street_runs_2, street_scene, tmp_path):
+def test_two_nodes_quality_first_equals_barrier(street_runs_2, street_scene, fork_server, tmp_path):
     """The README's multi-node command, as two launchers on this machine (``--nnodes 2``,
     one rank each, master 127.0.0.1): quality-first ends bit for bit at the 2-rank family's
     barrier run."""
@@ -70,7 +70,7 @@ def test_two_nodes_quality_first_equals_barrier(street_runs_2, street_scene, tmp
                  run_dir(tmp_path, "nodes", "run"))
         for k in (0, 1)
     ]  # fmt: skip
-    results = train_side_by_side(jobs, tmp_path / "logs")  # both at once
+    results = train_side_by_side(jobs, tmp_path / "logs", server=fork_server)  # both at once
     results["node1"].check()
     ours = _final_params(results["node0"].check())
     theirs = _final_params(street_runs_2["barrier"])

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from harness.fork_server import ForkServer
 from harness.runs import TrainJob, train_side_by_side
 
 from odin_ns.bench.commands import run_dir, run_env
@@ -251,7 +252,12 @@ def _command(
 
 
 def _train(
-    data: Path, out: Path, iterations: int, ranks: int, runs: dict[str, dict[str, str]]
+    data: Path,
+    out: Path,
+    iterations: int,
+    ranks: int,
+    runs: dict[str, dict[str, str]],
+    server: ForkServer,
 ) -> dict[str, Path]:
     """One run per entry of ``runs`` (name -> options over ``TRAINING``), side by side (their
     parameters never depend on timing), one thread per rank; returns their run folders."""
@@ -264,14 +270,17 @@ def _train(
         )
         for name, opts in runs.items()
     ]
-    return {name: r.check() for name, r in train_side_by_side(jobs, out / "logs").items()}
+    return {
+        name: r.check() for name, r in train_side_by_side(jobs, out / "logs", server=server).items()
+    }
 
 
 @pytest.mark.slow
-def test_single_process_eager_noise_equals_lazy(street_scene, tmp_path):
+def test_single_process_eager_noise_equals_lazy(street_scene, fork_server, tmp_path):
     runs = _train(
         street_scene, tmp_path, 10, ranks=1,
         runs={s: {"--pipeline.model.noise-schedule": s} for s in ("eager", "lazy")},
+        server=fork_server,
     )  # fmt: skip
     eager, lazy = _final(runs["eager"]), _final(runs["lazy"])
     assert eager.keys() == lazy.keys()
@@ -282,7 +291,7 @@ def test_single_process_eager_noise_equals_lazy(street_scene, tmp_path):
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2ranks", "3ranks"])
-def sync_mode_runs(request, street_scene, tmp_path_factory) -> dict[str, Path]:
+def sync_mode_runs(request, street_scene, fork_server, tmp_path_factory) -> dict[str, Path]:
     """Barrier and quality-first runs of odin-splatfacto-mcmc on 2 and 3 ranks."""
     ranks = request.param
     out = tmp_path_factory.mktemp(f"mcmc_{ranks}ranks")
@@ -290,6 +299,7 @@ def sync_mode_runs(request, street_scene, tmp_path_factory) -> dict[str, Path]:
     return _train(
         street_scene, out, DISTRIBUTED_STEPS, ranks,
         runs={m: {**DISTRIBUTED, "--pipeline.sync.mode": m} for m in modes},
+        server=fork_server,
     )  # fmt: skip
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from harness.fork_server import ForkServer
 from harness.runs import TrainJob, train_side_by_side
 
 from odin_ns.bench.commands import quiet_flags, run_dir, schedule_flags, train_command
@@ -38,7 +39,7 @@ MODES = {
 }
 
 
-def _train_side_by_side(data: Path, out: Path) -> dict[str, Path]:
+def _train_side_by_side(data: Path, out: Path, server: ForkServer) -> dict[str, Path]:
     """The three runs, side by side (their parameters never depend on timing)."""
     jobs = [
         TrainJob(
@@ -56,7 +57,9 @@ def _train_side_by_side(data: Path, out: Path) -> dict[str, Path]:
         )
         for name, extra in MODES.items()
     ]
-    return {name: r.check() for name, r in train_side_by_side(jobs, out / "logs").items()}
+    return {
+        name: r.check() for name, r in train_side_by_side(jobs, out / "logs", server=server).items()
+    }
 
 
 def _state(run: Path) -> dict[str, torch.Tensor]:
@@ -71,8 +74,8 @@ def _state(run: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_resets_run_in_phase_and_every_mode_agrees(street_scene, tmp_path):
-    runs = _train_side_by_side(street_scene, tmp_path)
+def test_resets_run_in_phase_and_every_mode_agrees(street_scene, fork_server, tmp_path):
+    runs = _train_side_by_side(street_scene, tmp_path, fork_server)
     reference = _state(runs["barrier"])
     assert len(reference) == 18
     for name, run in runs.items():

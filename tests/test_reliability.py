@@ -26,6 +26,7 @@ from harness import (
     toy_groups,
     toy_outcome_worker,
 )
+from harness.fork_server import ForkServer
 from harness.runs import RunResult, TrainJob, ns_eval_in_process, train_side_by_side
 
 from odin_ns.bench.commands import (
@@ -170,10 +171,10 @@ def _job(
     return TrainJob(name, cmd, run_dir(out, "rel", name), env=env, timeout_s=300)
 
 
-def _side_by_side(out: Path, *jobs: TrainJob) -> dict[str, RunResult]:
+def _side_by_side(out: Path, server: ForkServer, *jobs: TrainJob) -> dict[str, RunResult]:
     """The runs side by side: no check below depends on how fast a run goes, only on what
     a rank waits for (sync timeouts of 3 s and more, heartbeats keeping busy ranks alive)."""
-    return train_side_by_side(jobs, out / "logs")
+    return train_side_by_side(jobs, out / "logs", server=server)
 
 
 def _checkpoints(run: Path) -> list[Path]:
@@ -191,7 +192,7 @@ def _finite_checkpoint(path: Path) -> bool:
 
 
 @pytest.fixture(scope="module")
-def fault_runs(street_scene, tmp_path_factory) -> dict[str, RunResult]:
+def fault_runs(street_scene, fork_server, tmp_path_factory) -> dict[str, RunResult]:
     """Side by side:
 
     - ``slow``: 2 ranks; rank 0 takes 15 s (5 x timeout_s, more than gloo's own 12 s
@@ -219,11 +220,11 @@ def fault_runs(street_scene, tmp_path_factory) -> dict[str, RunResult]:
         report=out / "report",
     )
     one = _job(street_scene, out, "one", 1, "--max-num-iterations", "8")
-    return {"out": out, **_side_by_side(out, slow, nan, one)}
+    return {"out": out, **_side_by_side(out, fork_server, slow, nan, one)}
 
 
 @pytest.fixture(scope="module")
-def resumed_runs(street_scene, fault_runs) -> dict[str, RunResult]:
+def resumed_runs(street_scene, fault_runs, fork_server) -> dict[str, RunResult]:
     """Side by side: the slow 2-rank run resumed on 1 rank (``r21``), the 1-rank run on 2
     (``r12``), 8 steps each."""
     out = fault_runs["out"]
@@ -243,7 +244,7 @@ def resumed_runs(street_scene, fault_runs) -> dict[str, RunResult]:
         *("--load-dir", str(fault_runs["one"].run_dir / "nerfstudio_models")),
         *("--max-num-iterations", "8"),
     )
-    return _side_by_side(out, r21, r12)
+    return _side_by_side(out, fork_server, r21, r12)
 
 
 @pytest.mark.slow

@@ -119,7 +119,8 @@ def test_sharded_barrier_is_a_barrier(runs):
     same in both runs): its checkpoint is replicated barrier's bitwise, and no rank began
     computing step t before its peer had ended step t - 1. Sharded quality-first under the
     same delays does: a rank runs ahead where its reads do not depend on the slower peer.
-    Slack for the barrier (100 ms): a peer records a step's end after it signalled it."""
+    Slack for the barrier (100 ms, one step up to 250 ms): a peer records a step's end after
+    it signalled it."""
     rep, barrier = _checkpoint(runs[2, "replicated"]), _checkpoint(runs[2, "sharded-barrier"])
     keys = [k for k in rep["pipeline"] if "gauss_params" in k]
     for key in keys:
@@ -139,7 +140,10 @@ def test_sharded_barrier_is_a_barrier(runs):
 
     barrier_leads, qf_leads = lead_s("sharded-barrier"), lead_s("sharded-jitter")
     assert len(barrier_leads) >= 40, len(barrier_leads)
-    assert max(barrier_leads) < 0.1, sorted(barrier_leads)[-5:]
+    # One step may exceed the slack: a rank descheduled between its signal and its step's
+    # end record (4 ranks and the test share 2 cores). Quality-first leads by 0.3-0.7 s.
+    late = [lead for lead in barrier_leads if lead >= 0.1]
+    assert len(late) <= 1 and max(barrier_leads) < 0.25, sorted(barrier_leads)[-5:]
     assert max(qf_leads) > 0.15, sorted(qf_leads)[-5:]
 
 

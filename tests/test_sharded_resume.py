@@ -89,7 +89,7 @@ def runs(street_runs_2):
 
 
 @pytest.fixture(scope="module")
-def cap_runs(street_scene, runs, tmp_path_factory) -> dict[str, RunResult]:
+def cap_runs(street_scene, runs, fork_server, tmp_path_factory) -> dict[str, RunResult]:
     """Runs the row cap stops or lets through, side by side; name -> result:
 
     - ``capped``: replicated barrier under the cap (stops when the model outgrows it);
@@ -118,7 +118,7 @@ def cap_runs(street_scene, runs, tmp_path_factory) -> dict[str, RunResult]:
         )
         for name, (flags, steps) in specs.items()
     ]
-    return train_side_by_side(jobs, out / "logs")
+    return train_side_by_side(jobs, out / "logs", server=fork_server)
 
 
 @pytest.mark.slow

@@ -37,14 +37,20 @@ def _run(cmd: list[str], timeout: float = 600):
 
 
 def _job(
-    data: Path, out: Path, steps: int, extra: list[str] = (), name: str = "run", threads=None
+    data: Path,
+    out: Path,
+    steps: int,
+    extra: list[str] = (),
+    name: str = "run",
+    threads=None,
+    forkable: bool = True,
 ) -> TrainJob:
     cmd = [
         str(BIN / "ns-train"), "odin-splatfacto", "--data", str(data), "--output-dir", str(out),
         "--experiment-name", "e2e", "--timestamp", name, "--max-num-iterations", str(steps),
         *TINY_TRAINING, *extra,
     ]  # fmt: skip
-    return TrainJob(name, cmd, run_dir(out, "e2e", name), env=run_env(threads))
+    return TrainJob(name, cmd, run_dir(out, "e2e", name), env=run_env(threads), forkable=forkable)
 
 
 # The resume test's schedule: checkpoint at step 40 of 80, across a refine (at 60).
@@ -55,15 +61,16 @@ RESUME = [
 
 
 @pytest.fixture(scope="module")
-def trained(object_scene, tmp_path_factory) -> dict[str, Path]:
-    """Side by side: ``psnr`` (200 steps) and ``full`` (the resume test's uninterrupted 80
-    steps, one torch thread); name -> config.yml, and ``out``."""
+def trained(object_scene, fork_server, tmp_path_factory) -> dict[str, Path]:
+    """Side by side: ``psnr`` (120 steps, the real ``ns-train`` script in a fresh process)
+    and ``full`` (the resume test's uninterrupted 80 steps, one torch thread); name ->
+    config.yml, and ``out``."""
     out = tmp_path_factory.mktemp("e2e")
     jobs = [
-        _job(object_scene, out, 200, name="psnr"),
+        _job(object_scene, out, 120, name="psnr", forkable=False),
         _job(object_scene, out, 80, RESUME, name="full", threads=1),
     ]
-    results = train_side_by_side(jobs, out / "logs")
+    results = train_side_by_side(jobs, out / "logs", server=fork_server)
     return {"out": out, **{name: r.check() / "config.yml" for name, r in results.items()}}
 
 
@@ -108,7 +115,7 @@ def _error_job(name: str, data: Path, out: Path, extra: list[str]) -> TrainJob:
 
 
 @pytest.fixture(scope="module")
-def refused_runs(object_scene, tmp_path_factory) -> dict[str, RunResult]:
+def refused_runs(object_scene, fork_server, tmp_path_factory) -> dict[str, RunResult]:
     """Each bad input's ns-train run, side by side (each is mostly nerfstudio's import)."""
     out = tmp_path_factory.mktemp("refused")
     empty = out / "empty"
@@ -126,7 +133,7 @@ def refused_runs(object_scene, tmp_path_factory) -> dict[str, RunResult]:
     if not torch.cuda.is_available():
         gsplat = ["--pipeline.model.rasterizer", "gsplat"]
         jobs.append(_error_job("gsplat", object_scene, out / "gsplat", gsplat))
-    return train_side_by_side(jobs, out / "logs")
+    return train_side_by_side(jobs, out / "logs", server=fork_server)
 
 
 def _assert_one_line_error(result: RunResult, message: str) -> None:
@@ -161,7 +168,7 @@ def _gaussians(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_single_process_resume_is_exact(trained, object_scene, tmp_path):
+def test_single_process_resume_is_exact(trained, object_scene, fork_server, tmp_path):
     """Checkpoint at step 40 of 80, across a refine (at 60), resume: the same parameters
     as the uninterrupted run, bit for bit (strategy statistics, RNG and epoch restored).
 
@@ -173,7 +180,8 @@ def test_single_process_resume_is_exact(trained, object_scene, tmp_path):
     resume = [*RESUME, "--load-checkpoint", str(models / "step-000000040.ckpt")]
     # resumes at step 41; nerfstudio counts iterations from there
     job = _job(object_scene, trained["out"], 80 - 41, resume, name="resumed", threads=1)
-    resumed = train_side_by_side([job], tmp_path)["resumed"].check() / "config.yml"
+    resumed = train_side_by_side([job], tmp_path, server=fork_server)["resumed"]
+    resumed = resumed.check() / "config.yml"
     ours = _gaussians(resumed.parent / "nerfstudio_models" / "step-000000079.ckpt")
     theirs = _gaussians(models / "step-000000079.ckpt")
     assert ours.keys() == theirs.keys()

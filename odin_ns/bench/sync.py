@@ -19,7 +19,13 @@ barrier's PSNR: bitwise its parameters); per mode the median over rounds, and
 trains barrier K more times with seeds ``seed + 1 .. seed + K`` (``--machine.seed`` and the
 view order's ``train-cameras-sampling-seed``) after the rounds and evaluates them: the
 spread of those PSNRs around barrier's (``psnr_seed_deltas``) is what a different
-trajectory alone costs on the scene, the yardstick for a mode's PSNR delta. Figures come
+trajectory alone costs on the scene, the yardstick for a mode's PSNR delta.
+``--paired-seeds`` trains round i with seed ``seed + i`` in every mode instead: rounds are
+then independent trajectories (with one seed, every round's throughput-first run departs
+from the same barrier run, so its rounds are not independent draws of what a departure
+costs), barrier is evaluated in every round, ``psnr_delta_<mode>_vs_barrier`` is paired
+within each round, and barrier's PSNRs over the rounds are the seed control
+(``psnr_seed_deltas``: rounds 1.. against round 0). Figures come
 from each run's ``odin_run.json``
 (per-rank, per-step timestamps, compute and wait seconds; the engine's bytes; per-phase
 start seconds). Per mode, ``mean_dependency_rows_per_step`` is the run's plan density: the
@@ -240,15 +246,17 @@ def mode_figures(summary: dict, skip_steps: int) -> dict:
     }
 
 
-def runs_to_evaluate(rounds: list[dict[str, dict]], modes: list[str]) -> list[tuple[str, int]]:
+def runs_to_evaluate(
+    rounds: list[dict[str, dict]], modes: list[str], paired_seeds: bool = False
+) -> list[tuple[str, int]]:
     """(mode, round) of the runs ns-eval measures: barrier's round 0 (barrier is
-    deterministic, the same parameters every round) and every other run whose parameters
-    differ from its round's barrier run; without barrier, every run. The A/A control is
-    barrier again: never."""
+    deterministic, the same parameters every round; every round's with ``paired_seeds``)
+    and every other run whose parameters differ from its round's barrier run; without
+    barrier, every run. The A/A control is barrier again: never."""
     evaluated = []
     for i, figures in enumerate(rounds):
         for mode in modes:
-            if mode == CONTROL or (mode == "barrier" and i > 0):
+            if mode == CONTROL or (mode == "barrier" and i > 0 and not paired_seeds):
                 continue
             if mode != "barrier" and figures[mode].get("max_param_diff_vs_barrier") == 0.0:
                 continue  # bitwise barrier's parameters: barrier's PSNR
@@ -257,17 +265,21 @@ def runs_to_evaluate(rounds: list[dict[str, dict]], modes: list[str]) -> list[tu
 
 
 def round_psnrs(
-    rounds: list[dict[str, dict]], modes: list[str], measured: dict[tuple[str, int], float]
+    rounds: list[dict[str, dict]],
+    modes: list[str],
+    measured: dict[tuple[str, int], float],
+    paired_seeds: bool = False,
 ) -> dict[str, list[float]]:
     """Per mode (not the control), the PSNR of each round's run: measured, or barrier's
-    where the run's parameters are bitwise barrier's."""
+    (round 0's; that round's with ``paired_seeds``) where the run's parameters are bitwise
+    barrier's."""
     out: dict[str, list[float]] = {}
     for mode in modes:
         if mode == CONTROL:
             continue
-        key = ("barrier", 0)
         out[mode] = [
-            measured[(mode, i) if (mode, i) in measured else key] for i in range(len(rounds))
+            measured.get((mode, i), measured.get(("barrier", i if paired_seeds else 0)))
+            for i in range(len(rounds))
         ]
     return out
 
@@ -424,6 +436,11 @@ def main(argv: list[str] | None = None) -> dict:
         help="train barrier K more times with other seeds (the PSNR of another trajectory)",
     )
     parser.add_argument(
+        "--paired-seeds",
+        action="store_true",
+        help="round i trains every mode with seed + i (independent trajectories, paired)",
+    )
+    parser.add_argument(
         "--work-dir", type=Path, default=None, help="default: outputs/bench_sync/<data name>"
     )
     parser.add_argument("--out", type=Path, required=True)
@@ -452,8 +469,10 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"none of {requested} exists in this engine (MODES = {known})")
     if args.control and "barrier" not in modes:
         parser.error("--control trains barrier again: --modes must include barrier")
-    if args.seed_control and ("barrier" not in modes or args.no_eval):
+    if (args.seed_control or args.paired_seeds) and ("barrier" not in modes or args.no_eval):
         parser.error("--seed-control compares PSNR with barrier's: needs barrier and ns-eval")
+    if args.seed_control and args.paired_seeds:
+        parser.error("--paired-seeds is its own seed control: leave out --seed-control")
     if args.control:
         modes.append(CONTROL)
 
@@ -472,7 +491,8 @@ def main(argv: list[str] | None = None) -> dict:
         figures_i: dict[str, dict] = {}
         for j, mode in enumerate(order):
             port = 29400 + (os.getpid() + 7 * i + j) % 500
-            run = _train(args, mode, args.work_dir, f"{mode}-r{i}", port)
+            seed = args.seed + i if args.paired_seeds else None
+            run = _train(args, mode, args.work_dir, f"{mode}-r{i}", port, seed)
             summary = json.loads((run / "odin_run.json").read_text())
             figures_i[mode] = mode_figures(summary, args.skip_steps)
             run_dirs[mode].append(str(run.resolve()))
@@ -496,6 +516,7 @@ def main(argv: list[str] | None = None) -> dict:
         "steps": args.steps,
         "repeats": args.repeats,
         "jitter_ms": args.jitter_ms,
+        "seeds": [args.seed + i if args.paired_seeds else args.seed for i in range(args.repeats)],
         "source": "measured (CPU ranks on this machine)",
         "modes_requested": requested,
         "modes_missing": missing,
@@ -505,9 +526,10 @@ def main(argv: list[str] | None = None) -> dict:
     psnrs: dict[str, list[float]] = {}
     if not args.no_eval:
         measured = {
-            (mode, i): _psnr(Path(run_dirs[mode][i])) for mode, i in runs_to_evaluate(rounds, modes)
+            (mode, i): _psnr(Path(run_dirs[mode][i]))
+            for mode, i in runs_to_evaluate(rounds, modes, args.paired_seeds)
         }
-        psnrs = round_psnrs(rounds, modes, measured)
+        psnrs = round_psnrs(rounds, modes, measured, args.paired_seeds)
         results["psnr_runs_evaluated"] = len(measured)
     if args.seed_control:
         controls = []
@@ -517,6 +539,9 @@ def main(argv: list[str] | None = None) -> dict:
             controls.append(_psnr(run))
         results.update(seed_control_figures(psnrs["barrier"][0], controls))
         results["seed_control_seeds"] = [args.seed + k for k in range(1, args.seed_control + 1)]
+    if args.paired_seeds and args.repeats > 1:
+        results.update(seed_control_figures(psnrs["barrier"][0], psnrs["barrier"][1:]))
+        results["seed_control_seeds"] = results["seeds"][1:]
     for mode in modes:
         figures = aggregate_rounds([r[mode] for r in rounds])
         figures["run_dirs"] = run_dirs[mode]
@@ -553,8 +578,8 @@ def main(argv: list[str] | None = None) -> dict:
         results[f"max_param_diff_{key}_vs_barrier"] = max(
             r[mode]["max_param_diff_vs_barrier"] for r in rounds
         )
-        if mode in psnrs:  # same-round deltas (barrier's PSNR is one value)
-            deltas = [p - psnrs["barrier"][0] for p in psnrs[mode]]
+        if mode in psnrs:  # same-round deltas
+            deltas = [p - b for p, b in zip(psnrs[mode], psnrs["barrier"], strict=True)]
             put_spread(results, f"psnr_delta_{key}_vs_barrier", deltas)
     if "quality-first" in results["modes"]:
         results["ideal_views_per_second"] = results["modes"]["quality-first"][

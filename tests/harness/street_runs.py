@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.fork_server import ForkServer
 from harness.runs import TrainJob, train_side_by_side
 from odin_ns.bench.commands import (
     free_port,
@@ -116,8 +117,11 @@ def street_command(
     )
 
 
-def train_family(data: Path, out: Path, ranks: int) -> dict[str, Path]:
-    """Train every run of the 2- or 3-rank family side by side; name -> run folder."""
+def train_family(
+    data: Path, out: Path, ranks: int, server: ForkServer | None = None
+) -> dict[str, Path]:
+    """Train every run of the 2- or 3-rank family side by side (forked from ``server``, the
+    ``fork_server`` fixture, when given); name -> run folder."""
     runs, steps = (TWO_RANK_RUNS, STEPS) if ranks == 2 else (THREE_RANK_RUNS, STEPS_3)
     jobs = []
     for name, flags in runs.items():
@@ -126,7 +130,7 @@ def train_family(data: Path, out: Path, ranks: int) -> dict[str, Path]:
             extra += live_viewer()
         cmd = street_command(data, out, ranks, name, extra, steps)
         jobs.append(TrainJob(name, cmd, run_dir(out, EXPERIMENT, name)))
-    results = train_side_by_side(jobs, out / "logs")
+    results = train_side_by_side(jobs, out / "logs", server=server)
     return {name: result.check() for name, result in results.items()}
 
 
