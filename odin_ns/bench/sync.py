@@ -372,11 +372,20 @@ def plot_psnr(psnrs: dict[str, list[float]], results: dict, path: Path) -> None:
     if base is not None and "psnr_seed_deltas" in results:
         low, high = results["psnr_seed_delta_min"], results["psnr_seed_delta_max"]
         ax.axhspan(base + low, base + high, color="0.85", label="barrier, other seeds")
+    paired = len(set(results.get("seeds", []))) > 1  # --paired-seeds: a seed per round
+    if paired:  # one line per round (seed) through its modes: the pairs the deltas take
+        for i, seed in enumerate(results["seeds"]):
+            ax.plot(range(len(psnrs)), [v[i] for v in psnrs.values()], "-", color="0.6", lw=0.8)
+            last = len(psnrs) - 1
+            ax.annotate(f"seed {seed}", (last, list(psnrs.values())[-1][i]), fontsize=6,
+                        xytext=(6, 0), textcoords="offset points", va="center")  # fmt: skip
     for x, (mode, values) in enumerate(psnrs.items()):
         ax.plot([x] * len(values), values, "o", alpha=0.7, label=f"{SHORT[mode]} (rounds)")
     ax.set_xticks(range(len(psnrs)), [SHORT[m] for m in psnrs])
     ax.set_ylabel("held-out PSNR (dB)")
-    ax.set_title("PSNR per round (measured)")
+    ax.set_title(
+        "PSNR per round, one seed per round (measured)" if paired else "PSNR per round (measured)"
+    )
     ax.legend(fontsize=7, loc="best")
     save_figure(fig, path)
 
