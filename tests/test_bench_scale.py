@@ -338,18 +338,6 @@ def test_sync_paired_seeds_evaluate_barrier_in_every_round():
     assert psnrs["throughput-first"] == [19.9, 21.2]
 
 
-def test_sync_paired_seeds_refuse_a_second_seed_control(tmp_path, capsys):
-    from odin_ns.bench import sync
-
-    out = tmp_path / "sync.json"
-    argv = ["--data", str(tmp_path), "--paired-seeds", "--seed-control", "2", "--out", str(out)]
-    with pytest.raises(SystemExit) as exc:
-        sync.main([*argv, "--work-dir", str(tmp_path / "runs")])
-    assert exc.value.code == 2
-    assert "leave out --seed-control" in capsys.readouterr().err.strip().splitlines()[-1]
-    assert not out.exists() and not (tmp_path / "runs").exists()
-
-
 def test_seed_control_range_includes_barrier_itself():
     figures = seed_control_figures(20.0, [20.25, 19.5])
     assert figures["psnr_seed_deltas"] == [0.25, -0.5]
@@ -363,6 +351,7 @@ def test_seed_control_range_includes_barrier_itself():
         (["--modes", "quality-first"], "needs barrier and ns-eval"),
         (["--no-eval"], "needs barrier and ns-eval"),
         (["--seed-control", "-1"], "--seed-control must be >= 0"),
+        (["--paired-seeds"], "leave out --seed-control"),
     ],
 )
 def test_sync_seed_control_refusals_come_before_any_run(tmp_path, capsys, extra, reason):

@@ -486,6 +486,7 @@ def main(argv: list[str] | None = None) -> dict:
         modes.append(CONTROL)
 
     orders = rotated_orders(modes, args.repeats)
+    seeds = [args.seed + i if args.paired_seeds else args.seed for i in range(args.repeats)]
     if args.repeats > 1 and args.repeats % len(modes):
         # A run's position in its round can cost it (seen: the first run of a round slower
         # on a drifting machine); only whole rotations give every mode every position.
@@ -500,8 +501,7 @@ def main(argv: list[str] | None = None) -> dict:
         figures_i: dict[str, dict] = {}
         for j, mode in enumerate(order):
             port = 29400 + (os.getpid() + 7 * i + j) % 500
-            seed = args.seed + i if args.paired_seeds else None
-            run = _train(args, mode, args.work_dir, f"{mode}-r{i}", port, seed)
+            run = _train(args, mode, args.work_dir, f"{mode}-r{i}", port, seeds[i])
             summary = json.loads((run / "odin_run.json").read_text())
             figures_i[mode] = mode_figures(summary, args.skip_steps)
             run_dirs[mode].append(str(run.resolve()))
@@ -525,7 +525,7 @@ def main(argv: list[str] | None = None) -> dict:
         "steps": args.steps,
         "repeats": args.repeats,
         "jitter_ms": args.jitter_ms,
-        "seeds": [args.seed + i if args.paired_seeds else args.seed for i in range(args.repeats)],
+        "seeds": seeds,
         "source": "measured (CPU ranks on this machine)",
         "modes_requested": requested,
         "modes_missing": missing,

@@ -26,8 +26,10 @@ minus the signal) when the run ends.
 from __future__ import annotations
 
 import json
+import math
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -166,7 +168,7 @@ class ForkServer:
 
     ``serves(cmd)``: whether a command is one it runs (``odin-ns-train ...`` or
     ``python -m odin_ns.... ...``); ``run(cmd, env, cwd, log, timeout_s)`` runs it and
-    returns its exit code (``-9`` after a timeout, which kills the run's session).
+    returns its exit code, or None past ``timeout_s`` (the run's session is killed).
     """
 
     def __init__(self, env: dict[str, str]):
@@ -219,7 +221,9 @@ class ForkServer:
                 self._lock.wait(min(left, 1.0))
             return table.pop(key)
 
-    def run(self, cmd: list[str], env: dict[str, str], cwd: Path, log: Path, timeout_s: float):
+    def run(
+        self, cmd: list[str], env: dict[str, str], cwd: Path, log: Path, timeout_s: float
+    ) -> int | None:
         entry = self._entry(list(cmd))
         assert entry is not None, cmd
         module, function, argv = entry
@@ -230,18 +234,17 @@ class ForkServer:
             request.update(cwd=str(cwd), log=str(log))
             self._proc.stdin.write((json.dumps(request) + "\n").encode())
             self._proc.stdin.flush()
-        deadline = time.monotonic() + timeout_s
-        pid = self._wait_for(self._pids, key, deadline)
+        # the fork comes once the server has preloaded; only a dead server leaves no pid
+        pid = self._wait_for(self._pids, key, math.inf)
         if pid is None:
             raise RuntimeError("the fork server died; its output is on the test's stderr")
-        code = self._wait_for(self._codes, key, deadline)
+        code = self._wait_for(self._codes, key, time.monotonic() + timeout_s)
         if code is None:  # past the deadline: end the run and its ranks
             try:
-                os.killpg(pid, 9)
+                os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            code = self._wait_for(self._codes, key, time.monotonic() + 30)
-            return -9 if code is None else code
+            self._wait_for(self._codes, key, time.monotonic() + 30)  # reaped by the server
         return code
 
     def close(self) -> None:

@@ -68,15 +68,9 @@ class RunResult:
         return self.run_dir
 
 
-def _run(job: TrainJob, log: Path, server: ForkServer | None = None) -> RunResult:
-    started = time.monotonic()
-    if server is not None and job.forkable and server.serves(job.cmd):
-        code = server.run(job.cmd, job.env, Path.cwd(), log, job.timeout_s)
-        if code == -9:
-            with open(log, "a") as out:
-                out.write(f"\n[test harness] {job.name}: killed after {job.timeout_s:.0f} s\n")
-        lines = [line for line in log.read_text().splitlines() if line.strip()]
-        return RunResult(code, lines, job.run_dir, time.monotonic() - started)
+def _run_process(job: TrainJob, log: Path) -> int | None:
+    """``job`` as a fresh process (its session killed past its deadline): its exit code,
+    or None if it ran past ``job.timeout_s``."""
     with open(log, "w") as out:
         proc = subprocess.Popen(
             list(job.cmd),
@@ -87,11 +81,22 @@ def _run(job: TrainJob, log: Path, server: ForkServer | None = None) -> RunResul
             start_new_session=True,  # the launcher and its ranks: one group to end
         )
         try:
-            code = proc.wait(timeout=job.timeout_s)
+            return proc.wait(timeout=job.timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            code = -9
+            return None
+
+
+def _run(job: TrainJob, log: Path, server: ForkServer | None = None) -> RunResult:
+    started = time.monotonic()
+    if server is not None and job.forkable and server.serves(job.cmd):
+        code = server.run(job.cmd, job.env, Path.cwd(), log, job.timeout_s)
+    else:
+        code = _run_process(job, log)
+    if code is None:  # past its deadline: the run and its ranks were killed
+        code = -signal.SIGKILL
+        with open(log, "a") as out:
             out.write(f"\n[test harness] {job.name}: killed after {job.timeout_s:.0f} s\n")
     lines = [line for line in log.read_text().splitlines() if line.strip()]
     return RunResult(code, lines, job.run_dir, time.monotonic() - started)
