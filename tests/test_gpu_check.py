@@ -174,3 +174,27 @@ def test_wheels_are_what_training_imports_less_what_the_machine_has():
         if "extra ==" not in r
     }
     assert carried - closure <= required, "carried, but neither imported nor required"
+
+
+def test_deterministic_reaches_every_rank_command():
+    """``odin-ns-train --deterministic`` (the check's bitwise runs) is a launcher option that
+    torchrun passes on to each rank's command line, where ``_train_rank`` applies it; the
+    3-rank family of the suite trains with it (tests/harness/street_runs.py)."""
+    args, rest = launch._split_launcher_args(["--deterministic", "odin-splatfacto", "--data", "d"])
+    assert args.deterministic and rest == ["odin-splatfacto", "--data", "d"]
+    ranks = launch._torchrun_args(args, rest, "odin_ns.launch", "fork")
+    assert ranks[ranks.index("odin_ns.launch") + 1 :].count("--deterministic") == 1
+    plain, rest = launch._split_launcher_args(["odin-splatfacto"])
+    assert "--deterministic" not in launch._torchrun_args(plain, rest, "odin_ns.launch", "fork")
+
+
+def test_parameter_differences_name_shape_mismatches():
+    from odin_ns.cuda.gpu_check import param_diffs
+
+    want = {"means": torch.zeros(3, 3), "scales": torch.zeros(2, 3), "empty": torch.zeros(0, 4)}
+    got = {"means": torch.zeros(3, 3), "scales": torch.ones(4, 3), "empty": torch.zeros(0, 4)}
+    got["means"][1, 2] = -0.25
+    assert param_diffs(got, want) == {
+        "means": 0.25, "scales": "shape [4, 3] != [2, 3]", "empty": 0.0,
+    }  # fmt: skip
+    assert param_diffs({}, want)["means"] == "shape None != [3, 3]"

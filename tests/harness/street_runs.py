@@ -13,7 +13,9 @@ steps (not views) so runs and checkpoints compare step by step:
   :data:`SAVED` = 28 (between the refines: a resumed run needs moments, densification
   statistics, generators and the plan's position) and at the last step, evaluation during
   training every 10 steps (rank 0 of a sharded run renders its gathered copy);
-- 3 ranks, :data:`STEPS_3` = 30 steps, the refine at step 24, a checkpoint at step 28.
+- 3 ranks, :data:`STEPS_3` = 30 steps, the refine at step 24, a checkpoint at step 28,
+  under ``odin-ns-train --deterministic`` (what the GPU check's bitwise runs use): the
+  family's comparisons show it changes no CPU result.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ TWO_RANK_RUNS: dict[str, list[str]] = {
 # so ranks finish steps far apart; sleeping changes no parameter.
 JITTERED = {"sharded-barrier", "sharded-jitter"}
 JITTER = ["--jitter-ms", "80", "--jitter-seed", "0"]
+DETERMINISTIC = ["--deterministic"]  # 3-rank runs: torch's deterministic kernels
 THREE_RANK_RUNS: dict[str, list[str]] = {
     "barrier": BARRIER,
     # random ownership: most reads are remote, so pushes and gradient rows carry the run;
@@ -104,6 +107,7 @@ def street_command(
     """The family's ``odin-ns-train`` command for run ``name`` with ``extra`` flags (through
     ``odin_ns.bench.jitter`` for the :data:`JITTERED` runs)."""
     jittered = name in JITTERED
+    launcher_flags = [*(JITTER if jittered else ()), *(DETERMINISTIC if ranks == 3 else ())]
     return train_command(
         data,
         out,
@@ -113,7 +117,7 @@ def street_command(
         steps=steps,
         flags=[*TRAINING, *extra],
         launcher=module_launcher("odin_ns.bench.jitter") if jittered else None,
-        launcher_flags=JITTER if jittered else (),
+        launcher_flags=launcher_flags,
     )
 
 
