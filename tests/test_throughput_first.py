@@ -147,6 +147,34 @@ def test_impact_rule_bounds_the_delayed_share_of_gradient_mass():
     assert impact(1, 0.0, tau=0.0)[0] == "impact"
 
 
+def test_impact_tally_counts_decisions_within_each_tau_and_merges_over_phases():
+    """Every decision with an impact share is counted under each tau whose bound tau**2 it
+    meets, whichever rule decided (the summary's ``impact_within_tau``); the sharded
+    engine's per-phase summaries add up."""
+    from odin_ns.runtime.admission import TAU_GRID, Decision, ImpactTally, admission_totals
+    from odin_ns.runtime.sharded_admission import merge_admission_summaries
+
+    def decision(overlap: int, evidence: float, reason: str | None) -> Decision:
+        return Decision(10, 1, 9, overlap, 100, evidence, reason)
+
+    tally = ImpactTally()
+    for d in (
+        decision(80, 0.02, None),  # I = 0.016: within tau 0.2 (0.04) and above
+        decision(10, 0.5, "impact"),  # I = 0.05: within tau 0.3 (0.09) and above
+        decision(90, 1.0, "evidence"),  # I = 0.9: within tau 1 only
+        decision(90, math.nan, "overlap"),  # stopped before the evidence: not counted
+    ):
+        tally.add(d)
+    phase = admission_totals([], dict.fromkeys(FALLBACK_REASONS, 0), {}, tally)
+    assert phase["impact_decisions"] == 3
+    want = {"0.1": 0, "0.2": 1, "0.3": 2, "0.4": 2, "0.5": 2, "0.6": 2, "0.8": 2, "1": 3}
+    assert phase["impact_within_tau"] == want and len(want) == len(TAU_GRID)
+    phase.update(tau=0.2, staleness_window=4, delayed_steps=0, delayed_primitive_reads=0)
+    merged = merge_admission_summaries([phase, phase])
+    assert merged["impact_decisions"] == 6
+    assert merged["impact_within_tau"] == {tau: 2 * n for tau, n in want.items()}
+
+
 def test_gradient_evidence_matches_brute_force():
     g = torch.Generator().manual_seed(0)
     n, width = 40, 6

@@ -609,6 +609,11 @@ def main(argv: list[str] | None = None) -> dict:
             reason: sum(e["fallbacks"][reason] for e in engines)
             for reason in engines[0]["fallbacks"]
         }
+        results[f"impact_decisions_{key}"] = sum(e["impact_decisions"] for e in engines)
+        results[f"impact_within_tau_{key}"] = {  # what the impact rule admits at other taus
+            tau: sum(e["impact_within_tau"][tau] for e in engines)
+            for tau in engines[0]["impact_within_tau"]
+        }
         hist: dict[str, int] = {}
         for e in engines:
             for k, v in e["staleness_hist"].items():

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -277,12 +277,47 @@ class GradientEvidence:
         return self.ratios([(peer, rows)])[0]
 
 
+# The tau values at which a run summary counts its decisions' impact shares (``impact_within_tau``).
+TAU_GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
+
+
+@dataclass(slots=True)
+class ImpactTally:
+    """How many of a run's decisions carried an impact share ``I`` (``Decision.impact_share``)
+    within the impact rule's bound ``tau**2``, for each tau of ``TAU_GRID``: what the rule
+    would have admitted of these very decisions at another tau, from one run, whichever rule
+    decided. A first-order guide: a fallback's read is decided again after its wait (counted
+    again), and admitting more changes later decisions. Decisions without E (the overlap rule
+    stopped before the evidence) are not counted."""
+
+    decisions: int = 0  # decisions with an impact share
+    within: dict[float, int] = field(default_factory=lambda: dict.fromkeys(TAU_GRID, 0))
+
+    def add(self, decision: Decision) -> None:
+        share = decision.impact_share
+        if math.isnan(share):
+            return
+        self.decisions += 1
+        for tau in TAU_GRID:
+            self.within[tau] += share <= tau * tau
+
+    def as_dict(self) -> dict:
+        """``impact_decisions`` and ``impact_within_tau`` (tau as text -> count)."""
+        return {
+            "impact_decisions": self.decisions,
+            "impact_within_tau": {f"{tau:g}": n for tau, n in self.within.items()},
+        }
+
+
 def admission_totals(
-    admissions: Sequence[Decision], fallbacks: dict[str, int], staleness_hist: dict[int, int]
+    admissions: Sequence[Decision],
+    fallbacks: dict[str, int],
+    staleness_hist: dict[int, int],
+    impacts: ImpactTally,
 ) -> dict:
     """The admission keys of a run summary (JSON-ready): counts, the admitted fraction of
-    all decisions, the staleness histogram, and the admitted reads' overlap and evidence
-    ratios (mean and largest; zeros when nothing was admitted)."""
+    all decisions, the staleness histogram, the admitted reads' overlap and evidence ratios
+    (mean and largest; zeros when nothing was admitted), and ``impacts``' counts."""
     admitted = len(admissions)
     decisions = admitted + sum(fallbacks.values())
     overlap = [d.overlap_ratio for d in admissions]
@@ -298,14 +333,17 @@ def admission_totals(
         "overlap_ratio_admitted_max": float(max(overlap, default=0.0)),
         "evidence_ratio_admitted_mean": float(np.mean(evidence)) if evidence else 0.0,
         "evidence_ratio_admitted_max": float(max(evidence, default=0.0)),
+        **impacts.as_dict(),
     }
 
 
 __all__ = [
     "ADMISSION_RULES",
     "FALLBACK_REASONS",
+    "TAU_GRID",
     "Decision",
     "GradientEvidence",
+    "ImpactTally",
     "admission_totals",
     "decide_in_one_read",
     "fallback_reason",

@@ -45,7 +45,12 @@ import torch.distributed as dist
 from torch import Tensor
 
 from odin_ns.cuda import ops
-from odin_ns.runtime.admission import FALLBACK_REASONS, Decision, admission_totals
+from odin_ns.runtime.admission import (
+    FALLBACK_REASONS,
+    Decision,
+    ImpactTally,
+    admission_totals,
+)
 from odin_ns.runtime.config import MODES, ParamGroupState, StepMetrics, SyncConfig
 from odin_ns.runtime.errors import PeerFailure, SyncError, SyncTimeout
 from odin_ns.runtime.exchange import DenseExchange, SparseExchange
@@ -149,6 +154,7 @@ class PrimitiveSyncEngine:
         self._staleness_hist: dict[int, int] = {}
         self._delayed_reads = 0
         self._admissions: list[Decision] = []  # every admitted delayed read
+        self._impacts = ImpactTally()  # every decision's impact share, against TAU_GRID
         _check_groups(groups)
         _check_plan(plan, world_size)
         if world_size > 1 and transport is None:
@@ -413,6 +419,7 @@ class PrimitiveSyncEngine:
 
     def _count(self, decisions: Sequence[Decision]) -> None:
         for d in decisions:
+            self._impacts.add(d)
             if d.admitted:
                 self._admissions.append(d)
                 self._staleness_hist[d.staleness] = self._staleness_hist.get(d.staleness, 0) + 1
@@ -657,7 +664,9 @@ class PrimitiveSyncEngine:
             "busy_wait_s_total": float(sum(m.busy_wait_s for m in every) + self._busy_s),
             "tau": float(self.config.tau),
             "staleness_window": int(self.config.staleness_window),
-            **admission_totals(self._admissions, self._fallbacks, self._staleness_hist),
+            **admission_totals(
+                self._admissions, self._fallbacks, self._staleness_hist, self._impacts
+            ),
             "delayed_steps": int(sum(1 for m in ms if m.admitted)),
             "delayed_primitive_reads": int(self._delayed_reads),
         }

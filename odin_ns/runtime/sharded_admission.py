@@ -42,6 +42,7 @@ from odin_ns.runtime.admission import (
     FALLBACK_REASONS,
     Decision,
     GradientEvidence,
+    ImpactTally,
     admission_totals,
     decide_in_one_read,
 )
@@ -87,6 +88,7 @@ class ShardedAdmission:
         self.fallbacks = dict.fromkeys(FALLBACK_REASONS, 0)
         self.admissions: list[Decision] = []
         self.staleness_hist: dict[int, int] = {}
+        self.impacts = ImpactTally()  # every decision's impact share, against TAU_GRID
         self.delayed_rows = 0
 
     # ------------------------------------------------------------ evidence
@@ -137,6 +139,7 @@ class ShardedAdmission:
 
     def count(self, decisions: list[Decision]) -> None:
         for d in decisions:
+            self.impacts.add(d)
             if d.admitted:
                 self.admissions.append(d)
                 self.staleness_hist[d.staleness] = self.staleness_hist.get(d.staleness, 0) + 1
@@ -149,7 +152,7 @@ class ShardedAdmission:
         return {
             "tau": float(self.config.tau),
             "staleness_window": int(self.config.staleness_window),
-            **admission_totals(self.admissions, self.fallbacks, self.staleness_hist),
+            **admission_totals(self.admissions, self.fallbacks, self.staleness_hist, self.impacts),
             "delayed_steps": len({d.step for d in self.admissions}),
             "delayed_primitive_reads": int(self.delayed_rows),
         }
@@ -170,6 +173,11 @@ def merge_admission_summaries(parts: list[dict]) -> dict:
         "max_staleness": max(p["max_staleness"] for p in parts),
     }
     out["admitted_fraction"] = out["admitted"] / out["decisions"] if out["decisions"] else 0.0
+    out["impact_decisions"] = sum(p["impact_decisions"] for p in parts)
+    out["impact_within_tau"] = {
+        tau: sum(p["impact_within_tau"][tau] for p in parts)
+        for tau in parts[-1]["impact_within_tau"]
+    }
     hist: dict[str, int] = {}
     for p in parts:
         for k, v in p["staleness_hist"].items():
