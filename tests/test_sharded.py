@@ -119,8 +119,8 @@ def test_sharded_barrier_is_a_barrier(runs):
     same in both runs): its checkpoint is replicated barrier's bitwise, and no rank began
     computing step t before its peer had ended step t - 1. Sharded quality-first under the
     same delays does: a rank runs ahead where its reads do not depend on the slower peer.
-    Slack for the barrier (100 ms, one step up to 250 ms): a peer records a step's end after
-    it signalled it."""
+    Slack for the barrier: 100 ms, and two steps of 70 past it (a peer records a step's end
+    after it signalled it, and can be descheduled in between: seen at 112 and 290 ms)."""
     rep, barrier = _checkpoint(runs[2, "replicated"]), _checkpoint(runs[2, "sharded-barrier"])
     keys = [k for k in rep["pipeline"] if "gauss_params" in k]
     for key in keys:
@@ -140,11 +140,12 @@ def test_sharded_barrier_is_a_barrier(runs):
 
     barrier_leads, qf_leads = lead_s("sharded-barrier"), lead_s("sharded-jitter")
     assert len(barrier_leads) >= 40, len(barrier_leads)
-    # One step may exceed the slack: a rank descheduled between its signal and its step's
-    # end record (4 ranks and the test share 2 cores). Quality-first leads by 0.3-0.7 s.
+    # The count tells them apart, not the largest lead: a rank descheduled between its signal
+    # and its step's end record (4 ranks and the test share 2 cores) makes one lead of any
+    # size. Quality-first leads by 0.3-0.7 s on about 14 of 70 steps.
     late = [lead for lead in barrier_leads if lead >= 0.1]
-    assert len(late) <= 1 and max(barrier_leads) < 0.25, sorted(barrier_leads)[-5:]
-    assert max(qf_leads) > 0.15, sorted(qf_leads)[-5:]
+    assert len(late) <= 2, sorted(barrier_leads)[-5:]
+    assert sum(lead >= 0.15 for lead in qf_leads) >= 5, sorted(qf_leads)[-8:]
 
 
 @pytest.mark.slow
@@ -161,6 +162,9 @@ def test_sharded_throughput_first_tau_zero_equals_replicated_barrier(runs):
         assert engine["mode"] == "throughput-first" and engine["admitted"] == 0, engine
         assert engine["phases"] == len(r["phases"]) and engine["steps"] == len(r["steps"])
         assert engine["decisions"] == sum(engine["fallbacks"].values())
+        # merged over the phases; the overlap rule stopped at tau 0 before any evidence
+        assert engine["impact_decisions"] == 0
+        assert set(engine["impact_within_tau"].values()) == {0}
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ minus the signal) when the run ends.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -102,7 +103,8 @@ def _run_child(request: dict, channels: tuple[int, int], default_threads: int) -
 
 
 def serve() -> None:
-    """Preload, then fork a child per request read on stdin until stdin closes."""
+    """Preload, then fork a child per request read on stdin until stdin closes; a run still
+    going then is killed (its client, the test session, was killed), then reaped."""
     import importlib
 
     import torch
@@ -125,12 +127,17 @@ def serve() -> None:
     open_ = True
 
     def reply(message: dict) -> None:
-        os.write(replies, (json.dumps(message) + "\n").encode())
+        with contextlib.suppress(BrokenPipeError):  # the client is gone: nobody to tell
+            os.write(replies, (json.dumps(message) + "\n").encode())
 
     while open_ or running:
         if open_ and select.select([requests], [], [], 0.05)[0]:
             chunk = os.read(requests, 1 << 16)
             open_ = bool(chunk)
+            if not open_:  # the client is gone (it closes only after its runs have ended)
+                for pid in running:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pid, signal.SIGKILL)  # the run's session: it and its ranks
             pending += chunk
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
