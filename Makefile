@@ -66,6 +66,8 @@ bench-phase-ab: venv
 		--rounds 3 --out bench/phase_start_ab_street.json
 
 IMPACT_MODES := barrier,quality-first,throughput-first,throughput-first-impact
+TAU_RUN := --ranks 2 --steps 200 --modes barrier,quality-first,throughput-first-impact \
+	--repeats 3 --control --paired-seeds
 
 bench: venv
 	$(PY) -m odin_ns.bench.raster --out bench/raster.json
@@ -101,6 +103,14 @@ bench: venv
 	$(PY) -m odin_ns.bench.stragglers --data ../shared/data/fox --downscale-factor 8 --ranks 2 \
 		--shares 0,0.5 --repeats 3 --psnr --seed-control 2 --modes $(IMPACT_MODES) \
 		--out bench/stragglers_impact_fox.json -- --pipeline.datamanager.camera-res-scale-factor 0.5
+	# the impact rule at larger tau under half-step delays, a seed per round (issue 30)
+	$(PY) -m odin_ns.bench.sync --data demo_data/drive $(TAU_RUN) --jitter-ms 68 \
+		--out bench/sync_drive_tau04_jitter68.json -- --pipeline.sync.tau 0.4
+	$(PY) -m odin_ns.bench.sync --data demo_data/drive $(TAU_RUN) --jitter-ms 68 \
+		--out bench/sync_drive_tau06_jitter68.json -- --pipeline.sync.tau 0.6
+	$(PY) -m odin_ns.bench.sync --data ../shared/data/fox --downscale-factor 8 $(TAU_RUN) \
+		--jitter-ms 48 --out bench/sync_fox_tau04_jitter48.json \
+		-- --pipeline.datamanager.camera-res-scale-factor 0.5 --pipeline.sync.tau 0.4
 	$(PY) -m odin_ns.bench.shard --ranks 2 3 4 --rounds 2 --out bench/shard.json
 	$(PY) -m odin_ns.bench.shard --data ../shared/data/fox --downscale-factor 8 --ranks 2 3 4 \
 		--rounds 1 --out bench/shard_fox.json
