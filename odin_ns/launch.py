@@ -55,6 +55,12 @@ if TYPE_CHECKING:
 FAILURE_FILE_ENV = "ODIN_NS_FAILURE_FILE"
 PROG = "odin-ns-train"
 TORCHRUN_FORK_LOGGER = "torch.distributed.elastic.multiprocessing.api"  # logs forked ranks' exits
+# A rank's SIGKILL is most often the kernel's out-of-memory killer (full-size photos of a
+# real capture on a small machine); the line says so, since the rank could not.
+OOM_HINT = (
+    " (the out-of-memory killer's signal, unless you sent it: see dmesg; a larger"
+    " --downscale-factor or fewer ranks per machine use less memory)"
+)
 RANK_PROCESS_NAME = "odin-ns-rank"  # + the rank: what ps and top show for each rank
 
 
@@ -257,7 +263,8 @@ def _failure_reason(written: list[tuple[float, str]], err) -> str:
     rank, failure = err.get_first_failure()
     spoke = any(reason.startswith(f"rank {rank}:") for _, reason in written)
     if failure.exitcode < 0 and not spoke:
-        return f"rank {rank} was killed by {failure.signal_name()}"
+        reason = f"rank {rank} was killed by {failure.signal_name()}"
+        return reason + OOM_HINT if failure.exitcode == -signal.SIGKILL else reason
     if written:
         return written[0][1]
     return f"rank {rank} exited with code {failure.exitcode}"

@@ -213,10 +213,14 @@ def test_the_earliest_written_reason_is_chosen(tmp_path):
 
 
 def test_a_silent_rank_killed_by_a_signal_is_named():
-    from signal import SIGKILL
+    from signal import SIGKILL, SIGTERM
 
     assert launch._failure_reason([], _child_failed({1: -SIGKILL})) == (
-        "rank 1 was killed by SIGKILL"
+        "rank 1 was killed by SIGKILL" + launch.OOM_HINT
+    )
+    assert "out-of-memory" in launch.OOM_HINT
+    assert launch._failure_reason([], _child_failed({1: -SIGTERM})) == (
+        "rank 1 was killed by SIGTERM"
     )
     assert launch._failure_reason([], _child_failed({0: 3})) == "rank 0 exited with code 3"
 
