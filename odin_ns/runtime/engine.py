@@ -471,7 +471,8 @@ class PrimitiveSyncEngine:
         buf, wire = self._exchange.pack(t, reads, columns)
         if not self._gate.dense:
             self._wait_for_credits(step, wire.numel() * wire.element_size())
-        outside = visible.sum() - visible[reads].sum()  # [] visible rows off the footprint
+        # [] visible rows off the footprint (counts: 0.4 ms at 1M rows, sums of bools 1.4 ms)
+        outside = torch.count_nonzero(visible) - torch.count_nonzero(visible.index_select(0, reads))
         if self._exchange.host_transport:
             # The wire copy already waited for the step's kernels: this read costs nothing.
             if int(outside) != 0:
