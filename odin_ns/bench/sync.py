@@ -60,6 +60,7 @@ from odin_ns.bench.commands import (
     train_command,
 )
 from odin_ns.bench.report import put_spread, save_figure, spread, write_json
+from odin_ns.runtime.sharded_admission import merge_admission_summaries
 
 SHORT = {"ddp": "ddp", "barrier": "barrier", "quality-first": "qf", "throughput-first": "tf"}
 CONTROL = "barrier-again"  # --control: barrier once more per round (the A/A control)
@@ -596,29 +597,13 @@ def main(argv: list[str] | None = None) -> dict:
         ]
     for mode in (m for m in summaries0 if TRAIN_MODE.get(m, m) == "throughput-first"):
         key = SHORT[mode]
-        engines = [r["engine"] for r in summaries0[mode]["ranks"]]
-        decisions = sum(e["decisions"] for e in engines)
-        results[f"max_staleness_{key}"] = max(e["max_staleness"] for e in engines)
-        results[f"admitted_fraction_{key}"] = sum(e["admitted"] for e in engines) / max(
-            1, decisions
-        )
-        results[f"delayed_primitive_reads_{key}"] = sum(
-            e["delayed_primitive_reads"] for e in engines
-        )
-        results[f"fallbacks_{key}"] = {
-            reason: sum(e["fallbacks"][reason] for e in engines)
-            for reason in engines[0]["fallbacks"]
-        }
-        results[f"impact_decisions_{key}"] = sum(e["impact_decisions"] for e in engines)
-        results[f"impact_within_tau_{key}"] = {  # what the impact rule admits at other taus
-            tau: sum(e["impact_within_tau"][tau] for e in engines)
-            for tau in engines[0]["impact_within_tau"]
-        }
-        hist: dict[str, int] = {}
-        for e in engines:
-            for k, v in e["staleness_hist"].items():
-                hist[k] = hist.get(k, 0) + v
-        results[f"staleness_hist_{key}"] = hist
+        # round 0's admission totals over the ranks (every key of a run summary's engine)
+        totals = merge_admission_summaries([r["engine"] for r in summaries0[mode]["ranks"]])
+        for name in (
+            "max_staleness", "admitted_fraction", "delayed_primitive_reads", "fallbacks",
+            "impact_decisions", "impact_within_tau", "staleness_hist",
+        ):  # fmt: skip
+            results[f"{name}_{key}"] = totals[name]  # impact_*: what tfi admits at other taus
     if "quality-first" in psnrs and "throughput-first" in psnrs:
         pairs_tf = zip(psnrs["throughput-first"], psnrs["quality-first"], strict=True)
         put_spread(results, "psnr_delta_tf_vs_qf", [tf - qf for tf, qf in pairs_tf])

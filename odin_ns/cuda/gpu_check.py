@@ -24,10 +24,10 @@ whether a build was running beside it, and the run goes on):
    (default group and runtime over gloo), torch rasterizer: quality-first, barrier, and
    barrier again (the A/A control), each under torch's deterministic algorithms
    (``--deterministic``: CUDA's atomic scatter-adds otherwise sum in a different order every
-   run, and on the H200 two runs ended with 48,617 and 48,459 Gaussians); max abs diff of the final parameters per
-   group against barrier's, for quality-first (expected 0.0) and for the A/A control (which
-   says whether a bitwise comparison can decide anything on this machine), and the wall
-   time of each run.
+   run, and on the H200 two runs ended with 48,617 and 48,459 Gaussians); max abs diff of
+   the final parameters per group against barrier's, for quality-first (expected 0.0) and
+   for the A/A control (which says whether a bitwise comparison can decide anything on this
+   machine), and the wall time of each run.
 5. ``raster``: the ``gsplat`` backend against the ``torch`` backend of
    ``odin_ns.render.rasterize`` on one small scene: image / alpha max abs diff and the
    gradients of means, scales, quats, opacities and colors (tolerances in ``RASTER_TOL``).
@@ -42,11 +42,12 @@ whether a build was running beside it, and the run goes on):
 
 gsplat's CUDA code is JIT-compiled on first use (minutes on a fresh machine), so its build
 (and that of the installed odin-ns copy's extension) starts at once in a background process
-at the lowest CPU priority and overlaps checks 1-4 (gsplat's checks wait for it); every build and load sees one
-``TORCH_CUDA_ARCH_LIST`` (the device's). Without a CUDA device the script prints one line and
-exits 2. ``--device cpu`` is a dry run of the harness (CPU kernels against the references,
-training on CPU with the torch rasterizer, the control plane at 20k rows; checks 2, 3, 5 and
-6 skipped); ``--checks`` runs a subset (the suite's dry run: ``ops,control_plane``).
+at the lowest CPU priority and overlaps checks 1-4 (gsplat's checks wait for it); every
+build and load sees one ``TORCH_CUDA_ARCH_LIST`` (the device's). Without a CUDA device the
+script prints one line and exits 2. ``--device cpu`` is a dry run of the harness (CPU
+kernels against the references, training on CPU with the torch rasterizer, the control plane
+at 20k rows; checks 2, 3, 5 and 6 skipped); ``--checks`` runs a subset (the suite's dry run:
+``ops,control_plane``).
 Exit status: 0 every check passed, 1 some check failed or was skipped, 2 no CUDA device,
 3 the self-deadline watchdog ended the run.
 
@@ -636,9 +637,9 @@ def _rasterizer(run: Run, gsplat: BackgroundBuild, wait_s: float) -> tuple[str, 
     return ("gsplat" if built["ok"] else "torch"), built
 
 
+NONDETERMINISTIC = "does not have a deterministic implementation"  # torch's warning
 # The two-rank runs: name -> sync mode. "barrier-again" is the A/A control: were it to differ
 # from "barrier", no bitwise comparison could decide anything on this machine.
-NONDETERMINISTIC = "does not have a deterministic implementation"  # torch's warning
 TWO_RANK_RUNS = {"quality-first": "quality-first", "barrier": "barrier", "barrier-again": "barrier"}
 
 

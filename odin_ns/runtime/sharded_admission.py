@@ -159,7 +159,9 @@ class ShardedAdmission:
 
 
 def merge_admission_summaries(parts: list[dict]) -> dict:
-    """One rank's ``ShardedAdmission.summary`` over its phases (one engine per phase)."""
+    """Admission totals summed over ``parts``: one rank's ``ShardedAdmission.summary`` over
+    its phases (one engine per phase), or a run's engine summaries over its ranks
+    (``bench.sync``); every part has the keys of ``admission_totals`` and the summary's."""
     if not parts:
         return {}
     out = {
