@@ -341,6 +341,40 @@ class ShardedEngine:
         self.push_recv = dict.fromkeys(self.inn, 0)  # per owner: pushes received (count)
         self._deferred = {q: deque() for q in self.out}  # per reader: (k, packed push) queue
         self._push_of = {(o, p.step): k for o, ps in self.inn.items() for k, p in enumerate(ps)}
+        self._prepare_step_path()
+
+    def _prepare_step_path(self) -> None:
+        """What the step path would otherwise rebuild at every message, made once per phase
+        from the step tables (the plan knows it all): every id list on the parameters'
+        device (uploaded once, not per message), each outgoing push's rows that wait for an
+        update with the version they need, per owner how many pushes to post by each step,
+        and the table's per-group [L, d] views."""
+        device, num_local = self.device, self.layout.num_local
+
+        def on_device(rows: np.ndarray) -> Tensor:
+            return upload(torch.from_numpy(rows), device)
+
+        self._table = [
+            g.param.data.view(num_local, d) for g, d in zip(self.groups, self.dims, strict=True)
+        ]
+        self._grad_rows = [{o: on_device(r) for o, r in st.grad_out.items()} for st in self.steps]
+        self._own_rows = [on_device(st.own_rows) for st in self.steps]
+        self._push_rows_out = {q: [on_device(p.rows) for p in ps] for q, ps in self.out.items()}
+        self._push_rows_in = {o: [on_device(p.rows) for p in ps] for o, ps in self.inn.items()}
+        # per outgoing push: (owned local rows that have an update before the read, the
+        # global step each must have applied): ``_current``'s test without re-masking
+        self._push_needs = {
+            q: [(p.rows[p.prev >= 0], self.offset + p.prev[p.prev >= 0]) for p in ps]
+            for q, ps in self.out.items()
+        }
+        self._push_held: dict[int, tuple[int, int, int]] = {}  # q -> (k, row, version) lacked
+        # per owner, [T]: how many of its pushes are read at local steps <= t
+        self._posted_by = {}
+        for o, ps in self.inn.items():
+            upto = np.zeros(max(self.num_steps, 1), dtype=np.int64)
+            for k, p in enumerate(ps):
+                upto[p.step] = k + 1
+            self._posted_by[o] = np.maximum.accumulate(upto)
 
     # ------------------------------------------------------------ keys and posting
     def _key(self, kind: int, t: int) -> int:
@@ -362,7 +396,7 @@ class ShardedEngine:
             self.grad_posted[q] = max(self.grad_posted[q], t)
             pushes = self.inn[q]
             i = self.push_posted[q]
-            want = max((k + 1 for k, p in enumerate(pushes) if p.step <= t), default=0)
+            want = int(self._posted_by[q][min(t, self.num_steps - 1)]) if pushes and t >= 0 else 0
             for k in range(i, want):
                 p = pushes[k]
                 self.push_tx.post_recv(q, self._key(PUSH, k), self._tag(PUSH, k),
@@ -398,11 +432,11 @@ class ShardedEngine:
         if k != self.push_recv[owner]:
             raise RuntimeError(f"rank {self.rank}: push {k} from {owner} out of order")
         self.push_recv[owner] += 1
-        rows = upload(torch.from_numpy(push.rows), self.device)
+        rows = self._push_rows_in[owner][k]
         buf = upload(buf, self.device)
         off = 0
-        for g, d in zip(self.groups, self.dims, strict=True):
-            g.param.data.view(g.param.shape[0], d)[rows] = buf[:, off : off + d]
+        for table, d in zip(self._table, self.dims, strict=True):
+            table.index_put_((rows,), buf[:, off : off + d])
             off += d
         self.push_got[push.step] = self.push_got.get(push.step, 0) + 1
         if self.admission is not None:
@@ -416,6 +450,22 @@ class ShardedEngine:
     def _current(self, rows: np.ndarray, prev: np.ndarray) -> bool:
         """Whether owned local ``rows`` have their updates up to local steps ``prev``."""
         return not self._lagging(rows, prev).any()
+
+    def _push_current(self, q: int, k: int) -> bool:
+        """Whether push k to reader q is current (``_current`` of its rows). A push found
+        lacking keeps the first row it lacked; the next test of that push reads that one
+        row first, and looks at the others only once it has its update (most tests are of
+        pushes still waiting)."""
+        held = self._push_held.get(q)
+        if held is not None and held[0] == k and self._versions[held[1]] < held[2]:
+            return False
+        rows, need = self._push_needs[q][k]
+        lacking = np.flatnonzero(self._versions[rows] < need)
+        if lacking.size == 0:
+            return True
+        i = lacking[0]
+        self._push_held[q] = (k, int(rows[i]), int(need[i]))
+        return False
 
     def lagging_owned_reads(self, t: int) -> tuple[np.ndarray, int | None]:
         """Local step t's owned reads whose last planned update before t is not applied yet
@@ -446,10 +496,9 @@ class ShardedEngine:
         (``_send_deferred``)."""
         for q, pushes in self.out.items():
             k = self.push_sent[q]
-            while k < len(pushes) and self._current(pushes[k].rows, pushes[k].prev):
-                rows = upload(torch.from_numpy(pushes[k].rows), self.device)
-                columns = [g.param.detach().reshape(g.param.shape[0], -1) for g in self.groups]
-                buf = ops.pack_rows(rows, columns)
+            while k < len(pushes) and self._push_current(q, k):
+                rows = self._push_rows_out[q][k]
+                buf = ops.pack_rows(rows, self._table)
                 if self.admission is not None:
                     buf = torch.cat([buf, self.admission.push_strength(rows)], dim=1)
                 queue = self._deferred[q]
@@ -600,8 +649,8 @@ class ShardedEngine:
             )
         columns.append(visible.to(torch.float32).unsqueeze(1))
         st = self.steps[t]
-        for o, rows in st.grad_out.items():
-            buf = ops.pack_rows(upload(torch.from_numpy(rows), self.device), columns)
+        for o, rows in self._grad_rows[t].items():
+            buf = ops.pack_rows(rows, columns)
             nbytes = buf.numel() * buf.element_size()
             if not self._has_credits(self.grads_tx, o, nbytes):
                 tic = time.perf_counter()
@@ -616,7 +665,7 @@ class ShardedEngine:
             self._cur.bytes_sent += nbytes
             self._note_inflight(self.grads_tx, o)
         if st.own_rows.size:
-            own = ops.pack_rows(upload(torch.from_numpy(st.own_rows), self.device), columns)
+            own = ops.pack_rows(self._own_rows[t], columns)
             self.log.add(t, self.rank, own)
         elif t > self.log.created:  # the step's record exists (drain and admission read it)
             self.log.record(t)  # (a step already retired: every row applied, nothing to do)

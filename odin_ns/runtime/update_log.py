@@ -140,7 +140,8 @@ class PendingStep:
 
     Args:
         step: global step.
-        footprints: per rank q its [M_q] int64 host footprint (sorted unique).
+        footprints: per rank q its [M_q] int64 host footprint (sorted unique); None when
+            ``union`` is given (then made from it if asked for).
         last_write: [N] int64 host, per primitive the last planned write before ``step``
             (or its version at bind time); read for ``prev``, then set to ``step`` on the
             step's rows.
@@ -156,7 +157,7 @@ class PendingStep:
     def __init__(
         self,
         step: int,
-        footprints: list[Tensor],
+        footprints: list[Tensor] | None,
         last_write: Tensor,
         device,
         kernels: StepKernels,
@@ -164,7 +165,7 @@ class PendingStep:
         union: tuple[Tensor, list[Tensor]] | None = None,
     ):
         self.step = step
-        self.footprints = footprints  # per rank [M_q] int64 (host)
+        self._footprints = footprints  # per rank [M_q] int64 (host), or None: from union
         self.kernels = kernels
         if union is None:
             ids, counts, positions, prev = kernels.record(footprints, last_write, step)
@@ -181,9 +182,16 @@ class PendingStep:
         self.device = device
         self.ids_data = upload(ids, device)  # [U] on the parameters' device
         # per rank (positions on device [M_q], rows [M_q, W] on device), in rank order
-        self.parts: list[tuple[Tensor, Tensor] | None] = [None] * len(footprints)
-        self.received = [silent_when_empty and fp.numel() == 0 for fp in footprints]
+        self.parts: list[tuple[Tensor, Tensor] | None] = [None] * len(positions)
+        self.received = [silent_when_empty and pos.numel() == 0 for pos in positions]
         self.done = ids.numel() == 0  # every row applied
+
+    @property
+    def footprints(self) -> list[Tensor]:
+        """Per rank q its [M_q] int64 host footprint (sorted unique)."""
+        if self._footprints is None:
+            self._footprints = [self.ids[p] for p in self.positions]
+        return self._footprints
 
     def add(self, q: int, rows: Tensor) -> None:
         """Rank q's contribution: [M_q, W] float32 on the parameters' device."""
@@ -256,7 +264,7 @@ class UpdateLog:
             s = self.created + 1
             union = step_union(s) if step_union is not None else None
             if union is not None:
-                fps = [union[0][p] for p in union[1]]
+                fps = None  # PendingStep makes them from the union if asked
             else:
                 fps = [
                     torch.as_tensor(np.asarray(self.plan.step_footprint(s, q)), dtype=torch.int64)
