@@ -29,7 +29,7 @@ def test_each_layout_implements_every_method_with_its_parameters(layout):
         assert list(implemented) == list(declared), (layout.__name__, name)
     # nothing is left to the shared base's "not implemented"
     for name in (
-        "drain", "busy", "replica_hash", "_engine_counters", "_engine_summary", "_publish",
+        "drain", "busy", "replica_hash", "_engine_summary", "_publish",
         "_statistics_rows", "_step_fields", "_apply_structural_change",
     ):  # fmt: skip
         assert getattr(layout, name) is not getattr(SessionFlow, name), (layout.__name__, name)

@@ -77,7 +77,7 @@ def test_admitted_reads_stay_within_k_steps_and_late_updates_land():
     assert summary["admitted"] > 0, summary  # rank 1 read around the slow rank 0
     assert 0 < summary["max_staleness"] <= k
     assert 0 < worst <= k  # row by row, at every read
-    log = engine.admission.admissions
+    log = engine.ledger.admissions
     assert all(d.staleness <= k and d.overlap_ratio <= 10.0 for d in log)
     assert all(d.evidence_ratio < 10.0 for d in log)
     # every push rank 0 sent reached rank 1, late or not, and every step was applied

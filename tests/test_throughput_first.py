@@ -150,9 +150,9 @@ def test_impact_rule_bounds_the_delayed_share_of_gradient_mass():
 def test_impact_tally_counts_decisions_within_each_tau_and_merges_over_phases():
     """Every decision with an impact share is counted under each tau whose bound tau**2 it
     meets, whichever rule decided (the summary's ``impact_within_tau``); the sharded
-    engine's per-phase summaries add up."""
+    ranks' summaries add up."""
     from odin_ns.runtime.admission import TAU_GRID, Decision, ImpactTally, admission_totals
-    from odin_ns.runtime.sharded_admission import merge_admission_summaries
+    from odin_ns.runtime.ledger import merge_admission_summaries
 
     def decision(overlap: int, evidence: float, reason: str | None) -> Decision:
         return Decision(10, 1, 9, overlap, 100, evidence, reason)

@@ -60,7 +60,7 @@ from odin_ns.bench.commands import (
     train_command,
 )
 from odin_ns.bench.report import put_spread, save_figure, spread, write_json
-from odin_ns.runtime.sharded_admission import merge_admission_summaries
+from odin_ns.runtime.ledger import merge_admission_summaries
 
 SHORT = {"ddp": "ddp", "barrier": "barrier", "quality-first": "qf", "throughput-first": "tf"}
 CONTROL = "barrier-again"  # --control: barrier once more per round (the A/A control)

@@ -132,6 +132,7 @@ class ReplicatedSession(SessionFlow):
                 step_offset=step,
                 transport=self.transport,
                 liveness=self.liveness,
+                ledger=self.ledger,
             )
             self.engine.apply_hook = self.noise  # None (default strategy): no hook
         else:
@@ -186,9 +187,6 @@ class ReplicatedSession(SessionFlow):
         if self.noise is not None and self.engine is not None and self.engine.metrics:
             self.noise.catch_up_all(self.engine.metrics[-1].step)
 
-    def _engine_counters(self) -> dict:
-        return self.engine.live_counters() if self.engine is not None else {}
-
     # ------------------------------------------------------------------ drains
     def drain(self) -> None:
         """Apply every pending update on every replica (checkpoints, evaluation, the end):
@@ -229,12 +227,6 @@ class ReplicatedSession(SessionFlow):
 
     def _engine_summary(self) -> dict:
         return self.engine.summary() if self.engine is not None else {}
-
-    def _summary_extra(self) -> tuple[dict | None, dict]:
-        """Throughput-first: every delayed read this rank admitted (step, peer, staleness,
-        overlap and evidence ratios), for the run's analysis."""
-        admitted = self.engine.admission_log() if self.engine is not None else []
-        return ({"admitted_reads": admitted} if admitted else None), {}
 
     def close(self) -> None:
         """Stop the transport's and the liveness's threads (after the last drain)."""

@@ -28,6 +28,7 @@ from odin_ns.distributed.phase import PhaseController, PhaseRecord
 from odin_ns.distributed.session_api import StepTiming
 from odin_ns.distributed.telemetry import SyncTelemetry
 from odin_ns.model import GAUSSIAN_GROUPS, RenderedView, union_visible
+from odin_ns.runtime.ledger import RunLedger
 from odin_ns.runtime.liveness import switch_held_section
 from odin_ns.runtime.transport import Transport
 from odin_ns.runtime.transport_choice import TransportChoice, choose_transport, open_transport
@@ -73,6 +74,7 @@ class SessionFlow:
         self.seed = int(self.datamanager.config.train_cameras_sampling_seed)
         self._resumed_phase = resumed_phase
         self._paused = None  # the viewer pause's busy section, while paused
+        self.ledger = RunLedger()  # every engine's steps and decisions, over the run
         self._rows: torch.Tensor | None = None  # the step's reads, from before_step
 
     @torch.no_grad()
@@ -251,6 +253,9 @@ class SessionFlow:
         rank 0 writes ``odin_run.json``."""
         self.drain()
         rank_extra, run_extra = self._summary_extra()
+        admitted = self.ledger.admission_log()  # throughput-first's delayed reads, if any
+        if admitted:
+            rank_extra = {**(rank_extra or {}), "admitted_reads": admitted}
         self.telemetry.finish(
             self._engine_counters(),
             self._engine_summary(),
@@ -281,8 +286,8 @@ class SessionFlow:
         raise NotImplementedError
 
     def _engine_counters(self) -> dict:
-        """The engine's run totals so far, for the panels."""
-        raise NotImplementedError
+        """The run's counters so far, for the panels (``RunLedger.live_counters``)."""
+        return self.ledger.live_counters(self.pipeline.config.sync)
 
     def _engine_summary(self) -> dict:
         """The engine's summary for ``odin_run.json`` (after the last drain)."""

@@ -67,7 +67,6 @@ from odin_ns.runtime.liveness import (
     wait_for_rendezvous,
 )
 from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, phase_read_sets
-from odin_ns.runtime.sharded_admission import merge_admission_summaries
 from odin_ns.runtime.step_signal import StepSignal
 from odin_ns.schedule.ownership import (
     assign_ownership,
@@ -193,7 +192,6 @@ class ShardedSession(SessionFlow):
         )
         self.densifier.ensure_state(self.num_rows, self.model.means.device)
         self.engine: ShardedEngine | None = None
-        self.engine_summaries: list[dict] = []  # per phase (one engine each), once drained
         self.reports: list[dict] = []
         # A resumed run's ranks read their Gaussians from the checkpoint already.
         loaded = self.model.gauss_params.values() if self.loaded_rows else ()
@@ -256,11 +254,6 @@ class ShardedSession(SessionFlow):
             "owned_rows": self.layout.num_owned,
         }
 
-    def _engine_counters(self) -> dict:
-        """The engine's run totals so far (every phase's engine), for the panels."""
-        current = [self.engine.summary()] if self.engine is not None else []
-        return merge_engine_summaries(self.engine_summaries + current)
-
     # ------------------------------------------------------------------ phases
     def _owned_rows(self) -> OwnedRows:
         """This rank's owned rows (copies of the table's owned prefix) with moments."""
@@ -293,7 +286,6 @@ class ShardedSession(SessionFlow):
         tic = time.perf_counter()
         if self.engine is not None:
             self.engine.drain()
-            self.engine_summaries.append(self.engine.summary())
             self.rendezvous(f"phase start at step {step}")  # before the collectives below
         first = not self.telemetry.phases  # the run's first phase
         whole_model = self.owner is None  # a fresh run's first phase: every rank holds it
@@ -428,6 +420,7 @@ class ShardedSession(SessionFlow):
             max_inflight_bytes=int(self.pipeline.config.sync.max_inflight_bytes),
             sync=self.pipeline.config.sync,
             step_signal=self.step_signal,
+            ledger=self.ledger,
         )
 
     def _fill_cache(self, rows: OwnedRows, owned: np.ndarray, caches: list[np.ndarray]) -> dict:
@@ -511,7 +504,6 @@ class ShardedSession(SessionFlow):
                 self.model.gauss_params[name]
             ]
         self.moments = (rows.exp_avg, rows.exp_avg_sq)
-        self.engine_summaries.append(self.engine.summary())
         self.engine = None
         self.phases.end_after(step, sources)
         self.telemetry.record_structural(
@@ -730,7 +722,7 @@ class ShardedSession(SessionFlow):
         return digest.hexdigest()
 
     def _engine_summary(self) -> dict:
-        return self._engine_counters()  # every phase's engine: the run's totals
+        return self.ledger.summary(self.pipeline.config.sync)  # every phase's engine
 
     def _summary_extra(self) -> tuple[dict | None, dict]:
         """Per rank: ownership reports and the rows it holds; the run: its layout."""
@@ -751,23 +743,6 @@ class ShardedSession(SessionFlow):
         self.grads_tx.close()
         self.push_tx.close()
         self.liveness.close()
-
-
-def merge_engine_summaries(parts: list[dict]) -> dict:
-    """One rank's run totals from its phases' ``ShardedEngine.summary`` (sums; largest
-    maxima; throughput-first's admission keys merged by ``merge_admission_summaries``)."""
-    if not parts:
-        return {}
-    out = {"phases": len(parts), "mode": parts[-1]["mode"]}
-    for key in ("steps", "wait_s_total", "apply_s_total", "bytes_sent", "bytes_recv",
-                "rows_applied", "credit_wait_s_total", "pushes_deferred"):  # fmt: skip
-        out[key] = sum(p[key] for p in parts)
-    for key in ("deferred_bytes_max", "inflight_bytes_max"):
-        out[key] = max(p[key] for p in parts)
-    admission = [p for p in parts if "admitted" in p]
-    if admission:
-        out.update(merge_admission_summaries(admission))
-    return out
 
 
 def open_session(

@@ -1,5 +1,4 @@
-"""What the primitive-sync engine is configured with: modes, options, parameter groups, and
-what one step cost (``StepMetrics``)."""
+"""What the primitive-sync engine is configured with: modes, options, parameter groups."""
 
 from __future__ import annotations
 
@@ -65,7 +64,7 @@ class SyncConfig:
         verify_plan: check at bind time that all ranks hold the same plan and model size.
         max_inflight_bytes: credits: the most bytes of this rank's publications to one peer
             whose send has not completed (the peer has not taken them yet). A rank at the cap
-            waits in ``publish`` (``StepMetrics.credit_wait_s``) until the peer catches up;
+            waits in ``publish`` (``ledger.StepMetrics.credit_wait_s``) until the peer catches up;
             one publication is always allowed, however large. Bounds the host memory a rank
             running ahead of a slow peer holds (default 64 MiB per peer).
         transport: what carries publications between ranks (``runtime.transport_choice``):
@@ -128,33 +127,4 @@ class SyncConfig:
         self.staleness_window = int(request.get("K", self.staleness_window))
 
 
-@dataclass
-class StepMetrics:
-    """What one step cost this rank. Applies and bytes between apply_until_readable(t) and
-    apply_until_readable(t+1) count for step t. ``max_version_lag``: steps between t and the
-    oldest step with an update this replica has not applied yet, right after
-    apply_until_readable(t). Throughput-first: ``admitted`` delayed reads (pending peer
-    publications read around), ``fallbacks`` (decisions that waited), ``delayed_rows`` (rows
-    of the read set read at an older version than quality-first would), ``max_staleness``
-    (largest t - s admitted). ``credit_wait_s``: seconds ``publish`` waited for credits (a
-    peer at ``max_inflight_bytes``); ``busy_wait_s``: seconds of ``wait_s`` spent waiting on
-    a peer that said it was busy (``engine.busy``); ``inflight_bytes_max``: most bytes in
-    flight to one peer after this step's sends."""
-
-    step: int
-    wait_s: float = 0.0
-    apply_s: float = 0.0
-    bytes_sent: int = 0
-    bytes_recv: int = 0
-    rows_applied: int = 0
-    max_version_lag: int = 0
-    admitted: int = 0
-    fallbacks: int = 0
-    delayed_rows: int = 0
-    max_staleness: int = 0
-    credit_wait_s: float = 0.0
-    busy_wait_s: float = 0.0
-    inflight_bytes_max: int = 0
-
-
-__all__ = ["MODES", "ParamGroupState", "StepMetrics", "SyncConfig"]
+__all__ = ["MODES", "ParamGroupState", "SyncConfig"]

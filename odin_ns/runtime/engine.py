@@ -35,7 +35,6 @@ import contextlib
 import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
 from datetime import timedelta
 from typing import Any
 
@@ -45,16 +44,12 @@ import torch.distributed as dist
 from torch import Tensor
 
 from odin_ns.cuda import ops
-from odin_ns.runtime.admission import (
-    FALLBACK_REASONS,
-    Decision,
-    ImpactTally,
-    admission_totals,
-)
-from odin_ns.runtime.config import MODES, ParamGroupState, StepMetrics, SyncConfig
+from odin_ns.runtime.admission import Decision
+from odin_ns.runtime.config import MODES, ParamGroupState, SyncConfig
 from odin_ns.runtime.errors import PeerFailure, SyncError, SyncTimeout
 from odin_ns.runtime.exchange import DenseExchange, SparseExchange
 from odin_ns.runtime.gates import make_gate
+from odin_ns.runtime.ledger import RunLedger, StepMetrics
 from odin_ns.runtime.liveness import Liveness, PeerSilence, StoreLiveness
 from odin_ns.runtime.recorder import ReadRecord, ReadRecorder
 from odin_ns.runtime.transport import P2PTransport, Transport, has_credits
@@ -120,6 +115,8 @@ class PrimitiveSyncEngine:
         liveness: busy notices and rendezvous (``odin_ns.runtime.liveness``); default with
             the ``P2PTransport``: ``StoreLiveness`` on the default store; with a custom
             transport None (plain deadlines, ``rendezvous`` does nothing).
+        ledger: where steps, waits and admission decisions are recorded (the session's,
+            kept across rebinds); default a new ``RunLedger``.
 
     Steps passed to the methods are global steps (``step_offset + t``).
     """
@@ -136,6 +133,7 @@ class PrimitiveSyncEngine:
         transport: Transport | None = None,
         observer: ReadRecorder | None = None,
         liveness: Liveness | None = None,
+        ledger: RunLedger | None = None,
     ):
         self.config = config if config is not None else SyncConfig()
         if world_size < 1 or not 0 <= rank < world_size:
@@ -145,16 +143,7 @@ class PrimitiveSyncEngine:
         self._group = process_group
         self._observer = observer
         self.visibility_violations = 0
-        self.metrics: list[StepMetrics] = []
-        self._outside = StepMetrics(step=-1)  # applies/bytes before the first step
-        self._cur = self._outside
-        self._drains = 0
-        self._drain_s = 0.0
-        self._fallbacks = dict.fromkeys(FALLBACK_REASONS, 0)
-        self._staleness_hist: dict[int, int] = {}
-        self._delayed_reads = 0
-        self._admissions: list[Decision] = []  # every admitted delayed read
-        self._impacts = ImpactTally()  # every decision's impact share, against TAU_GRID
+        self.ledger = ledger if ledger is not None else RunLedger()
         _check_groups(groups)
         _check_plan(plan, world_size)
         if world_size > 1 and transport is None:
@@ -172,8 +161,6 @@ class PrimitiveSyncEngine:
         self._liveness = liveness
         self._silence = PeerSilence(liveness, world_size, self.config.beat_s, self.config.timeout_s)
         self._rendezvous = 0
-        self._credit_s = 0.0
-        self._busy_s = 0.0
         self._bind(groups, plan, step_offset, None)
 
     # ----------------------------------------------------------------- binding
@@ -185,6 +172,7 @@ class PrimitiveSyncEngine:
         self._groups = list(groups)
         self._plan = plan
         self._offset = int(step_offset)
+        self.ledger.phases += 1
         self.num_rows = n
         self._device = self._groups[0].param.device
         self._width = sum(g.row_dim for g in self._groups) + 1
@@ -310,7 +298,7 @@ class PrimitiveSyncEngine:
         if self._transport is None:
             return
         for arrival in self._transport.take(timeout):
-            self._cur.bytes_recv += self._exchange.absorb(arrival, self._log, self._gate)
+            self.ledger.current.bytes_recv += self._exchange.absorb(arrival, self._log, self._gate)
         err = self._transport.failure()
         if err is not None:
             raise err
@@ -319,8 +307,8 @@ class PrimitiveSyncEngine:
         start = time.perf_counter()
         n = self._log.apply_ready()
         if n:
-            self._cur.apply_s += time.perf_counter() - start
-            self._cur.rows_applied += n
+            self.ledger.current.apply_s += time.perf_counter() - start
+            self.ledger.current.rows_applied += n
         return n
 
     def _wait(
@@ -378,8 +366,7 @@ class PrimitiveSyncEngine:
                 "step made readable)"
             )
         self._validated = t
-        self._cur = StepMetrics(step=int(step))
-        self.metrics.append(self._cur)
+        cur = self.ledger.begin_step(step)
         start = time.perf_counter()
         what = f"apply_until_readable({step}) waiting for its publication"
         self._exchange.post_receives(t)
@@ -392,7 +379,7 @@ class PrimitiveSyncEngine:
                 self._count(decisions)
             if need is None:
                 break
-            self._cur.busy_wait_s += self._wait(self._arrived_up_to(need), start, what)
+            cur.busy_wait_s += self._wait(self._arrived_up_to(need), start, what)
         # The one conflict scan: read rows whose version is below what they must have.
         base = self._log.required(t, self._rank)  # [M] last planned write before t
         allowed = self._gate.required(t, reads, base, self._log)
@@ -408,27 +395,19 @@ class PrimitiveSyncEngine:
             self._wait(blocker, start, f"apply_until_readable({step}) waiting for a read row")
         if allowed is not base:
             delayed = int(ops.validate_reads(reads, self.versions, base).numel())
-            self._cur.delayed_rows = delayed
-            self._delayed_reads += delayed
+            cur.delayed_rows = delayed
+            self.ledger.delayed_reads += delayed
         oldest = self._log.oldest_unapplied(t)
-        self._cur.max_version_lag = 0 if oldest is None else t - oldest
-        self._cur.wait_s = time.perf_counter() - start - self._cur.apply_s
+        cur.max_version_lag = 0 if oldest is None else t - oldest
+        cur.wait_s = time.perf_counter() - start - cur.apply_s
         if self._observer is not None:
             self._observer.on_read(int(step), reads, self.versions[reads], base)
-        return self._cur.wait_s
+        return cur.wait_s
 
     def _count(self, decisions: Sequence[Decision]) -> None:
-        for d in decisions:
-            self._impacts.add(d)
-            if d.admitted:
-                self._admissions.append(d)
-                self._staleness_hist[d.staleness] = self._staleness_hist.get(d.staleness, 0) + 1
-                self._cur.admitted += 1
-                self._cur.max_staleness = max(self._cur.max_staleness, d.staleness)
-            else:
-                self._fallbacks[str(d.reason)] += 1
-                self._cur.fallbacks += 1
-            if self._observer is not None:
+        self.ledger.count(decisions)
+        if self._observer is not None:
+            for d in decisions:
                 self._observer.on_decision(d)
 
     @torch.no_grad()
@@ -480,10 +459,10 @@ class PrimitiveSyncEngine:
         else:  # a device-resident transport (or none): kept on the device, read at the drain
             first = self._first_outside
             self._first_outside = torch.where((outside != 0) & (first < 0), int(step), first)
-        self._cur.bytes_sent += self._exchange.send(t, buf, wire, self._log)
+        self.ledger.current.bytes_sent += self._exchange.send(t, buf, wire, self._log)
         self._published = t
-        self._cur.inflight_bytes_max = max(
-            self._cur.inflight_bytes_max,
+        self.ledger.current.inflight_bytes_max = max(
+            self.ledger.current.inflight_bytes_max,
             max((self._inflight(q)[0] for q in range(self._world) if q != self._rank), default=0),
         )
 
@@ -526,11 +505,11 @@ class PrimitiveSyncEngine:
             )
 
         try:
-            self._cur.busy_wait_s += self._wait(blocker, start, what)
+            self.ledger.current.busy_wait_s += self._wait(blocker, start, what)
         finally:  # counted also when it times out
             waited = time.perf_counter() - start
-            self._cur.credit_wait_s += waited
-            self._credit_s += waited
+            self.ledger.current.credit_wait_s += waited
+            self.ledger.credit_s += waited
 
     def _column(self, group: ParamGroupState, grad: Tensor | None) -> Tensor:
         """[N, d_g] gradient block of one group (a cached zero block for None)."""
@@ -561,7 +540,7 @@ class PrimitiveSyncEngine:
             self._raise_outside(first_outside)
         start = time.perf_counter()
         last = self._published
-        self._busy_s += self._wait(
+        self.ledger.busy_s += self._wait(
             self._arrived_up_to([last] * self._world),
             start,
             "drain_and_apply_all() waiting for its publication",
@@ -575,8 +554,8 @@ class PrimitiveSyncEngine:
                 self._transport.oldest_unsent, start, "drain_and_apply_all() waiting for a send"
             )
         elapsed = time.perf_counter() - start
-        self._drains += 1
-        self._drain_s += elapsed
+        self.ledger.drains += 1
+        self.ledger.drain_s += elapsed
         return elapsed
 
     def busy(self, reason: str):
@@ -605,7 +584,7 @@ class PrimitiveSyncEngine:
                     return q, step
             return None
 
-        self._busy_s += self._wait(blocker, start, f"{what} (rendezvous {n})", poll_s=0.005)
+        self.ledger.busy_s += self._wait(blocker, start, f"{what} (rendezvous {n})", poll_s=0.005)
         return time.perf_counter() - start
 
     def close(self) -> None:
@@ -622,76 +601,33 @@ class PrimitiveSyncEngine:
         self.close()
 
     # ---------------------------------------------------------------- metrics
+    @property
+    def metrics(self) -> list[StepMetrics]:
+        """Every step's record so far (the ledger's, over every phase it saw)."""
+        return self.ledger.steps
+
     def live_counters(self) -> dict:
-        """What the live panels show, in time independent of the run's length (``summary``
-        walks every step's metrics)."""
-        admitted = len(self._admissions)
-        return {
-            "mode": self.config.mode,
-            "tau": float(self.config.tau),
-            "staleness_window": int(self.config.staleness_window),
-            "steps": len(self.metrics),
-            "admitted": admitted,
-            "fallbacks": dict(self._fallbacks),
-            "staleness_hist": {str(k): v for k, v in sorted(self._staleness_hist.items())},
-        }
+        """What the live panels show (``RunLedger.live_counters``)."""
+        return self.ledger.live_counters(self.config)
 
     def summary(self) -> dict:
-        """Run totals (JSON-ready). The admission keys (``admitted`` ... ``staleness_hist``)
-        are zero / empty outside throughput-first; ``decisions`` = admitted + fallbacks."""
-        ms = self.metrics
-        waits = [m.wait_s for m in ms]
-        every = [*ms, self._outside]
+        """Run totals (``RunLedger.summary``) with this replica's: rank, world size, plan,
+        visibility violations."""
         return {
             "rank": self._rank,
             "world_size": self._world,
-            "mode": self.config.mode,
             "plan_hash": str(self._plan.plan_hash),
-            "steps": len(ms),
-            "wait_s_total": float(sum(waits)),
-            "wait_s_mean": float(np.mean(waits)) if waits else 0.0,
-            "wait_s_max": float(max(waits)) if waits else 0.0,
-            "apply_s_total": float(sum(m.apply_s for m in every)),
-            "bytes_sent": int(sum(m.bytes_sent for m in every)),
-            "bytes_recv": int(sum(m.bytes_recv for m in every)),
-            "rows_applied": int(sum(m.rows_applied for m in every)),
-            "max_version_lag": int(max((m.max_version_lag for m in ms), default=0)),
             "visibility_violations": self.visibility_violations,
-            "drains": self._drains,
-            "drain_s_total": self._drain_s,
-            "max_inflight_bytes": int(self.config.max_inflight_bytes),
-            "inflight_bytes_max": int(max((m.inflight_bytes_max for m in ms), default=0)),
-            "credit_wait_s_total": float(self._credit_s),
-            "busy_wait_s_total": float(sum(m.busy_wait_s for m in every) + self._busy_s),
-            "tau": float(self.config.tau),
-            "staleness_window": int(self.config.staleness_window),
-            **admission_totals(
-                self._admissions, self._fallbacks, self._staleness_hist, self._impacts
-            ),
-            "delayed_steps": int(sum(1 for m in ms if m.admitted)),
-            "delayed_primitive_reads": int(self._delayed_reads),
+            **self.ledger.summary(self.config),
         }
 
     def admission_log(self) -> list[dict]:
-        """Every admitted delayed read: step, peer, pub_step, staleness, overlap rows and
-        ratio, evidence ratio (JSON-ready)."""
-        return [
-            {
-                "step": d.step,
-                "peer": d.peer,
-                "pub_step": d.pub_step,
-                "staleness": d.staleness,
-                "overlap_rows": d.overlap_rows,
-                "read_rows": d.read_rows,
-                "overlap_ratio": d.overlap_ratio,
-                "evidence_ratio": d.evidence_ratio,
-            }
-            for d in self._admissions
-        ]
+        """Every admitted delayed read (``RunLedger.admission_log``)."""
+        return self.ledger.admission_log()
 
     def step_metrics(self) -> list[dict]:
         """Per-step metrics as dicts."""
-        return [asdict(m) for m in self.metrics]
+        return self.ledger.step_metrics()
 
 
 __all__ = [

@@ -65,6 +65,7 @@ from torch import Tensor
 from odin_ns.cuda import ops
 from odin_ns.runtime.config import ParamGroupState, SyncConfig
 from odin_ns.runtime.errors import SyncTimeout
+from odin_ns.runtime.ledger import RunLedger, StepMetrics
 from odin_ns.runtime.liveness import PeerSilence
 from odin_ns.runtime.sharded_admission import PendingSource, ShardedAdmission
 from odin_ns.runtime.step_signal import StepSignal
@@ -224,25 +225,6 @@ def step_tables(plan, layout: ShardLayout, num_ranks: int):
     return steps, out, inn
 
 
-@dataclass
-class ShardedMetrics:
-    """Per local step: seconds waited before it, bytes sent / received during it."""
-
-    step: int
-    wait_s: float = 0.0
-    apply_s: float = 0.0
-    bytes_sent: int = 0
-    bytes_recv: int = 0
-    rows_applied: int = 0
-    credit_wait_s: float = 0.0  # gradient sends waiting for credits (also in no wait_s)
-    pushes_deferred: int = 0  # pushes queued (packed) for credits
-    deferred_bytes_max: int = 0  # most bytes of packed pushes queued for credits
-    inflight_bytes_max: int = 0  # most bytes in flight to one peer on one stream
-    admitted: int = 0  # throughput-first: pending sources read around (delayed reads)
-    fallbacks: int = 0  # throughput-first: decisions that waited
-    max_staleness: int = 0  # throughput-first: largest admitted staleness bound
-
-
 class ShardedEngine:
     """Step path of one rank in sharded mode (see the module docstring).
 
@@ -268,6 +250,8 @@ class ShardedEngine:
             rows that ``sharded_admission`` admits (pushes then carry one more column: the
             rows' evidence); any other mode (or None) reads exactly (quality-first).
         step_signal: barrier mode's ``StepSignal`` (module docstring); None: no global wait.
+        ledger: where steps, waits and admission decisions are recorded (the session's, one
+            for every phase's engine); default a new ``RunLedger``.
     """
 
     def __init__(
@@ -287,6 +271,7 @@ class ShardedEngine:
         max_inflight_bytes: int | None = None,
         sync: SyncConfig | None = None,
         step_signal: StepSignal | None = None,
+        ledger: RunLedger | None = None,
     ):
         self.groups = list(groups)
         self.step_signal = step_signal
@@ -331,8 +316,9 @@ class ShardedEngine:
             silent_when_empty=True,
         )
         self._versions = self.log.versions.numpy()  # [O] host view of the applied steps
-        self.metrics: list[ShardedMetrics] = []
-        self._cur = ShardedMetrics(step=-1)
+        self.config = sync if sync is not None else SyncConfig(mode=self._mode())
+        self.ledger = ledger if ledger is not None else RunLedger()
+        self.ledger.phases += 1
         self.done = -1  # own steps finished (gradients filed)
         self.push_got: dict[int, int] = {}  # step -> pushes received for it
         self.grad_posted = dict.fromkeys(self.inn, -1)  # per peer: steps posted up to
@@ -416,7 +402,7 @@ class ShardedEngine:
         ``timeout`` seconds for the first; raise its transport's failure. Returns the count."""
         arrived = tx.take(timeout)
         for a in arrived:
-            self._cur.bytes_recv += a.buf.numel() * a.buf.element_size()
+            self.ledger.current.bytes_recv += a.buf.numel() * a.buf.element_size()
             if kind == GRAD:
                 self.log.add(a.step // 2 - self.offset, a.peer, upload(a.buf, self.device))
             else:
@@ -484,9 +470,9 @@ class ShardedEngine:
         tic = time.perf_counter()
         applied = self.log.apply_ready()
         if applied:
-            self._cur.rows_applied += applied
+            self.ledger.current.rows_applied += applied
             self._flush_pushes()
-            self._cur.apply_s += time.perf_counter() - tic
+            self.ledger.current.apply_s += time.perf_counter() - tic
 
     @torch.no_grad()
     def _flush_pushes(self) -> None:
@@ -504,9 +490,11 @@ class ShardedEngine:
                 queue = self._deferred[q]
                 if queue or not self._has_credits(self.push_tx, q, buf.numel() * 4):
                     queue.append((k, buf))
-                    self._cur.pushes_deferred += 1
+                    self.ledger.current.pushes_deferred += 1
                     queued = sum(b.numel() * b.element_size() for _, b in queue)
-                    self._cur.deferred_bytes_max = max(self._cur.deferred_bytes_max, queued)
+                    self.ledger.current.deferred_bytes_max = max(
+                        self.ledger.current.deferred_bytes_max, queued
+                    )
                 else:
                     self._send_push(q, k, buf)
                 k += 1
@@ -521,7 +509,7 @@ class ShardedEngine:
 
     def _send_push(self, q: int, k: int, buf: Tensor) -> None:
         self.push_tx.send(q, self._key(PUSH, k), self._tag(PUSH, k), buf)
-        self._cur.bytes_sent += buf.numel() * buf.element_size()
+        self.ledger.current.bytes_sent += buf.numel() * buf.element_size()
         self._note_inflight(self.push_tx, q)
 
     def _has_credits(self, tx: Transport, peer: int, nbytes: int) -> bool:
@@ -531,7 +519,9 @@ class ShardedEngine:
 
     def _note_inflight(self, tx: Transport, peer: int) -> None:
         inflight, _ = tx.inflight_bytes(peer)
-        self._cur.inflight_bytes_max = max(self._cur.inflight_bytes_max, inflight)
+        self.ledger.current.inflight_bytes_max = max(
+            self.ledger.current.inflight_bytes_max, inflight
+        )
 
     def _wait(self, done, what: str, t: int) -> None:
         """Receive and apply until ``done()``; times out after ``timeout_s`` in which no
@@ -553,8 +543,7 @@ class ShardedEngine:
         lagging where ``sharded_admission`` admits it); returns seconds waited."""
         if t != self.done + 1:
             raise ValueError(f"before_step({t}): expected local step {self.done + 1}")
-        self._cur = ShardedMetrics(step=self.offset + t)
-        self.metrics.append(self._cur)
+        cur = self.ledger.begin_step(self.offset + t)
         start = time.perf_counter()
         self._post(t)
         what = f"before_step({self.offset + t}) waiting for owners' rows"
@@ -572,8 +561,8 @@ class ShardedEngine:
             )
         else:
             self._admit(t, what)
-        self._cur.wait_s = time.perf_counter() - start - self._cur.apply_s
-        return self._cur.wait_s
+        cur.wait_s = time.perf_counter() - start - cur.apply_s
+        return cur.wait_s
 
     def _everyone_finished_before(self, t: int) -> bool:
         """Barrier mode: every rank finished local step t - 1 and this rank applied every
@@ -621,14 +610,12 @@ class ShardedEngine:
             decisions = self.admission.decide(t, read_rows, sources)
             waits = [src for src, d in zip(sources, decisions, strict=True) if not d.admitted]
             if not waits:
-                self.admission.count(decisions)
-                self._cur.admitted += len(decisions)
-                staleness = [d.staleness for d in decisions]
-                self._cur.max_staleness = max(staleness, default=0)
+                self.ledger.count(decisions)
+                delayed = sum(d.overlap_rows for d in decisions)  # rows that may lag
+                self.ledger.current.delayed_rows = delayed
+                self.ledger.delayed_reads += delayed
                 return
-            fallbacks = [d for d in decisions if not d.admitted]
-            self.admission.count(fallbacks)
-            self._cur.fallbacks += len(fallbacks)
+            self.ledger.count([d for d in decisions if not d.admitted])
             self._wait(lambda waits=waits: any(src.caught_up() for src in waits), what, t)
 
     @torch.no_grad()
@@ -660,9 +647,11 @@ class ShardedEngine:
                     f"(max_inflight_bytes {self.max_inflight_bytes})",
                     t,
                 )
-                self._cur.credit_wait_s += time.perf_counter() - tic
+                waited = time.perf_counter() - tic
+                self.ledger.current.credit_wait_s += waited
+                self.ledger.credit_s += waited
             self.grads_tx.send(o, self._key(GRAD, t), self._tag(GRAD, t), buf)
-            self._cur.bytes_sent += nbytes
+            self.ledger.current.bytes_sent += nbytes
             self._note_inflight(self.grads_tx, o)
         if st.own_rows.size:
             own = ops.pack_rows(self._own_rows[t], columns)
@@ -724,22 +713,14 @@ class ShardedEngine:
             return "throughput-first"
         return "barrier" if self.step_signal is not None else "quality-first"
 
+    @property
+    def metrics(self) -> list[StepMetrics]:
+        """Every step's record so far (the ledger's: every phase's engine that used it)."""
+        return self.ledger.steps
+
     def summary(self) -> dict:
-        ms = self.metrics
-        return {
-            "steps": len(ms),
-            "wait_s_total": float(sum(m.wait_s for m in ms)),
-            "apply_s_total": float(sum(m.apply_s for m in ms)),
-            "bytes_sent": int(sum(m.bytes_sent for m in ms)),
-            "bytes_recv": int(sum(m.bytes_recv for m in ms)),
-            "rows_applied": int(sum(m.rows_applied for m in ms)),
-            "credit_wait_s_total": float(sum(m.credit_wait_s for m in ms)),
-            "pushes_deferred": int(sum(m.pushes_deferred for m in ms)),
-            "deferred_bytes_max": max((m.deferred_bytes_max for m in ms), default=0),
-            "inflight_bytes_max": max((m.inflight_bytes_max for m in ms), default=0),
-            "mode": self._mode(),
-            **({} if self.admission is None else self.admission.summary()),
-        }
+        """Run totals of the ledger (every phase's engine that used it)."""
+        return self.ledger.summary(self.config)
 
 
 __all__ = ["Push", "ShardLayout", "ShardedEngine", "Step", "phase_read_sets", "step_tables"]

@@ -39,11 +39,8 @@ import torch
 from torch import Tensor
 
 from odin_ns.runtime.admission import (
-    FALLBACK_REASONS,
     Decision,
     GradientEvidence,
-    ImpactTally,
-    admission_totals,
     decide_in_one_read,
 )
 from odin_ns.runtime.config import SyncConfig
@@ -85,11 +82,6 @@ class ShardedAdmission:
         self.evidence = GradientEvidence(num_local, 1, device)  # one table: the local rows
         # [C] per cached row, the read step whose push last refreshed it (0: the fill)
         self.fresh_since = np.zeros(num_local - self.num_owned, dtype=np.int64)
-        self.fallbacks = dict.fromkeys(FALLBACK_REASONS, 0)
-        self.admissions: list[Decision] = []
-        self.staleness_hist: dict[int, int] = {}
-        self.impacts = ImpactTally()  # every decision's impact share, against TAU_GRID
-        self.delayed_rows = 0
 
     # ------------------------------------------------------------ evidence
     @torch.no_grad()
@@ -137,63 +129,5 @@ class ShardedAdmission:
             for src, (reason, ratio) in zip(sources, reasons, strict=True)
         ]  # fmt: skip
 
-    def count(self, decisions: list[Decision]) -> None:
-        for d in decisions:
-            self.impacts.add(d)
-            if d.admitted:
-                self.admissions.append(d)
-                self.staleness_hist[d.staleness] = self.staleness_hist.get(d.staleness, 0) + 1
-                self.delayed_rows += d.overlap_rows
-            else:
-                self.fallbacks[str(d.reason)] += 1
 
-    def summary(self) -> dict:
-        """The admission keys of ``PrimitiveSyncEngine.summary`` (JSON-ready)."""
-        return {
-            "tau": float(self.config.tau),
-            "staleness_window": int(self.config.staleness_window),
-            **admission_totals(self.admissions, self.fallbacks, self.staleness_hist, self.impacts),
-            "delayed_steps": len({d.step for d in self.admissions}),
-            "delayed_primitive_reads": int(self.delayed_rows),
-        }
-
-
-def merge_admission_summaries(parts: list[dict]) -> dict:
-    """Admission totals summed over ``parts``: one rank's ``ShardedAdmission.summary`` over
-    its phases (one engine per phase), or a run's engine summaries over its ranks
-    (``bench.sync``); every part has the keys of ``admission_totals`` and the summary's."""
-    if not parts:
-        return {}
-    out = {
-        "tau": parts[-1]["tau"],
-        "staleness_window": parts[-1]["staleness_window"],
-        "admitted": sum(p["admitted"] for p in parts),
-        "fallbacks": {r: sum(p["fallbacks"][r] for p in parts) for r in FALLBACK_REASONS},
-        "decisions": sum(p["decisions"] for p in parts),
-        "delayed_steps": sum(p["delayed_steps"] for p in parts),
-        "delayed_primitive_reads": sum(p["delayed_primitive_reads"] for p in parts),
-        "max_staleness": max(p["max_staleness"] for p in parts),
-    }
-    out["admitted_fraction"] = out["admitted"] / out["decisions"] if out["decisions"] else 0.0
-    out["impact_decisions"] = sum(p["impact_decisions"] for p in parts)
-    out["impact_within_tau"] = {
-        tau: sum(p["impact_within_tau"][tau] for p in parts)
-        for tau in parts[-1]["impact_within_tau"]
-    }
-    hist: dict[str, int] = {}
-    for p in parts:
-        for k, v in p["staleness_hist"].items():
-            hist[k] = hist.get(k, 0) + v
-    out["staleness_hist"] = dict(sorted(hist.items(), key=lambda kv: int(kv[0])))
-    weights = [p["admitted"] for p in parts]
-    for key in ("overlap_ratio_admitted", "evidence_ratio_admitted"):
-        means = [p[f"{key}_mean"] for p in parts]
-        total = sum(weights)
-        out[f"{key}_mean"] = (
-            float(sum(m * w for m, w in zip(means, weights, strict=True)) / total) if total else 0.0
-        )
-        out[f"{key}_max"] = max(p[f"{key}_max"] for p in parts)
-    return out
-
-
-__all__ = ["PendingSource", "ShardedAdmission", "merge_admission_summaries"]
+__all__ = ["PendingSource", "ShardedAdmission"]
