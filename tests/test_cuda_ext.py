@@ -25,9 +25,16 @@ from odin_ns.cuda import build, cases, ops, reference
 from odin_ns.optim import selective_adam_update_
 
 OPS = ops.OPS
-ID_OPS = ("pack_rows", "accumulate_ready_rows", "apply_ready_rows", "validate_reads")
+ID_OPS = (
+    "pack_rows",
+    "scatter_rows",
+    "accumulate_ready_rows",
+    "apply_ready_rows",
+    "validate_reads",
+)
 ID_ARG = {
     "pack_rows": "ids",
+    "scatter_rows": "ids",
     "accumulate_ready_rows": "positions",
     "apply_ready_rows": "ids",
     "validate_reads": "read_ids",
@@ -136,9 +143,10 @@ def test_empty_ids(odin_ops, gen, op):
 def test_out_of_range_ids_raise_before_writing(odin_ops, gen, impl, op, bad):
     inputs = cases.make_inputs(op, 100, gen, fraction=0.3)
     key = ID_ARG[op]
-    if op == "apply_ready_rows":  # keep the ids increasing: corrupt an end
+    if op in ("apply_ready_rows", "scatter_rows"):  # keep the ids increasing: corrupt an end
         inputs[key][0 if bad < 0 else -1] = bad
-        inputs["ready"][:] = True
+        if op == "apply_ready_rows":
+            inputs["ready"][:] = True
     else:
         inputs[key][len(inputs[key]) // 2] = bad
     fn = compiled(op) if impl == "compiled" else getattr(reference, op)
@@ -191,6 +199,30 @@ def test_pack_rows_dtypes_and_layouts(odin_ops, gen):
     out = ops.pack_rows(ids, columns)
     assert out.shape == (120, 7) and out.dtype == torch.float32
     assert torch.equal(out, reference.pack_rows(ids, columns))
+
+
+@pytest.mark.parametrize("impl", ["compiled", "reference"])
+def test_scatter_rows_inverts_pack_rows(odin_ops, gen, impl):
+    """The sharded engine's push into its cache: rows written back where pack_rows took
+    them, the buffer's trailing column (the push's evidence) unread, other rows untouched;
+    ids not strictly increasing raise before anything is written."""
+    fn = compiled("scatter_rows") if impl == "compiled" else reference.scatter_rows
+    inputs = cases.make_inputs("scatter_rows", 400, gen, fraction=0.3)
+    before = cases.copy_inputs(inputs, "cpu")
+    fn(**inputs)
+    ids, columns = inputs["ids"], inputs["columns"]
+    width = sum(math.prod(c.shape[1:]) for c in columns)
+    assert torch.equal(ops.pack_rows(ids, columns), inputs["buffer"][:, :width])
+    others = torch.ones(400, dtype=torch.bool)
+    others[ids] = False
+    for old, new in zip(before["columns"], columns, strict=True):
+        assert torch.equal(old[others], new[others])
+    run = cases.copy_inputs(before, "cpu")
+    run["ids"][[0, 1]] = run["ids"][[1, 0]]
+    with pytest.raises(ValueError, match="strictly increasing"):
+        fn(**run)
+    for old, new in zip(before["columns"], run["columns"], strict=True):
+        assert torch.equal(old, new)
 
 
 def test_accumulate_ready_rows_in_rank_order(odin_ops, gen):

@@ -33,6 +33,7 @@ WIDTH = sum(math.prod(s) for s in SPLATFACTO_ROWS.values()) + 1  # 60: groups + 
 
 # Outputs each op is compared on: returned tensors, or the in-place arguments it updates.
 INPLACE_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "scatter_rows": ("columns",),
     "accumulate_ready_rows": ("acc",),
     "apply_ready_rows": ("params", "exp_avgs", "exp_avg_sqs", "versions"),
 }
@@ -117,6 +118,12 @@ def make_inputs(
         columns = [torch.randn(n, math.prod(s), generator=gen) for s in SPLATFACTO_ROWS.values()]
         columns.append((torch.rand(n, 1, generator=gen) < 0.7).float())  # visible flag
         return dict(ids=subset_ids(n, m, gen, duplicates), columns=columns)
+    if op == "scatter_rows":
+        # a push's rows written into a table of n rows (a publication row is wider: its
+        # last column is not read)
+        ids = subset_ids(n, m, gen)
+        columns = [torch.randn(n, *s, generator=gen) for s in SPLATFACTO_ROWS.values()]
+        return dict(columns=columns, ids=ids, buffer=publication(len(ids), gen))
     if op == "accumulate_ready_rows":
         # n union rows; one rank's contribution covers ``fraction`` of them.
         positions = subset_ids(n, m, gen, duplicates)

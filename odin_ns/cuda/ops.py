@@ -27,6 +27,7 @@ from odin_ns.cuda import reference
 OPS = (
     "footprint_cull",
     "pack_rows",
+    "scatter_rows",
     "accumulate_ready_rows",
     "ready_mask",
     "apply_ready_rows",
@@ -102,6 +103,7 @@ def _register_meta_kernels() -> None:
     for name, fn in (
         ("pack_rows", pack_rows),
         ("ready_mask", ready_mask),
+        ("scatter_rows", in_place),
         ("accumulate_ready_rows", in_place),
         ("apply_ready_rows", in_place),
     ):
@@ -220,6 +222,13 @@ def footprint_cull(
 def pack_rows(ids: Tensor, columns: Sequence[Tensor]) -> Tensor:
     """[M, W] float32: rows ``ids`` ([M] int64) of every [N, d_g] column group, side by side."""
     return implementation("pack_rows", ids.device)(ids, list(columns))
+
+
+@torch.no_grad()
+def scatter_rows(columns: Sequence[Tensor], ids: Tensor, buffer: Tensor) -> None:
+    """In place: rows ``ids`` ([M] int64, strictly increasing) of every [N, d_g] column
+    group = their columns of ``buffer`` ([M, W >= sum(d_g)] float32): ``pack_rows``' inverse."""
+    implementation("scatter_rows", ids.device)(list(columns), ids, buffer)
 
 
 def accumulate_ready_rows(acc: Tensor, ready: Tensor, positions: Tensor, contrib: Tensor) -> None:

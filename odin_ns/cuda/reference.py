@@ -160,6 +160,54 @@ def pack_rows(
     return torch.cat([t.reshape(N, math.prod(t.shape[1:]))[ids].float() for t in columns], dim=1)
 
 
+def scatter_rows(
+    columns: list[Tensor],  # K column groups [N, ...] float32 contiguous, written in place
+    ids: Tensor,  # [M] int64 strictly increasing row ids
+    buffer: Tensor,  # [M, W] float32, W >= sum(d_g): the groups' columns side by side
+) -> None:
+    """In place: row ``ids[i]`` of every column group (flattened to [N, d_g]) = its columns
+    of ``buffer[i]``, groups side by side in ``pack_rows``' layout (its inverse); columns of
+    ``buffer`` past ``sum(d_g)`` are not read."""
+    op = "scatter_rows"
+    _check(len(columns) > 0, op, "columns must not be empty")
+    _check(
+        columns[0].dim() >= 1,
+        op,
+        f"columns[0] must have shape [N, ...], got {list(columns[0].shape)}",
+    )
+    N = columns[0].shape[0]
+    dims = []
+    for k, t in enumerate(columns):
+        _check(
+            t.dim() >= 1 and t.shape[0] == N,
+            op,
+            f"columns[{k}] must have shape [N, ...] with N = {N}, got {list(t.shape)}",
+        )
+        _check(t.dtype == torch.float32, op, f"columns[{k}] must be torch.float32, got {t.dtype}")
+        _check(t.is_contiguous(), op, f"columns[{k}] must be contiguous (it is updated in place)")
+        _check(
+            t.device == ids.device, op, f"columns[{k}] is on {t.device} but ids is on {ids.device}"
+        )
+        dims.append(math.prod(t.shape[1:]))
+    _check_ids(ids, N, op)
+    M = ids.shape[0]
+    _check(
+        buffer.dim() == 2 and buffer.shape[0] == M and buffer.shape[1] >= sum(dims),
+        op,
+        f"buffer must have shape [M, W] with M = {M}, W >= {sum(dims)}, got {list(buffer.shape)}",
+    )
+    _check(buffer.dtype == torch.float32, op, f"buffer must be torch.float32, got {buffer.dtype}")
+    _check(
+        buffer.device == ids.device, op, f"buffer is on {buffer.device} but ids is on {ids.device}"
+    )
+    if M > 1 and reads_values(ids):
+        _check(bool((ids[1:] > ids[:-1]).all()), op, "ids must be strictly increasing")
+    off = 0
+    for t, d in zip(columns, dims, strict=True):
+        t.view(N, d)[ids] = buffer[:, off : off + d]
+        off += d
+
+
 def accumulate_ready_rows(
     acc: Tensor,  # [U, W] float32 accumulator over the step's union rows, updated in place
     ready: Tensor,  # [U] bool rows being applied now

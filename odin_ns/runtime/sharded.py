@@ -156,15 +156,22 @@ class OwnedWrites:
     positions (``step_union``: nothing is searched again)."""
 
     def __init__(self, steps: Sequence[Step], num_ranks: int):
-        self.steps = steps
-        self.num_ranks = num_ranks
+        empty = torch.zeros(0, dtype=torch.int64)
+        # per step, as host tensors sharing the tables' memory (made once per phase)
+        self._unions = [
+            (
+                torch.from_numpy(st.union),
+                [
+                    torch.from_numpy(st.positions[q]) if q in st.positions else empty
+                    for q in range(num_ranks)
+                ],
+            )
+            for st in steps
+        ]
 
     def step_union(self, s: int) -> tuple[Tensor, list[Tensor]]:
         """(owned local ids [U] written at local step s, per writer its positions in them)."""
-        st = self.steps[s]
-        empty = np.empty(0, dtype=np.int64)
-        positions = [st.positions.get(q, empty) for q in range(self.num_ranks)]
-        return torch.from_numpy(st.union), [torch.from_numpy(p) for p in positions]
+        return self._unions[s]
 
 
 def step_tables(plan, layout: ShardLayout, num_ranks: int):
@@ -420,10 +427,7 @@ class ShardedEngine:
         self.push_recv[owner] += 1
         rows = self._push_rows_in[owner][k]
         buf = upload(buf, self.device)
-        off = 0
-        for table, d in zip(self._table, self.dims, strict=True):
-            table.index_put_((rows,), buf[:, off : off + d])
-            off += d
+        ops.scatter_rows(self._table, rows, buf)  # the table's cache rows (and evidence unread)
         self.push_got[push.step] = self.push_got.get(push.step, 0) + 1
         if self.admission is not None:
             self.admission.observe_push(push.rows, push.step, buf[:, -1])

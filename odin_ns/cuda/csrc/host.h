@@ -10,6 +10,7 @@
 #include <ATen/Version.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -146,6 +147,62 @@ inline std::vector<at::Tensor> check_pack_inputs(const at::Tensor& ids,
     const int64_t cols = c10::multiply_integers(t.sizes().slice(1));
     rows.push_back(t.reshape({N, cols}).to(at::kFloat).contiguous());
   }
+  return rows;
+}
+
+// Validated [N, cols] float32 views of scatter_rows's columns (written in place) and the
+// column count they take from buffer. ids: in range and strictly increasing, read on the
+// host always, on a device only with ODIN_NS_DEBUG_CHECKS=1 (the read waits for the stream).
+inline std::vector<at::Tensor> check_scatter_inputs(at::TensorList columns, const at::Tensor& ids,
+                                                    const at::Tensor& buffer) {
+  const char* op = "scatter_rows";
+  TORCH_CHECK_VALUE(!columns.empty(), op, ": columns must not be empty");
+  TORCH_CHECK_VALUE(columns[0].dim() >= 1, op, ": columns[0] must have shape [N, ...], got ",
+                    columns[0].sizes());
+  const int64_t N = columns[0].size(0);
+  std::vector<at::Tensor> rows;
+  rows.reserve(columns.size());
+  int64_t D = 0;
+  for (size_t k = 0; k < columns.size(); ++k) {
+    const auto& t = columns[k];
+    TORCH_CHECK_VALUE(t.dim() >= 1 && t.size(0) == N, op, ": columns[", k,
+                      "] must have shape [N, ...] with N = ", N, ", got ", t.sizes());
+    TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat, op, ": columns[", k,
+                      "] must be float32, got ", dtype_name(t.scalar_type()));
+    TORCH_CHECK_VALUE(t.is_contiguous(), op, ": columns[", k,
+                      "] must be contiguous (it is updated in place)");
+    TORCH_CHECK_VALUE(t.device() == ids.device(), op, ": columns[", k, "] is on ", t.device(),
+                      " but ids is on ", ids.device());
+    const int64_t cols = c10::multiply_integers(t.sizes().slice(1));
+    rows.push_back(t.view({N, cols}));
+    D += cols;
+  }
+  TORCH_CHECK_VALUE(ids.dim() == 1, op, ": ids must be 1-D, got shape ", ids.sizes());
+  check_dtype(ids, at::kLong, op, "ids");
+  const int64_t M = ids.size(0);
+  TORCH_CHECK_VALUE(buffer.dim() == 2 && buffer.size(0) == M && buffer.size(1) >= D, op,
+                    ": buffer must have shape [M, W] with M = ", M, ", W >= ", D, ", got ",
+                    buffer.sizes());
+  check_dtype(buffer, at::kFloat, op, "buffer");
+  TORCH_CHECK_VALUE(buffer.device() == ids.device(), op, ": buffer is on ", buffer.device(),
+                    " but ids is on ", ids.device());
+  const char* debug = std::getenv("ODIN_NS_DEBUG_CHECKS");
+  if (M == 0 || !(ids.device().is_cpu() || (debug != nullptr && std::string(debug) == "1"))) {
+    return rows;
+  }
+  const auto c = ids.cpu().contiguous();
+  const int64_t* p = c.data_ptr<int64_t>();
+  int64_t lo = p[0];
+  int64_t hi = p[0];
+  bool increasing = true;
+  for (int64_t i = 1; i < M; ++i) {
+    increasing &= p[i] > p[i - 1];
+    lo = std::min(lo, p[i]);
+    hi = std::max(hi, p[i]);
+  }
+  TORCH_CHECK_VALUE(lo >= 0 && hi < N, op, ": ids out of range: values span [", lo, ", ", hi,
+                    "] but must lie in [0, ", N, ")");
+  TORCH_CHECK_VALUE(increasing, op, ": ids must be strictly increasing");
   return rows;
 }
 

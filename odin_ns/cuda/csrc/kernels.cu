@@ -124,6 +124,22 @@ __global__ void pack_rows_kernel(const int64_t* ids, int64_t M, int64_t D, PackB
   }
 }
 
+__global__ void scatter_rows_kernel(const int64_t* ids, int64_t M, int64_t W,
+                                    ScatterBatch batch, const float* buffer) {
+  const int64_t total = M * batch.width;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = e / batch.width;
+    int64_t c = e % batch.width;
+    int k = 0;
+    while (c >= batch.cols[k]) {
+      c -= batch.cols[k];
+      ++k;
+    }
+    batch.dst[k][ids[i] * batch.cols[k] + c] = buffer[i * W + batch.col_begin + (e % batch.width)];
+  }
+}
+
 __global__ void accumulate_ready_rows_kernel(float* acc, const bool* ready,
                                              const int64_t* positions, const float* contrib,
                                              int64_t M, int64_t W) {
@@ -219,6 +235,13 @@ cudaError_t cull_write(const float* means2d, const float* radii, const float* de
 cudaError_t pack_rows(const int64_t* ids, int64_t M, int64_t D, const PackBatch& batch,
                       float* out, cudaStream_t stream) {
   pack_rows_kernel<<<grid_for(M * batch.width), kThreads, 0, stream>>>(ids, M, D, batch, out);
+  return cudaGetLastError();
+}
+
+cudaError_t scatter_rows(const int64_t* ids, int64_t M, int64_t W, const ScatterBatch& batch,
+                         const float* buffer, cudaStream_t stream) {
+  scatter_rows_kernel<<<grid_for(M * batch.width), kThreads, 0, stream>>>(ids, M, W, batch,
+                                                                          buffer);
   return cudaGetLastError();
 }
 

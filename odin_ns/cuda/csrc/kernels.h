@@ -23,6 +23,15 @@ struct PackBatch {
   int64_t width;      // sum(cols) of this batch
 };
 
+// One launch's worth of scatter_rows targets: buffer columns [col_begin, col_begin + width).
+struct ScatterBatch {
+  float* dst[kMaxPackTensors];  // [N, cols[k]] contiguous
+  int64_t cols[kMaxPackTensors];
+  int count;
+  int64_t col_begin;  // first buffer column of this batch
+  int64_t width;      // sum(cols) of this batch
+};
+
 // footprint_cull: counts[b] = kept primitives of block b = (view, piece), b < V * pieces.
 cudaError_t cull_count(const float* means2d, const float* radii, const float* depths,
                        const float* opacities, int64_t V, int64_t N, CullParams params,
@@ -34,6 +43,10 @@ cudaError_t cull_write(const float* means2d, const float* radii, const float* de
 
 cudaError_t pack_rows(const int64_t* ids, int64_t M, int64_t D, const PackBatch& batch,
                       float* out, cudaStream_t stream);
+
+// scatter_rows: dst[k][ids[i], c] = buffer[i, col_begin + (column c of tensor k)].
+cudaError_t scatter_rows(const int64_t* ids, int64_t M, int64_t W, const ScatterBatch& batch,
+                         const float* buffer, cudaStream_t stream);
 
 // accumulate_ready_rows: acc[pos[i], c] += contrib[i, c] where ready[pos[i]] (atomics).
 cudaError_t accumulate_ready_rows(float* acc, const bool* ready, const int64_t* positions,

@@ -114,6 +114,37 @@ at::Tensor pack_rows_cuda(const at::Tensor& ids_in, at::TensorList columns) {
   return buffer;
 }
 
+void scatter_rows_cuda(at::TensorList columns, const at::Tensor& ids_in,
+                       const at::Tensor& buffer_in) {
+  const auto rows = check_scatter_inputs(columns, ids_in, buffer_in);
+  const c10::cuda::CUDAGuard guard(ids_in.device());
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const auto ids = ids_in.contiguous();
+  const auto buffer = buffer_in.contiguous();
+  const int64_t M = ids.size(0);
+  if (M == 0) {
+    return;
+  }
+  int64_t col = 0;
+  for (size_t first = 0; first < rows.size(); first += cuda::kMaxPackTensors) {
+    cuda::ScatterBatch batch{};
+    batch.col_begin = col;
+    batch.count = static_cast<int>(
+        std::min<size_t>(cuda::kMaxPackTensors, rows.size() - first));
+    for (int k = 0; k < batch.count; ++k) {
+      batch.dst[k] = rows[first + k].data_ptr<float>();
+      batch.cols[k] = rows[first + k].size(1);
+      batch.width += batch.cols[k];
+    }
+    col += batch.width;
+    if (batch.width > 0) {
+      check_launch(cuda::scatter_rows(ids.data_ptr<int64_t>(), M, buffer.size(1), batch,
+                                      buffer.data_ptr<float>(), stream),
+                   "scatter_rows");
+    }
+  }
+}
+
 void accumulate_ready_rows_cuda(const at::Tensor& acc, const at::Tensor& ready_in,
                                 const at::Tensor& positions_in, const at::Tensor& contrib_in) {
   check_accumulate_inputs(acc, ready_in, positions_in, contrib_in);
@@ -239,6 +270,7 @@ at::Tensor validate_reads_cuda(const at::Tensor& read_ids_in, const at::Tensor& 
 TORCH_LIBRARY_IMPL(odin, CUDA, m) {
   m.impl("footprint_cull", &footprint_cull_cuda);
   m.impl("pack_rows", &pack_rows_cuda);
+  m.impl("scatter_rows", &scatter_rows_cuda);
   m.impl("accumulate_ready_rows", &accumulate_ready_rows_cuda);
   m.impl("ready_mask", &ready_mask_cuda);
   m.impl("apply_ready_rows", &apply_ready_rows_cuda);
