@@ -97,6 +97,8 @@ bench: venv
 	$(PY) -m odin_ns.bench.stragglers --data ../shared/data/fox --downscale-factor 8 --ranks 2 \
 		--shares 0,0.25,0.5 --out bench/stragglers_fox.json \
 		-- --pipeline.datamanager.camera-res-scale-factor 0.5
+	$(PY) -m odin_ns.bench.stragglers --data $(DEMO_DIR) --ranks 3 --shares 0,0.5 --repeats 3 \
+		--modes $(IMPACT_MODES) --out bench/stragglers_street_3ranks.json
 	$(PY) -m odin_ns.data.synthetic --out demo_data/drive --layout drive
 	$(PY) -m odin_ns.bench.stragglers --data demo_data/drive --ranks 2 --shares 0,0.5 --repeats 3 \
 		--psnr --seed-control 2 --modes $(IMPACT_MODES) --out bench/stragglers_impact_drive.json
