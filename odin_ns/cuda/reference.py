@@ -129,12 +129,9 @@ def footprint_cull(
     return indptr, indices
 
 
-def pack_rows(
-    ids: Tensor,  # [M] int64 row ids
-    columns: list[Tensor],  # K column groups of shape [N, ...] (flattened to [N, d_g]), float
-) -> Tensor:
-    """Gather rows ``ids`` of every column group into one [M, W = sum(d_g)] float32 buffer."""
-    op = "pack_rows"
+def _check_columns(columns: list[Tensor], ids: Tensor, op: str) -> list[int]:
+    """``pack_rows`` / ``scatter_rows``' column groups: at least one, each [N, ...] with one
+    N, on ``ids``' device; returns each group's row width d_g."""
     _check(len(columns) > 0, op, "columns must not be empty")
     _check(
         columns[0].dim() >= 1,
@@ -149,15 +146,29 @@ def pack_rows(
             f"columns[{k}] must have shape [N, ...] with N = {N}, got {list(t.shape)}",
         )
         _check(
+            t.device == ids.device, op, f"columns[{k}] is on {t.device} but ids is on {ids.device}"
+        )
+    return [math.prod(t.shape[1:]) for t in columns]
+
+
+def pack_rows(
+    ids: Tensor,  # [M] int64 row ids
+    columns: list[Tensor],  # K column groups of shape [N, ...] (flattened to [N, d_g]), float
+) -> Tensor:
+    """Gather rows ``ids`` of every column group into one [M, W = sum(d_g)] float32 buffer."""
+    op = "pack_rows"
+    dims = _check_columns(columns, ids, op)
+    for k, t in enumerate(columns):
+        _check(
             t.is_floating_point(),
             op,
             f"columns[{k}] must be a floating-point tensor, got {t.dtype}",
         )
-        _check(
-            t.device == ids.device, op, f"columns[{k}] is on {t.device} but ids is on {ids.device}"
-        )
+    N = columns[0].shape[0]
     _check_ids(ids, N, op)
-    return torch.cat([t.reshape(N, math.prod(t.shape[1:]))[ids].float() for t in columns], dim=1)
+    return torch.cat(
+        [t.reshape(N, d)[ids].float() for t, d in zip(columns, dims, strict=True)], dim=1
+    )
 
 
 def scatter_rows(
@@ -169,26 +180,11 @@ def scatter_rows(
     of ``buffer[i]``, groups side by side in ``pack_rows``' layout (its inverse); columns of
     ``buffer`` past ``sum(d_g)`` are not read."""
     op = "scatter_rows"
-    _check(len(columns) > 0, op, "columns must not be empty")
-    _check(
-        columns[0].dim() >= 1,
-        op,
-        f"columns[0] must have shape [N, ...], got {list(columns[0].shape)}",
-    )
-    N = columns[0].shape[0]
-    dims = []
+    dims = _check_columns(columns, ids, op)
     for k, t in enumerate(columns):
-        _check(
-            t.dim() >= 1 and t.shape[0] == N,
-            op,
-            f"columns[{k}] must have shape [N, ...] with N = {N}, got {list(t.shape)}",
-        )
         _check(t.dtype == torch.float32, op, f"columns[{k}] must be torch.float32, got {t.dtype}")
         _check(t.is_contiguous(), op, f"columns[{k}] must be contiguous (it is updated in place)")
-        _check(
-            t.device == ids.device, op, f"columns[{k}] is on {t.device} but ids is on {ids.device}"
-        )
-        dims.append(math.prod(t.shape[1:]))
+    N = columns[0].shape[0]
     _check_ids(ids, N, op)
     M = ids.shape[0]
     _check(

@@ -123,10 +123,9 @@ inline CullInputs check_cull_inputs(const at::Tensor& means2d, const at::Tensor&
           N};
 }
 
-// Validated [N, cols] float32 views of pack_rows's tensors (same device as ids).
-inline std::vector<at::Tensor> check_pack_inputs(const at::Tensor& ids,
-                                                 at::TensorList columns) {
-  const char* op = "pack_rows";
+// pack_rows / scatter_rows' column groups: at least one, each [N, ...] with one N, on ids'
+// device; returns N.
+inline int64_t check_columns(at::TensorList columns, const at::Tensor& ids, const char* op) {
   TORCH_CHECK_VALUE(!columns.empty(), op, ": columns must not be empty");
   TORCH_CHECK_VALUE(columns[0].dim() >= 1, op, ": columns[0] must have shape [N, ...], got ",
                     columns[0].sizes());
@@ -135,10 +134,40 @@ inline std::vector<at::Tensor> check_pack_inputs(const at::Tensor& ids,
     const auto& t = columns[k];
     TORCH_CHECK_VALUE(t.dim() >= 1 && t.size(0) == N, op, ": columns[", k,
                       "] must have shape [N, ...] with N = ", N, ", got ", t.sizes());
-    TORCH_CHECK_VALUE(at::isFloatingType(t.scalar_type()), op, ": columns[", k,
-                      "] must be a floating-point tensor, got ", dtype_name(t.scalar_type()));
     TORCH_CHECK_VALUE(t.device() == ids.device(), op, ": columns[", k, "] is on ", t.device(),
                       " but ids is on ", ids.device());
+  }
+  return N;
+}
+
+// Range and strict increase of a non-empty [M] int64 host id list, in one pass.
+struct HostIdStats {
+  int64_t lo;
+  int64_t hi;
+  bool increasing;
+};
+
+inline HostIdStats host_id_stats(const at::Tensor& ids_cpu) {
+  const auto c = ids_cpu.contiguous();
+  const int64_t* p = c.data_ptr<int64_t>();
+  HostIdStats s{p[0], p[0], true};
+  for (int64_t i = 1; i < c.numel(); ++i) {
+    s.increasing &= p[i] > p[i - 1];
+    s.lo = std::min(s.lo, p[i]);
+    s.hi = std::max(s.hi, p[i]);
+  }
+  return s;
+}
+
+// Validated [N, cols] float32 views of pack_rows's tensors (same device as ids).
+inline std::vector<at::Tensor> check_pack_inputs(const at::Tensor& ids,
+                                                 at::TensorList columns) {
+  const char* op = "pack_rows";
+  const int64_t N = check_columns(columns, ids, op);
+  for (size_t k = 0; k < columns.size(); ++k) {
+    TORCH_CHECK_VALUE(at::isFloatingType(columns[k].scalar_type()), op, ": columns[", k,
+                      "] must be a floating-point tensor, got ",
+                      dtype_name(columns[k].scalar_type()));
   }
   check_ids(ids, N, op, "ids");
   std::vector<at::Tensor> rows;
@@ -156,23 +185,16 @@ inline std::vector<at::Tensor> check_pack_inputs(const at::Tensor& ids,
 inline std::vector<at::Tensor> check_scatter_inputs(at::TensorList columns, const at::Tensor& ids,
                                                     const at::Tensor& buffer) {
   const char* op = "scatter_rows";
-  TORCH_CHECK_VALUE(!columns.empty(), op, ": columns must not be empty");
-  TORCH_CHECK_VALUE(columns[0].dim() >= 1, op, ": columns[0] must have shape [N, ...], got ",
-                    columns[0].sizes());
-  const int64_t N = columns[0].size(0);
+  const int64_t N = check_columns(columns, ids, op);
   std::vector<at::Tensor> rows;
   rows.reserve(columns.size());
   int64_t D = 0;
   for (size_t k = 0; k < columns.size(); ++k) {
     const auto& t = columns[k];
-    TORCH_CHECK_VALUE(t.dim() >= 1 && t.size(0) == N, op, ": columns[", k,
-                      "] must have shape [N, ...] with N = ", N, ", got ", t.sizes());
     TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat, op, ": columns[", k,
                       "] must be float32, got ", dtype_name(t.scalar_type()));
     TORCH_CHECK_VALUE(t.is_contiguous(), op, ": columns[", k,
                       "] must be contiguous (it is updated in place)");
-    TORCH_CHECK_VALUE(t.device() == ids.device(), op, ": columns[", k, "] is on ", t.device(),
-                      " but ids is on ", ids.device());
     const int64_t cols = c10::multiply_integers(t.sizes().slice(1));
     rows.push_back(t.view({N, cols}));
     D += cols;
@@ -190,16 +212,7 @@ inline std::vector<at::Tensor> check_scatter_inputs(at::TensorList columns, cons
   if (M == 0 || !(ids.device().is_cpu() || (debug != nullptr && std::string(debug) == "1"))) {
     return rows;
   }
-  const auto c = ids.cpu().contiguous();
-  const int64_t* p = c.data_ptr<int64_t>();
-  int64_t lo = p[0];
-  int64_t hi = p[0];
-  bool increasing = true;
-  for (int64_t i = 1; i < M; ++i) {
-    increasing &= p[i] > p[i - 1];
-    lo = std::min(lo, p[i]);
-    hi = std::max(hi, p[i]);
-  }
+  const auto [lo, hi, increasing] = host_id_stats(ids.cpu());
   TORCH_CHECK_VALUE(lo >= 0 && hi < N, op, ": ids out of range: values span [", lo, ", ", hi,
                     "] but must lie in [0, ", N, ")");
   TORCH_CHECK_VALUE(increasing, op, ": ids must be strictly increasing");
@@ -332,15 +345,10 @@ inline std::vector<int64_t> check_apply_inputs(
   int64_t hi = 0;
   bool increasing = true;
   if (ids.device().is_cpu()) {
-    const auto c = ids.contiguous();
-    const int64_t* p = c.data_ptr<int64_t>();
-    lo = p[0];
-    hi = p[0];
-    for (int64_t i = 1; i < U; ++i) {
-      increasing &= p[i] > p[i - 1];
-      lo = std::min(lo, p[i]);
-      hi = std::max(hi, p[i]);
-    }
+    const auto stats = host_id_stats(ids);
+    lo = stats.lo;
+    hi = stats.hi;
+    increasing = stats.increasing;
   } else {
     auto [lo_t, hi_t] = at::aminmax(ids);
     auto inc_t = U > 1 ? (ids.slice(0, 1) > ids.slice(0, 0, U - 1)).all().to(at::kLong)

@@ -108,35 +108,43 @@ struct ReadIdValue {
 
 // ---- row kernels ------------------------------------------------------------------------
 
-__global__ void pack_rows_kernel(const int64_t* ids, int64_t M, int64_t D, PackBatch batch,
+// Element e of a batch's [M, width] block: its row i, the batch column e % width, and the
+// element of tensor k it stands for (row ids[i], column c).
+struct RowElement {
+  int64_t i;
+  int64_t column;  // within the batch
+  float* tensor;   // &rows[k][ids[i] * cols[k] + c]
+};
+
+__device__ inline RowElement row_element(const RowBatch& batch, const int64_t* ids, int64_t e) {
+  const int64_t i = e / batch.width;
+  const int64_t column = e % batch.width;
+  int64_t c = column;
+  int k = 0;
+  while (c >= batch.cols[k]) {
+    c -= batch.cols[k];
+    ++k;
+  }
+  return {i, column, batch.rows[k] + ids[i] * batch.cols[k] + c};
+}
+
+__global__ void pack_rows_kernel(const int64_t* ids, int64_t M, int64_t D, RowBatch batch,
                                  float* out) {
   const int64_t total = M * batch.width;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t i = e / batch.width;
-    int64_t c = e % batch.width;
-    int k = 0;
-    while (c >= batch.cols[k]) {
-      c -= batch.cols[k];
-      ++k;
-    }
-    out[i * D + batch.col_begin + (e % batch.width)] = batch.src[k][ids[i] * batch.cols[k] + c];
+    const RowElement el = row_element(batch, ids, e);
+    out[el.i * D + batch.col_begin + el.column] = *el.tensor;
   }
 }
 
-__global__ void scatter_rows_kernel(const int64_t* ids, int64_t M, int64_t W,
-                                    ScatterBatch batch, const float* buffer) {
+__global__ void scatter_rows_kernel(const int64_t* ids, int64_t M, int64_t W, RowBatch batch,
+                                    const float* buffer) {
   const int64_t total = M * batch.width;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t i = e / batch.width;
-    int64_t c = e % batch.width;
-    int k = 0;
-    while (c >= batch.cols[k]) {
-      c -= batch.cols[k];
-      ++k;
-    }
-    batch.dst[k][ids[i] * batch.cols[k] + c] = buffer[i * W + batch.col_begin + (e % batch.width)];
+    const RowElement el = row_element(batch, ids, e);
+    *el.tensor = buffer[el.i * W + batch.col_begin + el.column];
   }
 }
 
@@ -232,13 +240,13 @@ cudaError_t cull_write(const float* means2d, const float* radii, const float* de
   return cudaGetLastError();
 }
 
-cudaError_t pack_rows(const int64_t* ids, int64_t M, int64_t D, const PackBatch& batch,
+cudaError_t pack_rows(const int64_t* ids, int64_t M, int64_t D, const RowBatch& batch,
                       float* out, cudaStream_t stream) {
   pack_rows_kernel<<<grid_for(M * batch.width), kThreads, 0, stream>>>(ids, M, D, batch, out);
   return cudaGetLastError();
 }
 
-cudaError_t scatter_rows(const int64_t* ids, int64_t M, int64_t W, const ScatterBatch& batch,
+cudaError_t scatter_rows(const int64_t* ids, int64_t M, int64_t W, const RowBatch& batch,
                          const float* buffer, cudaStream_t stream) {
   scatter_rows_kernel<<<grid_for(M * batch.width), kThreads, 0, stream>>>(ids, M, W, batch,
                                                                           buffer);

@@ -14,18 +14,10 @@ namespace cuda {
 constexpr int kMaxPackTensors = 16;   // tensors per pack launch (more: several launches)
 constexpr int64_t kCompactPiece = 4096;  // elements per block in the compaction kernels
 
-// One launch's worth of pack_rows sources: columns [col_begin, col_begin + sum(cols)).
-struct PackBatch {
-  const float* src[kMaxPackTensors];  // [N, cols[k]] contiguous
-  int64_t cols[kMaxPackTensors];
-  int count;
-  int64_t col_begin;  // first output column of this batch
-  int64_t width;      // sum(cols) of this batch
-};
-
-// One launch's worth of scatter_rows targets: buffer columns [col_begin, col_begin + width).
-struct ScatterBatch {
-  float* dst[kMaxPackTensors];  // [N, cols[k]] contiguous
+// One launch's worth of row tensors of pack_rows (read) or scatter_rows (written): buffer
+// columns [col_begin, col_begin + width) hold tensor k's cols[k] columns side by side.
+struct RowBatch {
+  float* rows[kMaxPackTensors];  // [N, cols[k]] contiguous
   int64_t cols[kMaxPackTensors];
   int count;
   int64_t col_begin;  // first buffer column of this batch
@@ -41,11 +33,13 @@ cudaError_t cull_write(const float* means2d, const float* radii, const float* de
                        const float* opacities, int64_t V, int64_t N, CullParams params,
                        const int64_t* offsets, int64_t* indices, cudaStream_t stream);
 
-cudaError_t pack_rows(const int64_t* ids, int64_t M, int64_t D, const PackBatch& batch,
+// pack_rows: out[i, col_begin + (column c of tensor k)] = rows[k][ids[i], c]; out is [M, D].
+cudaError_t pack_rows(const int64_t* ids, int64_t M, int64_t D, const RowBatch& batch,
                       float* out, cudaStream_t stream);
 
-// scatter_rows: dst[k][ids[i], c] = buffer[i, col_begin + (column c of tensor k)].
-cudaError_t scatter_rows(const int64_t* ids, int64_t M, int64_t W, const ScatterBatch& batch,
+// scatter_rows: rows[k][ids[i], c] = buffer[i, col_begin + (column c of tensor k)]; buffer
+// is [M, W].
+cudaError_t scatter_rows(const int64_t* ids, int64_t M, int64_t W, const RowBatch& batch,
                          const float* buffer, cudaStream_t stream);
 
 // accumulate_ready_rows: acc[pos[i], c] += contrib[i, c] where ready[pos[i]] (atomics).

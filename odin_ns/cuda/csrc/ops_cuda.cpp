@@ -79,6 +79,28 @@ std::tuple<at::Tensor, at::Tensor> footprint_cull_cuda(
   return {indptr, indices};
 }
 
+// Calls launch(batch) for each batch of at most kMaxPackTensors [N, cols] row tensors, their
+// buffer columns in order (batches of zero width skipped).
+template <typename Launch>
+void for_each_row_batch(const std::vector<at::Tensor>& rows, Launch launch) {
+  int64_t col = 0;
+  for (size_t first = 0; first < rows.size(); first += cuda::kMaxPackTensors) {
+    cuda::RowBatch batch{};
+    batch.col_begin = col;
+    batch.count = static_cast<int>(
+        std::min<size_t>(cuda::kMaxPackTensors, rows.size() - first));
+    for (int k = 0; k < batch.count; ++k) {
+      batch.rows[k] = rows[first + k].data_ptr<float>();
+      batch.cols[k] = rows[first + k].size(1);
+      batch.width += batch.cols[k];
+    }
+    col += batch.width;
+    if (batch.width > 0) {
+      launch(batch);
+    }
+  }
+}
+
 at::Tensor pack_rows_cuda(const at::Tensor& ids_in, at::TensorList columns) {
   const auto rows = check_pack_inputs(ids_in, columns);
   const c10::cuda::CUDAGuard guard(ids_in.device());
@@ -93,24 +115,11 @@ at::Tensor pack_rows_cuda(const at::Tensor& ids_in, at::TensorList columns) {
   if (M == 0 || D == 0) {
     return buffer;
   }
-  int64_t col = 0;
-  for (size_t first = 0; first < rows.size(); first += cuda::kMaxPackTensors) {
-    cuda::PackBatch batch{};
-    batch.col_begin = col;
-    batch.count = static_cast<int>(
-        std::min<size_t>(cuda::kMaxPackTensors, rows.size() - first));
-    for (int k = 0; k < batch.count; ++k) {
-      batch.src[k] = rows[first + k].data_ptr<float>();
-      batch.cols[k] = rows[first + k].size(1);
-      batch.width += batch.cols[k];
-    }
-    col += batch.width;
-    if (batch.width > 0) {
-      check_launch(cuda::pack_rows(ids.data_ptr<int64_t>(), M, D, batch,
-                                   buffer.data_ptr<float>(), stream),
-                   "pack_rows");
-    }
-  }
+  for_each_row_batch(rows, [&](const cuda::RowBatch& batch) {
+    check_launch(cuda::pack_rows(ids.data_ptr<int64_t>(), M, D, batch,
+                                 buffer.data_ptr<float>(), stream),
+                 "pack_rows");
+  });
   return buffer;
 }
 
@@ -125,24 +134,11 @@ void scatter_rows_cuda(at::TensorList columns, const at::Tensor& ids_in,
   if (M == 0) {
     return;
   }
-  int64_t col = 0;
-  for (size_t first = 0; first < rows.size(); first += cuda::kMaxPackTensors) {
-    cuda::ScatterBatch batch{};
-    batch.col_begin = col;
-    batch.count = static_cast<int>(
-        std::min<size_t>(cuda::kMaxPackTensors, rows.size() - first));
-    for (int k = 0; k < batch.count; ++k) {
-      batch.dst[k] = rows[first + k].data_ptr<float>();
-      batch.cols[k] = rows[first + k].size(1);
-      batch.width += batch.cols[k];
-    }
-    col += batch.width;
-    if (batch.width > 0) {
-      check_launch(cuda::scatter_rows(ids.data_ptr<int64_t>(), M, buffer.size(1), batch,
-                                      buffer.data_ptr<float>(), stream),
-                   "scatter_rows");
-    }
-  }
+  for_each_row_batch(rows, [&](const cuda::RowBatch& batch) {
+    check_launch(cuda::scatter_rows(ids.data_ptr<int64_t>(), M, buffer.size(1), batch,
+                                    buffer.data_ptr<float>(), stream),
+                 "scatter_rows");
+  });
 }
 
 void accumulate_ready_rows_cuda(const at::Tensor& acc, const at::Tensor& ready_in,
