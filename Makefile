@@ -135,17 +135,19 @@ bench: venv
 		--out bench/trace_street.json
 
 # The simulator's inputs, committed so that bench-scale rebuilds from the repository alone:
-# traces of 2-rank runs (bench/traces), the gloo point-to-point link (bench/p2p_gloo.json);
-# bench/allreduce.json and bench/control_plane.json come from the bench target.
+# traces of 2-rank runs (bench/traces), the gloo all-reduce the validation prices ddp with
+# (bench/allreduce.json, measured in the same sitting as the traces), the gloo point-to-point
+# link (bench/p2p_gloo.json); bench/control_plane.json comes from the bench target.
 bench-scale-inputs: venv
 	$(PY) -m odin_ns.data.synthetic --out $(DEMO_DIR) --layout street
-	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 2 --no-eval \
+	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 3 --no-eval \
 		--work-dir outputs/bench_sync/street_traces --out outputs/sync_street_traces.json
 	$(PY) -m odin_ns.bench.trace_store --sync-json outputs/sync_street_traces.json --out-dir bench/traces/street
 	$(PY) -m odin_ns.bench.sync --data ../shared/data/fox --downscale-factor 8 --ranks 2 --steps 300 \
-		--repeats 2 --no-eval --work-dir outputs/bench_sync/fox_traces --out outputs/sync_fox_traces.json \
+		--repeats 3 --no-eval --work-dir outputs/bench_sync/fox_traces --out outputs/sync_fox_traces.json \
 		-- --pipeline.datamanager.camera-res-scale-factor 0.5
 	$(PY) -m odin_ns.bench.trace_store --sync-json outputs/sync_fox_traces.json --out-dir bench/traces/fox
+	$(PY) -m odin_ns.bench.allreduce --out bench/allreduce.json
 	$(PY) -m odin_ns.bench.p2p --out bench/p2p_gloo.json
 
 bench-scale: venv

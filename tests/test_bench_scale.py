@@ -21,6 +21,7 @@ from odin_ns.bench.simulate import (
     replay,
     ring_allreduce_seconds,
     tf_needs,
+    trace_admissions,
 )
 from odin_ns.bench.sync import (
     CONTROL,
@@ -109,6 +110,13 @@ def test_throughput_first_admits_small_overlaps_only():
     assert need[2, 1, 0] == 1 and admitted == 0
     need, _ = tf_needs(plan, tau=0.2, window=4, evidence=0.5)  # evidence too strong
     assert need[2, 1, 0] == 1
+    # a measured run's admissions replayed: only step 1 of rank 0 was read around
+    recorded = trace_admissions(np.array([[12, 1, 0, 11], [12, 1, 0, 99]]), np.arange(10, 13))
+    assert recorded == {(2, 1, 0, 1)}  # global steps 10..12 are local 0..2; 99 is elsewhere
+    need, admitted = tf_needs(plan, tau=0.2, window=4, recorded=recorded)
+    assert need[2, 1, 0] == 0 and admitted == 1
+    need, admitted = tf_needs(plan, tau=0.2, window=4, recorded=set())  # none: quality-first
+    assert (need == plan.dependency).all() and admitted == 0
     compute = np.array([[1.0, 1.0], [3.0, 1.0], [1.0, 1.0]])
     qf = replay([Phase(plan, compute, np.zeros_like(compute), 60)], "quality-first", FAST)
     tf = replay([Phase(plan, compute, np.zeros_like(compute), 60)], "throughput-first", FAST)
@@ -477,6 +485,8 @@ def test_trace_store_round_trip(tmp_path):
         visible_rows=table["footprint_rows"],
         pixels=np.full((12, 2), 100.0),
         num_rows=np.full(12, 8),
+        # 12 admitted reads (as many as steps: not sliced as a per-step array)
+        admitted=np.array([[8, 1, 0, 7]] * 11 + [[2, 0, 1, 1]], dtype=np.int64),
     )
     save_table(table, tmp_path / "barrier-r0.npz")
     sp.save_npz(tmp_path / FOOTPRINTS_FILE, table["footprints"])
@@ -494,6 +504,13 @@ def test_trace_store_round_trip(tmp_path):
         np.testing.assert_array_equal(back[key], table[key])
     assert back["phases"] == table["phases"] and back["world_size"] == 2
     assert (back["footprints"] != table["footprints"]).nnz == 0
+    np.testing.assert_array_equal(back["admitted"], table["admitted"])
+    from odin_ns.bench.scale import _phases_from_trace
+
+    # replayed from step 5 on: global step 8 is local 3; the read at step 2 is left out
+    (phase,), _ = _phases_from_trace(back, recorded=True)
+    assert phase.admitted == {(3, 1, 0, 2)}
+    assert _phases_from_trace(back)[0][0].admitted is None  # the rule decides
     # the validation's inputs come back whole: the fitted delay is the same
     from odin_ns.bench.scale import calibrate_on_barrier
 

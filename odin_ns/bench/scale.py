@@ -63,6 +63,7 @@ from odin_ns.bench.simulate import (
     dependency_share,
     replay,
     replay_grendel,
+    trace_admissions,
 )
 from odin_ns.bench.trace import CostModel, Jitter, fit_trace
 
@@ -118,14 +119,19 @@ ANCHORS = {
 # ------------------------------------------------------------------------ validation
 
 
-def _phases_from_trace(table: dict, skip_steps: int = 5) -> tuple[list[Phase], float]:
+def _phases_from_trace(
+    table: dict, skip_steps: int = 5, recorded: bool = False
+) -> tuple[list[Phase], float]:
     """The run's phases as simulator input (measured compute/overhead, recorded views),
-    from step ``skip_steps`` on (as ``bench.sync`` measures), and the measured wall time."""
+    from step ``skip_steps`` on (as ``bench.sync`` measures), and the measured wall time.
+    ``recorded``: throughput-first replays the delayed reads the run admitted (the table's
+    ``admitted``, when it has them) instead of the admission rule."""
     F = table["footprints"]
+    admitted = table.get("admitted") if recorded else None
     keep = table["step"][:, 0] >= skip_steps
+    per_step = [k for k, v in table.items() if k != "admitted" and isinstance(v, np.ndarray)]
     table = {
-        k: (v[keep] if isinstance(v, np.ndarray) and v.shape[:1] == keep.shape else v)
-        for k, v in table.items()
+        k: (v[keep] if k in per_step and v.shape[:1] == keep.shape else v) for k, v in table.items()
     }
     steps = table["step"][:, 0]
     overhead = table["end"] - table["start"] - table["wait_s"] - table["compute_s"]
@@ -153,6 +159,7 @@ def _phases_from_trace(table: dict, skip_steps: int = 5) -> tuple[list[Phase], f
                 overhead=np.maximum(overhead[sel], 0.0) + np.maximum(loop, 0.0),
                 num_rows=int(p["num_gaussians"]),
                 phase_start_s=start_s,
+                admitted=None if admitted is None else trace_admissions(admitted, steps[sel]),
             )
         )
     measured_total = float(table["end"].max() - table["start"].min())
@@ -186,11 +193,16 @@ def calibrate_delay(phases: list[Phase], measured_total: float, row_bytes: float
 
 
 def replay_modes(
-    table: dict, net: Network, collective: Network, modes: tuple[str, ...] = tuple(SIM_SHORT)
+    table: dict,
+    net: Network,
+    collective: Network,
+    modes: tuple[str, ...] = tuple(SIM_SHORT),
+    recorded: bool = False,
 ) -> dict[str, Replay]:
     """``modes`` simulated from one measured run's trace: ``net`` carries the
-    point-to-point publications, ``collective`` ddp's dense all-reduce."""
-    phases, _ = _phases_from_trace(table)
+    point-to-point publications, ``collective`` ddp's dense all-reduce; ``recorded``:
+    throughput-first reads around the delayed reads the run admitted (its own trace)."""
+    phases, _ = _phases_from_trace(table, recorded=recorded)
     row_bytes = _scaled_row_bytes(table)
     return {m: replay(phases, m, net, row_bytes=row_bytes, collective=collective) for m in modes}
 
@@ -207,16 +219,20 @@ def predict_round(tables: dict[str, dict], collective: Network) -> tuple[dict, d
     ``tables``: per mode the round's ``step_table`` (``barrier`` required). Calibration
     inputs only: the per-message delay is fitted on the barrier trace; ``collective`` (the
     all-reduce micro-benchmark's fit) prices ddp's all-reduce. Of the measured waits and
-    wall times, only the barrier run's enter (through the fitted delay). Returns (``cross_mode``: every mode simulated from the
-    barrier trace; ``trace_replay``: each mode from its own trace's compute, overhead and
-    phase starts, waits re-simulated; the calibrated network). Keys ``<a>_vs_<b>``
-    (throughput of a over b, = time of b over time of a).
+    wall times, only the barrier run's enter (through the fitted delay). Returns
+    (``cross_mode``: every mode simulated from the barrier trace, throughput-first by the
+    admission rule at E = 0; ``trace_replay``: each mode from its own trace's compute,
+    overhead and phase starts, waits re-simulated, throughput-first reading around the
+    delayed reads its run admitted where the trace holds them; the calibrated network).
+    Keys ``<a>_vs_<b>`` (throughput of a over b, = time of b over time of a).
     """
     net = calibrate_on_barrier(tables["barrier"])
     cross_sims = replay_modes(tables["barrier"], net, collective)
     cross = {m: s.total_time for m, s in cross_sims.items()}
     own = {
-        m: replay_modes(t, net, collective, (m,))[m].total_time if m != "barrier" else cross[m]
+        m: replay_modes(t, net, collective, (m,), recorded=True)[m].total_time
+        if m != "barrier"
+        else cross[m]
         for m, t in tables.items()
     }
     pairs = [(a, "barrier") for a in ("quality-first", "throughput-first", "ddp")]
@@ -273,6 +289,16 @@ def allreduce_calibration(
     return record, fits
 
 
+def _tf_replay_source(tf_tables: list[dict]) -> str:
+    """How ``trace_replay`` decided throughput-first's delayed reads for these rounds."""
+    if not tf_tables:
+        return "no throughput-first runs"
+    if all("admitted" in t for t in tf_tables):
+        counts = ", ".join(str(len(t["admitted"])) for t in tf_tables)
+        return f"the delayed reads each run admitted, recorded in its trace ({counts} per round)"
+    return "the admission rule at E = 0 (an upper bound: these traces do not record admissions)"
+
+
 def validate_case(case_dir: Path, collectives: dict[int, Network]) -> dict:
     """Predict an exported ``bench.sync`` case's throughput ratios from its traces.
 
@@ -312,6 +338,7 @@ def validate_case(case_dir: Path, collectives: dict[int, Network]) -> dict:
         "calibrated_delay_s": delays,
         "allreduce_network": vars(collective),
         "cost_model_r2": r2,
+        "tf_replay": _tf_replay_source(tables.get("throughput-first", [])),
         "errors_points": {},
         "errors_points_cross_mode": {},
     }
@@ -538,6 +565,27 @@ def run_scaling(scenes: dict, model: CostModel, jitter: Jitter, host: HostWork, 
     return rows_out
 
 
+def calibration_spread(barrier_rounds: list[dict], scene: tuple, host: HostWork, args) -> dict:
+    """The headline keys with the cost shape and jitter fitted on each barrier round of the
+    calibration case (the headline itself uses round 0): how much of a figure is the
+    calibration's noise. Per key, the list over rounds, its min and max."""
+    per_round = []
+    for table in barrier_rounds:
+        model, jitter = fit_trace(table)
+        rows = run_scaling({args.headline_scene: scene}, model, jitter, host, args)
+        per_round.append(headline(rows, args.headline_scene)[0])
+    return {
+        "source": "simulated: the headline keys re-calibrated on each barrier round of "
+        f"{args.traces[0]} (cost shape and jitter; the headline: round 0)",
+        "lognormal_sigma": [fit_trace(t)[1].lognormal_sigma for t in barrier_rounds],
+        "keys": {
+            k: {"rounds": [r[k] for r in per_round], "min": min(r[k] for r in per_round),
+                "max": max(r[k] for r in per_round)}
+            for k in per_round[0]
+        },
+    }  # fmt: skip
+
+
 def headline(scaling: list[dict], scene: str) -> tuple[dict, list[dict]]:
     """The issue's keys and one table (R = 8 and 64; every layout, mode and transport)."""
 
@@ -682,6 +730,7 @@ def main(argv: list[str] | None = None) -> dict:
     scenes = {n: scene_footprints(n, args, cases) for n in ("city", "drive", *cases)}
     scaling = run_scaling(scenes, model, jitter, host, args)
     keys, table = headline(scaling, args.headline_scene)
+    spread = calibration_spread(tables["barrier"], scenes[args.headline_scene], host, args)
     result = {
         "source": "validation: measured CPU runs vs simulated; sim_*: simulated",
         "inputs": {
@@ -697,6 +746,7 @@ def main(argv: list[str] | None = None) -> dict:
         "anchors": ANCHORS,
         "headline_scene": args.headline_scene,
         "headline_table": table,
+        "calibration_spread": spread,
         "dependency_share": {
             n: float(np.mean([r["dependency_share"] for r in scaling if r["scene_key"] == n]))
             for n in scenes

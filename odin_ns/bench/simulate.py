@@ -337,6 +337,8 @@ class Phase:
     overhead: np.ndarray
     num_rows: int
     phase_start_s: float = 0.0
+    # a measured throughput-first run's admitted reads (``trace_admissions``); None: the rule
+    admitted: set[tuple[int, int, int, int]] | None = None
     tf_need: tuple[np.ndarray, int] | None = None  # cached ``tf_needs`` result
 
 
@@ -391,14 +393,21 @@ def lagged_overlaps(plan: PlanLike, window: int) -> np.ndarray:
 
 
 def tf_needs(
-    plan: PlanLike, tau: float, window: int, evidence: float = 0.0
+    plan: PlanLike,
+    tau: float,
+    window: int,
+    evidence: float = 0.0,
+    recorded: set[tuple[int, int, int, int]] | None = None,
 ) -> tuple[np.ndarray, int]:
-    """Per (t, r, q) the newest publication of q that rank r must wait for under the
-    throughput-first rule (``odin_ns.runtime.admission.fallback_reason``) on the plan's real
-    overlaps, and how many delayed reads it admits.
+    """Per (t, r, q) the newest publication of q that rank r must wait for under
+    throughput-first on the plan's real overlaps, and how many delayed reads are admitted.
 
-    ``evidence`` stands for E (gradient evidence, not known from footprints): 0 admits every
-    read the overlap and staleness conditions allow (an upper bound on admissions).
+    Without ``recorded``, the admission rule decides (``odin_ns.runtime.admission.
+    fallback_reason``); ``evidence`` stands for E (gradient evidence, not known from
+    footprints): 0 admits every read the overlap and staleness conditions allow (an upper
+    bound on admissions). ``recorded``: the (t, r, q, s) delayed reads a measured run
+    admitted (local steps; ``trace_admissions``): exactly those are read around, so a
+    replay of that run's trace waits where the run waited.
     """
     from odin_ns.runtime.admission import fallback_reason
 
@@ -414,14 +423,35 @@ def tf_needs(
             overlap = int(ov[t, r, q, t - s])
             if overlap == 0:
                 continue
-            reason, _ = fallback_reason(
-                t, s, 0, overlap, int(read_rows[t, r]), lambda: evidence, tau, window
-            )
-            if reason is not None:
+            if recorded is not None:
+                admit = (int(t), int(r), int(q), s) in recorded
+            else:
+                reason, _ = fallback_reason(
+                    t, s, 0, overlap, int(read_rows[t, r]), lambda: evidence, tau, window
+                )
+                admit = reason is None
+            if not admit:
                 need[t, r, q] = s
                 break
             admitted += 1
     return need, admitted
+
+
+def trace_admissions(admitted: np.ndarray, steps: np.ndarray) -> set[tuple[int, int, int, int]]:
+    """A measured run's admitted delayed reads as ``tf_needs``'s ``recorded`` set.
+
+    Args:
+        admitted: [K, 4] int64 (global step, reading rank, peer, global step of the peer's
+            publication read around), from the run log (``bench.trace.step_table``).
+        steps: [T] int64 the global step of each local step of the replayed phase.
+    Reads whose step or publication is outside ``steps`` are left out.
+    """
+    local = {int(g): t for t, g in enumerate(steps)}
+    return {
+        (local[int(g)], int(r), int(q), local[int(s)])
+        for g, r, q, s in np.asarray(admitted, dtype=np.int64).reshape(-1, 4)
+        if int(g) in local and int(s) in local
+    }
 
 
 def replay(
@@ -448,8 +478,8 @@ def replay(
     made the validation predict ddp 7.5-13 points too fast);
     ``barrier``: every peer's step t - 1 publication
     arrived; ``quality-first``: the publications of ``dependency[t, r, q]`` arrived;
-    ``throughput-first``: those the admission rule does not let through (``tf_needs``).
-    A publication of q (step s) leaves when q's compute ends and reaches r after
+    ``throughput-first``: those the admission rule does not let through (``tf_needs``), or
+    the phase's recorded admissions (``Phase.admitted``) read around. A publication of q (step s) leaves when q's compute ends and reaches r after
     ``latency + max(q's egress bytes, r's ingress bytes) / bandwidth`` of that step, in
     FIFO order per peer pair (``message_seconds``: on a ``Topology``, each pair on its
     node's or the inter-node links, host-staged copies added). ``host_s``: the engine's
@@ -474,7 +504,7 @@ def replay(
         need = ph.plan.dependency
         if mode == "throughput-first":
             if ph.tf_need is None:
-                ph.tf_need = tf_needs(ph.plan, tau, window, evidence)
+                ph.tf_need = tf_needs(ph.plan, tau, window, evidence, ph.admitted)
             need, n_adm = ph.tf_need
             admitted += n_adm
         dense_bytes = ph.num_rows * PUBLICATION_ROW_BYTES

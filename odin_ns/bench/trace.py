@@ -160,14 +160,27 @@ def phase_of(phases: list[dict], step: int) -> dict:
     return phases[0]
 
 
+def run_admissions(summary: dict) -> np.ndarray:
+    """[K, 4] int64 every delayed read a throughput-first run admitted: (global step,
+    reading rank, peer, global step of the publication read around), from each rank's
+    ``admitted_reads`` in ``odin_run.json`` (K = 0 for the other modes)."""
+    rows = [
+        (a["step"], r, a["peer"], a["pub_step"])
+        for r, rank in enumerate(summary["ranks"])
+        for a in rank.get("admitted_reads", [])
+    ]
+    return np.array(rows, dtype=np.int64).reshape(-1, 4)
+
+
 def step_table(summary: dict, run_dir: Path | None = None, footprints: tuple | None = None) -> dict:
     """Per-step records of every rank as arrays, with the per-view fields filled in.
 
     Returns a dict of ``[T, R]`` arrays (``step, view, compute_s, wait_s, start, end,
     footprint_rows, visible_rows, pixels``), ``phases`` (rank 0's), ``num_rows`` per step,
-    ``footprints`` (when computed from the checkpoint) and ``sources`` (field -> where it
-    came from: "run log" or "checkpoint footprints"). ``footprints``: a precomputed
-    ``run_footprints`` result to reuse (runs with identical final Gaussians).
+    ``footprints`` (when computed from the checkpoint), ``admitted`` (``run_admissions``)
+    and ``sources`` (field -> where it came from: "run log" or "checkpoint footprints").
+    ``footprints``: a precomputed ``run_footprints`` result to reuse (runs with identical
+    final Gaussians).
     """
     ranks = summary["ranks"]
     R = len(ranks)
@@ -208,6 +221,7 @@ def step_table(summary: dict, run_dir: Path | None = None, footprints: tuple | N
             out["pixels"] = np.full((T, R), float(pixels))
             out["sources"]["pixels"] = "cameras of the saved config"
         out["footprints"] = F
+    out["admitted"] = run_admissions(summary)
     if "visible_rows" not in out and "footprint_rows" in out:
         out["visible_rows"] = out["footprint_rows"]
         out["sources"]["visible_rows"] = "footprint_rows (visible rows not in the run log)"

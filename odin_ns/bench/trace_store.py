@@ -10,7 +10,8 @@ case:
   median throughput ratios ``throughput_ratio_<a>_vs_<b>``) and, per mode, its traces;
 - ``<mode>-r<i>.npz``: round i's per-step table (``bench.trace.step_table``: ``[T, R]``
   arrays of step, view, compute, wait, start, end, footprint / visible rows, pixels) with
-  its phases;
+  its phases, and the delayed reads a throughput-first run admitted (``[K, 4]``), which the
+  validation replays;
 - ``footprints.npz``: the footprints ``[V, N]`` of the final Gaussians over the training
   cameras (every mode trains the same Gaussians bit for bit, or close: barrier's round 0).
 
@@ -41,6 +42,7 @@ TABLE_ARRAYS = (
     "visible_rows",
     "pixels",
     "num_rows",
+    "admitted",
 )
 
 
