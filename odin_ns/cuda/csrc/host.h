@@ -46,35 +46,29 @@ inline void check_shape_1d(const at::Tensor& t, int64_t n, const char* op, const
                     "], got ", t.sizes());
 }
 
-// (min, max) of a non-empty [M] int64 tensor: a plain loop on CPU (no torch op overhead),
-// one device->host copy on CUDA.
-inline std::pair<int64_t, int64_t> id_bounds(const at::Tensor& ids) {
-  if (ids.device().is_cpu()) {
-    const auto c = ids.contiguous();
-    const int64_t* p = c.data_ptr<int64_t>();
-    int64_t lo = p[0];
-    int64_t hi = p[0];
-    for (int64_t i = 1; i < c.numel(); ++i) {
-      lo = std::min(lo, p[i]);
-      hi = std::max(hi, p[i]);
-    }
-    return {lo, hi};
+// Whether an op's checks read the values of t (ids' range and order): always on the host;
+// on a device only with ODIN_NS_DEBUG_CHECKS=1, since the read waits for the stream (the
+// twin of reference.py's reads_values).
+inline bool reads_values(const at::Tensor& t) {
+  if (t.device().is_cpu()) {
+    return true;
   }
-  auto [lo_t, hi_t] = at::aminmax(ids);
-  const auto bounds = at::stack({lo_t, hi_t}).cpu();
-  return {bounds[0].item<int64_t>(), bounds[1].item<int64_t>()};
+  const char* debug = std::getenv("ODIN_NS_DEBUG_CHECKS");
+  return debug != nullptr && std::string(debug) == "1";
 }
 
-// ids: [M] int64, every value in [0, n).
+// ids: [M] int64, every value in [0, n) (the values checked where reads_values allows).
 inline void check_ids(const at::Tensor& ids, int64_t n, const char* op, const char* name) {
   TORCH_CHECK_VALUE(ids.dim() == 1, op, ": ", name, " must be 1-D, got shape ", ids.sizes());
   check_dtype(ids, at::kLong, op, name);
-  if (ids.numel() == 0) {
+  if (ids.numel() == 0 || !reads_values(ids)) {
     return;
   }
-  const auto [lo, hi] = id_bounds(ids);
-  TORCH_CHECK_VALUE(lo >= 0 && hi < n, op, ": ", name, " out of range: values span [", lo,
-                    ", ", hi, "] but must lie in [0, ", n, ")");
+  const auto c = ids.cpu().contiguous();
+  const int64_t* p = c.data_ptr<int64_t>();
+  const auto [lo, hi] = std::minmax_element(p, p + c.numel());
+  TORCH_CHECK_VALUE(*lo >= 0 && *hi < n, op, ": ", name, " out of range: values span [", *lo,
+                    ", ", *hi, "] but must lie in [0, ", n, ")");
 }
 
 // Validated, contiguous float32 views of footprint_cull's inputs.
@@ -208,8 +202,7 @@ inline std::vector<at::Tensor> check_scatter_inputs(at::TensorList columns, cons
   check_dtype(buffer, at::kFloat, op, "buffer");
   TORCH_CHECK_VALUE(buffer.device() == ids.device(), op, ": buffer is on ", buffer.device(),
                     " but ids is on ", ids.device());
-  const char* debug = std::getenv("ODIN_NS_DEBUG_CHECKS");
-  if (M == 0 || !(ids.device().is_cpu() || (debug != nullptr && std::string(debug) == "1"))) {
+  if (M == 0 || !reads_values(ids)) {
     return rows;
   }
   const auto [lo, hi, increasing] = host_id_stats(ids.cpu());
@@ -340,24 +333,10 @@ inline std::vector<int64_t> check_apply_inputs(
   if (U == 0) {
     return dims;
   }
-  // Range and strict increase together: one pass on CPU, one device->host copy on CUDA.
-  int64_t lo = 0;
-  int64_t hi = 0;
-  bool increasing = true;
-  if (ids.device().is_cpu()) {
-    const auto stats = host_id_stats(ids);
-    lo = stats.lo;
-    hi = stats.hi;
-    increasing = stats.increasing;
-  } else {
-    auto [lo_t, hi_t] = at::aminmax(ids);
-    auto inc_t = U > 1 ? (ids.slice(0, 1) > ids.slice(0, 0, U - 1)).all().to(at::kLong)
-                       : at::ones({}, ids.options());
-    const auto host = at::stack({lo_t, hi_t, inc_t}).cpu();
-    lo = host[0].item<int64_t>();
-    hi = host[1].item<int64_t>();
-    increasing = host[2].item<int64_t>() != 0;
+  if (!reads_values(ids)) {
+    return dims;
   }
+  const auto [lo, hi, increasing] = host_id_stats(ids.cpu());  // range and order, one pass
   TORCH_CHECK_VALUE(lo >= 0 && hi < N, op, ": ids out of range: values span [", lo, ", ", hi,
                     "] but must lie in [0, ", N, ")");
   TORCH_CHECK_VALUE(increasing, op,
