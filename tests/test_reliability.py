@@ -120,6 +120,26 @@ def test_busy_peer_is_waited_for_threads():
         run_threads(2, ToyRun(phases, config, stall_at={0: (3, 2.4)}))
 
 
+def test_sharded_timeout_names_the_peer_and_step():
+    """A sharded rank that waits on a silent peer ends with the peer and the step it waited
+    for (the engines' one wait loop, ``liveness.wait_until``). Rank 0 reads rank 1's row 4
+    at every step, so its read at step 1 needs rank 1's push of row 4 after step 0, which
+    needs rank 1's own gradient of step 0; rank 1 stalls before step 0."""
+    from harness.sharded_loopback import loopback_plan, stall_sharded_loopback
+    from harness.toy import LoopbackHub
+
+    plan = loopback_plan([[[0, 1, 4], [4, 5]] for _ in range(5)], 8)
+    owner = np.repeat([0, 1], 4).astype(np.int64)
+    errors = stall_sharded_loopback(
+        plan, owner, [LoopbackHub(2), LoopbackHub(2)], stalled=1, at_step=0, timeout_s=0.5
+    )
+    assert sorted(errors) == [0]
+    assert isinstance(errors[0], SyncTimeout)
+    assert str(errors[0]).startswith(
+        "rank 0: peer 1 (step 1): timed out after 0.5 s in before_step(1) waiting for owners'"
+    )
+
+
 @pytest.mark.slow
 def test_busy_peer_is_waited_for_gloo(tmp_path):
     """The same over gloo, the busy notices going through the process group's store."""

@@ -50,7 +50,7 @@ from odin_ns.runtime.errors import PeerFailure, SyncError, SyncTimeout
 from odin_ns.runtime.exchange import DenseExchange, SparseExchange
 from odin_ns.runtime.gates import make_gate
 from odin_ns.runtime.ledger import RunLedger, StepMetrics
-from odin_ns.runtime.liveness import Liveness, PeerSilence, StoreLiveness
+from odin_ns.runtime.liveness import Liveness, PeerSilence, StoreLiveness, wait_until
 from odin_ns.runtime.recorder import ReadRecord, ReadRecorder
 from odin_ns.runtime.transport import P2PTransport, Transport, has_credits
 from odin_ns.runtime.update_log import ApplyHook, UpdateLog
@@ -313,35 +313,30 @@ class PrimitiveSyncEngine:
 
     def _wait(
         self,
-        blocker: Callable[[], tuple[int, int | None] | None],
+        awaited: Callable[[], tuple[int, int | None] | None],
         start: float,
         what: str | Callable[[], str],
         poll_s: float | None = None,
     ) -> float:
-        """Receive and apply until ``blocker()`` is None; it names the (peer, step) awaited.
-        Times out when that peer has been silent for ``timeout_s`` since ``start``; returns
-        the seconds waited while the peer said it was busy."""
-        poll_s = self.config.beat_s if poll_s is None else poll_s
+        """Receive and apply until ``awaited()`` (the (peer, step) still missing) is None
+        (``liveness.wait_until``), timing out when that peer has been silent for
+        ``timeout_s`` since ``start``; returns the seconds waited while a peer said it was
+        busy."""
         begun = time.perf_counter()
-        while True:
-            self._poll()
-            self._apply()
-            waiting = blocker()
-            if waiting is None:
-                busy = self._silence.heard_since(begun)
-                return time.perf_counter() - begun if busy else 0.0
-            peer, step = waiting
-            remaining = self._silence.deadline(peer, start) - time.perf_counter()
-            if remaining <= 0:
-                text = what() if callable(what) else what
-                raise SyncTimeout(
-                    self._rank,
-                    peer,
-                    step,
-                    f"timed out after {self.config.timeout_s} s in {text}"
-                    + self._silence.describe(peer),
-                )
-            self._poll(min(remaining, poll_s))
+        wait_until(
+            awaited,
+            self._poll,
+            self._apply,
+            self._silence.deadline,
+            self._rank,
+            what,
+            self.config.timeout_s,
+            start,
+            self.config.beat_s if poll_s is None else poll_s,
+            self._silence.describe,
+        )
+        busy = self._silence.heard_since(begun)
+        return time.perf_counter() - begun if busy else 0.0
 
     def _arrived_up_to(self, need: Sequence[int]) -> Callable[[], tuple[int, int] | None]:
         done = self._exchange.recv_done

@@ -28,6 +28,8 @@ from typing import Protocol
 
 import torch.distributed as dist
 
+from odin_ns.runtime.errors import SyncTimeout
+
 
 class Liveness(Protocol):
     """What the engine needs to tell slow from dead (per rank)."""
@@ -94,6 +96,45 @@ class PeerSilence:
         silent = time.perf_counter() - self.heard[peer]
         reason = self.liveness.reason(peer) or "busy"
         return f"; its last busy notice ({reason}) came {silent:.1f} s ago"
+
+
+Awaited = tuple[int, int] | None  # (peer, global step) a wait still needs; None: done
+
+
+def wait_until(
+    awaited: Callable[[], Awaited],
+    receive: Callable[[float], object],
+    apply: Callable[[], object],
+    deadline: Callable[[int, float], float],
+    rank: int,
+    what: str | Callable[[], str],
+    timeout_s: float,
+    start: float,
+    poll_s: float,
+    describe: Callable[[int], str] = lambda peer: "",
+) -> None:
+    """The one wait loop of both engines: receive and apply until ``awaited()`` is None.
+
+    ``awaited`` names what is still missing, (peer, global step; peer -1: no one peer);
+    ``receive(timeout)`` takes in arrivals, waiting up to ``timeout`` seconds for one;
+    ``deadline(peer, start)`` is when a wait on ``peer`` begun at ``start`` times out (a
+    ``PeerSilence``'s, so busy peers' heartbeats extend it). Raises ``SyncTimeout`` naming the
+    peer and step, ``what`` (called if callable) and ``describe(peer)``.
+    """
+    while True:
+        receive(0.0)
+        apply()
+        missing = awaited()
+        if missing is None:
+            return
+        peer, step = missing
+        remaining = deadline(peer, start) - time.perf_counter()
+        if remaining <= 0:
+            text = what() if callable(what) else what
+            raise SyncTimeout(
+                rank, peer, step, f"timed out after {timeout_s} s in {text}" + describe(peer)
+            )
+        receive(min(remaining, poll_s))
 
 
 def switch_held_section(held, hold: bool, begin: Callable[[], AbstractContextManager]):

@@ -55,7 +55,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -66,7 +66,7 @@ from odin_ns.cuda import ops
 from odin_ns.runtime.config import ParamGroupState, SyncConfig
 from odin_ns.runtime.errors import SyncTimeout
 from odin_ns.runtime.ledger import RunLedger, StepMetrics
-from odin_ns.runtime.liveness import PeerSilence
+from odin_ns.runtime.liveness import Awaited, PeerSilence, wait_until
 from odin_ns.runtime.sharded_admission import PendingSource, ShardedAdmission
 from odin_ns.runtime.step_signal import StepSignal
 from odin_ns.runtime.transport import Transport, has_credits
@@ -147,6 +147,27 @@ class Push:
     peer: int  # reader (push out) or owner (push in)
     rows: np.ndarray  # local ids (owned rows out / cache rows in), global order
     prev: np.ndarray  # [len(rows)] local step of each row's last write before ``step``
+
+
+class VersionTest:
+    """Whether owned local ``rows`` have applied the global steps they ``need`` ([K] each),
+    asked again and again while a step or a push waits. A test that finds a row lacking
+    keeps it, and the next test reads that one row first: the others are looked at only
+    once it has its update (most tests are of rows still waiting)."""
+
+    def __init__(self, rows: np.ndarray, need: np.ndarray):
+        self.rows = rows
+        self.need = need
+        self._held = -1  # index of the row found lacking last time (-1: none)
+
+    def current(self, versions: np.ndarray) -> bool:
+        """``versions``: [O] the owned rows' last applied global step."""
+        i = self._held
+        if i >= 0 and versions[self.rows[i]] < self.need[i]:
+            return False
+        lacking = np.flatnonzero(versions[self.rows] < self.need)
+        self._held = int(lacking[0]) if lacking.size else -1
+        return lacking.size == 0
 
 
 class OwnedWrites:
@@ -327,7 +348,6 @@ class ShardedEngine:
         self.ledger = ledger if ledger is not None else RunLedger()
         self.ledger.phases += 1
         self.done = -1  # own steps finished (gradients filed)
-        self.push_got: dict[int, int] = {}  # step -> pushes received for it
         self.grad_posted = dict.fromkeys(self.inn, -1)  # per peer: steps posted up to
         self.push_posted = dict.fromkeys(self.inn, 0)  # per owner: pushes posted (count)
         self.push_sent = dict.fromkeys(self.out, 0)  # per reader: pushes sent (count)
@@ -354,13 +374,12 @@ class ShardedEngine:
         self._own_rows = [on_device(st.own_rows) for st in self.steps]
         self._push_rows_out = {q: [on_device(p.rows) for p in ps] for q, ps in self.out.items()}
         self._push_rows_in = {o: [on_device(p.rows) for p in ps] for o, ps in self.inn.items()}
-        # per outgoing push: (owned local rows that have an update before the read, the
-        # global step each must have applied): ``_current``'s test without re-masking
-        self._push_needs = {
-            q: [(p.rows[p.prev >= 0], self.offset + p.prev[p.prev >= 0]) for p in ps]
-            for q, ps in self.out.items()
+        # per outgoing push and per step's own reads: the owned rows that have an update
+        # before the read, with the global step each must have applied
+        self._push_tests = {
+            q: [self._version_test(p.rows, p.prev) for p in ps] for q, ps in self.out.items()
         }
-        self._push_held: dict[int, tuple[int, int, int]] = {}  # q -> (k, row, version) lacked
+        self._own_tests = [self._version_test(st.own_rows, st.own_prev) for st in self.steps]
         # per owner, [T]: how many of its pushes are read at local steps <= t
         self._posted_by = {}
         for o, ps in self.inn.items():
@@ -368,6 +387,12 @@ class ShardedEngine:
             for k, p in enumerate(ps):
                 upto[p.step] = k + 1
             self._posted_by[o] = np.maximum.accumulate(upto)
+
+    def _version_test(self, rows: np.ndarray, prev: np.ndarray) -> VersionTest:
+        """The test of owned local ``rows`` against their last planned update before a read
+        (``prev``: local steps, -1: none in the phase, so nothing is needed)."""
+        has = prev >= 0
+        return VersionTest(rows[has], self.offset + prev[has])
 
     # ------------------------------------------------------------ keys and posting
     def _key(self, kind: int, t: int) -> int:
@@ -428,7 +453,6 @@ class ShardedEngine:
         rows = self._push_rows_in[owner][k]
         buf = upload(buf, self.device)
         ops.scatter_rows(self._table, rows, buf)  # the table's cache rows (and evidence unread)
-        self.push_got[push.step] = self.push_got.get(push.step, 0) + 1
         if self.admission is not None:
             self.admission.observe_push(push.rows, push.step, buf[:, -1])
 
@@ -436,26 +460,6 @@ class ShardedEngine:
         """[K] bool: which owned local ``rows`` lack their update of local step ``prev``
         (-1: no update in the phase, so none is lacking)."""
         return (prev >= 0) & (self._versions[rows] < self.offset + prev)
-
-    def _current(self, rows: np.ndarray, prev: np.ndarray) -> bool:
-        """Whether owned local ``rows`` have their updates up to local steps ``prev``."""
-        return not self._lagging(rows, prev).any()
-
-    def _push_current(self, q: int, k: int) -> bool:
-        """Whether push k to reader q is current (``_current`` of its rows). A push found
-        lacking keeps the first row it lacked; the next test of that push reads that one
-        row first, and looks at the others only once it has its update (most tests are of
-        pushes still waiting)."""
-        held = self._push_held.get(q)
-        if held is not None and held[0] == k and self._versions[held[1]] < held[2]:
-            return False
-        rows, need = self._push_needs[q][k]
-        lacking = np.flatnonzero(self._versions[rows] < need)
-        if lacking.size == 0:
-            return True
-        i = lacking[0]
-        self._push_held[q] = (k, int(rows[i]), int(need[i]))
-        return False
 
     def lagging_owned_reads(self, t: int) -> tuple[np.ndarray, int | None]:
         """Local step t's owned reads whose last planned update before t is not applied yet
@@ -486,7 +490,7 @@ class ShardedEngine:
         (``_send_deferred``)."""
         for q, pushes in self.out.items():
             k = self.push_sent[q]
-            while k < len(pushes) and self._push_current(q, k):
+            while k < len(pushes) and self._push_tests[q][k].current(self._versions):
                 rows = self._push_rows_out[q][k]
                 buf = ops.pack_rows(rows, self._table)
                 if self.admission is not None:
@@ -527,19 +531,37 @@ class ShardedEngine:
             self.ledger.current.inflight_bytes_max, inflight
         )
 
-    def _wait(self, done, what: str, t: int) -> None:
-        """Receive and apply until ``done()``; times out after ``timeout_s`` in which no
-        peer was heard from (``silence``: busy peers' heartbeats extend the deadline)."""
-        start = time.perf_counter()
+    def _wait(self, awaited: Callable[[], Awaited], what: str) -> None:
+        """Receive and apply until ``awaited()`` (the (peer, global step) still missing) is
+        None (``liveness.wait_until``); times out after ``timeout_s`` in which no peer was
+        heard from (``silence``: busy peers' heartbeats extend the deadline: a sharded rank
+        often waits on a peer that waits on a third), naming what it waited for."""
         peers = [q for q in range(self.world) if q != self.rank]
-        while True:
-            self._poll()
-            self._apply_ready()
-            if done():
-                return
-            if time.perf_counter() > self._deadline(peers, start):
-                raise SyncTimeout(self.rank, -1, self.offset + t, f"timed out in {what}")
-            self._poll(0.002)
+        wait_until(
+            awaited,
+            self._poll,
+            self._apply_ready,
+            lambda peer, start: self._deadline(peers, start),
+            self.rank,
+            what,
+            self.timeout_s,
+            time.perf_counter(),
+            0.002,
+            self.silence.describe if self.silence is not None else lambda peer: "",
+        )
+
+    def _missing_before(self, t: int) -> Awaited:
+        """What local step t still needs before it reads (quality-first and barrier): the
+        oldest gradient its owned reads lack, a push of its cached reads, or (barrier)
+        every rank's step t - 1; None when nothing."""
+        if not self._own_tests[t].current(self._versions):
+            return self.log.first_missing(t)
+        for o in self.steps[t].push_in:
+            if self.push_recv[o] <= self._push_of[(o, t)]:
+                return o, self.offset + t
+        if not self._everyone_finished_before(t):
+            return -1, self.offset + t - 1
+        return None
 
     # ------------------------------------------------------------ step path
     def before_step(self, t: int) -> float:
@@ -552,17 +574,7 @@ class ShardedEngine:
         self._post(t)
         what = f"before_step({self.offset + t}) waiting for owners' rows"
         if self.admission is None:
-            st = self.steps[t]
-            expected = len(st.push_in)
-            self._wait(
-                lambda: (
-                    self._current(st.own_rows, st.own_prev)
-                    and self.push_got.get(t, 0) >= expected
-                    and self._everyone_finished_before(t)
-                ),
-                what,
-                t,
-            )
+            self._wait(lambda: self._missing_before(t), what)
         else:
             self._admit(t, what)
         cur.wait_s = time.perf_counter() - start - cur.apply_s
@@ -620,7 +632,17 @@ class ShardedEngine:
                 self.ledger.delayed_reads += delayed
                 return
             self.ledger.count([d for d in decisions if not d.admitted])
-            self._wait(lambda waits=waits: any(src.caught_up() for src in waits), what, t)
+            self._wait(lambda waits=waits: self._missing_source(t, waits), what)
+
+    def _missing_source(self, t: int, waits: list[PendingSource]) -> Awaited:
+        """None once one of the fallbacks' sources moved, else what the first one waits
+        for: its owner's push, or (owned rows) the oldest gradient they lack."""
+        if any(src.caught_up() for src in waits):
+            return None
+        src = waits[0]
+        if src.peer == self.rank:
+            return self.log.first_missing(t)
+        return src.peer, self.offset + src.pub_step
 
     @torch.no_grad()
     def after_backward(self, t: int, grads: Sequence[Tensor | None], visible: Tensor) -> None:
@@ -646,10 +668,11 @@ class ShardedEngine:
             if not self._has_credits(self.grads_tx, o, nbytes):
                 tic = time.perf_counter()
                 self._wait(
-                    lambda o=o, n=nbytes: self._has_credits(self.grads_tx, o, n),
+                    lambda o=o, n=nbytes: (
+                        None if self._has_credits(self.grads_tx, o, n) else (o, self.offset + t)
+                    ),
                     f"after_backward({self.offset + t}) waiting for credits to rank {o} "
                     f"(max_inflight_bytes {self.max_inflight_bytes})",
-                    t,
                 )
                 waited = time.perf_counter() - tic
                 self.ledger.current.credit_wait_s += waited
@@ -677,14 +700,28 @@ class ShardedEngine:
                 self.push_tx.post_recv(q, self._key(PUSH, k), self._tag(PUSH, k),
                                        pushes[k].rows.size, self.pwidth)  # fmt: skip
             self.push_posted[q] = len(pushes)
-        self._wait(lambda: self.log.oldest_unapplied(last + 1) is None, "drain", last)
+        self._wait(
+            lambda: (
+                None
+                if self.log.oldest_unapplied(last + 1) is None
+                else self.log.first_missing(last + 1)
+            ),
+            f"drain after step {self.offset + last}",
+        )
 
-        def sent() -> bool:
-            idle = self.grads_tx.oldest_unsent() is None and self.push_tx.oldest_unsent() is None
-            signalled = self.step_signal is None or self.step_signal.settled()
-            return idle and signalled and not any(self._deferred.values())
+        def unsent() -> Awaited:
+            for tx in (self.grads_tx, self.push_tx):
+                oldest = tx.oldest_unsent()  # (peer, message key)
+                if oldest is not None:
+                    return oldest[0], self.offset + last
+            for q, queue in self._deferred.items():
+                if queue:
+                    return q, self.offset + last
+            if self.step_signal is not None and not self.step_signal.settled():
+                return -1, self.offset + last
+            return None
 
-        self._wait(sent, "drain (sends)", last)
+        self._wait(unsent, f"drain after step {self.offset + last} (sends)")
         if self.versions is not self.log.versions:  # the caller's copy on the device
             self.versions.copy_(self.log.versions)
 

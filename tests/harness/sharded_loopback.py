@@ -42,6 +42,66 @@ class LoopbackRank:
     observed: list  # what ``observe(engine, t)`` returned after each before_step
 
 
+def _rank_engine(
+    plan: ListPlan,
+    owner: np.ndarray,
+    hubs: Sequence[LoopbackHub],
+    rank: int,
+    seed: int,
+    step_offset: int,
+    **engine_kwargs,
+) -> tuple[ShardedEngine, list[ParamGroupState]]:
+    """Rank ``rank``'s engine over its owned and cached rows of the toy model."""
+    n, world = owner.size, plan.views.shape[1]
+    full = toy_groups(n, seed=seed)
+    reads = phase_read_sets(plan, world)[rank]
+    layout = ShardLayout(owner, rank, reads[owner[reads] != rank])
+    o = layout.num_owned
+    groups = [
+        ParamGroupState(
+            g.name,
+            g.param[torch.from_numpy(layout.gids)].clone(),
+            torch.zeros_like(g.param[:o]),
+            torch.zeros_like(g.param[:o]),
+            lr_at=g.lr_at,
+            betas=g.betas,
+            eps=g.eps,
+        )
+        for g in full
+    ]
+    engine_kwargs.setdefault("timeout_s", 30.0)
+    engine = ShardedEngine(
+        groups,
+        layout,
+        plan,
+        rank,
+        world,
+        hubs[0].transport(rank),
+        hubs[1].transport(rank),
+        step_offset=step_offset,
+        versions=torch.from_numpy(
+            np.random.default_rng(seed).integers(-1, step_offset, n)[layout.owned]
+        ),
+        **engine_kwargs,
+    )
+    return engine, groups
+
+
+def _train_step(engine: ShardedEngine, groups: list[ParamGroupState], t: int) -> None:
+    """Backward of local step t: a quadratic pull of the rows read towards a per-(rank,
+    step) target, handed to ``after_backward``."""
+    rows = torch.from_numpy(engine.steps[t].reads)
+    gen = torch.Generator().manual_seed(100 * engine.rank + t)
+    grads = []
+    for g in groups:
+        grad = torch.zeros_like(g.param)
+        grad[rows] = g.param[rows] - torch.randn(rows.numel(), *g.param.shape[1:], generator=gen)
+        grads.append(grad)
+    visible = torch.zeros(engine.layout.num_local, dtype=torch.bool)
+    visible[rows] = True
+    engine.after_backward(t, grads, visible)
+
+
 def run_sharded_loopback(
     plan: ListPlan,
     owner: np.ndarray,  # [N] int64
@@ -61,59 +121,19 @@ def run_sharded_loopback(
     world = plan.views.shape[1]
 
     def rank_main(rank: int) -> None:
-        full = toy_groups(n, seed=seed)
-        reads = phase_read_sets(plan, world)[rank]
-        layout = ShardLayout(owner, rank, reads[owner[reads] != rank])
-        o = layout.num_owned
-        groups = [
-            ParamGroupState(
-                g.name,
-                g.param[torch.from_numpy(layout.gids)].clone(),
-                torch.zeros_like(g.param[:o]),
-                torch.zeros_like(g.param[:o]),
-                lr_at=g.lr_at,
-                betas=g.betas,
-                eps=g.eps,
-            )
-            for g in full
-        ]
-        engine = ShardedEngine(
-            groups,
-            layout,
-            plan,
-            rank,
-            world,
-            hubs[0].transport(rank),
-            hubs[1].transport(rank),
-            step_offset=step_offset,
-            versions=torch.from_numpy(
-                np.random.default_rng(seed).integers(-1, step_offset, n)[layout.owned]
-            ),
-            timeout_s=30.0,
-            **engine_kwargs,
-        )
+        engine, groups = _rank_engine(plan, owner, hubs, rank, seed, step_offset, **engine_kwargs)
         observed = []
         for t in range(plan.num_steps):
             engine.before_step(t)
             if observe is not None:
                 observed.append(observe(engine, t))
-            rows = torch.from_numpy(engine.steps[t].reads)
-            gen = torch.Generator().manual_seed(100 * rank + t)
-            grads = []
-            for g in groups:  # a quadratic pull of the rows read towards a per-step target
-                grad = torch.zeros_like(g.param)
-                grad[rows] = g.param[rows] - torch.randn(
-                    rows.numel(), *g.param.shape[1:], generator=gen
-                )
-                grads.append(grad)
-            visible = torch.zeros(layout.num_local, dtype=torch.bool)
-            visible[rows] = True
             if rank == 0:
                 time.sleep(slow_s)  # the slow rank: rank 1 runs ahead of it
-            engine.after_backward(t, grads, visible)
+            _train_step(engine, groups, t)
         engine.drain()
-        out[rank] = LoopbackRank(layout.owned, [g.param[:o].clone() for g in groups], engine,
-                                 observed)  # fmt: skip
+        o = engine.layout.num_owned
+        out[rank] = LoopbackRank(engine.layout.owned, [g.param[:o].clone() for g in groups],
+                                 engine, observed)  # fmt: skip
 
     threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
     for th in threads:
@@ -128,3 +148,36 @@ def run_sharded_loopback(
             whole[torch.from_numpy(rank.owned)] = rank.tables[gi]
         params.append(whole)
     return params, out
+
+
+def stall_sharded_loopback(
+    plan: ListPlan,
+    owner: np.ndarray,
+    hubs: Sequence[LoopbackHub],
+    stalled: int,
+    at_step: int,
+    timeout_s: float,
+) -> dict[int, BaseException]:
+    """Every rank trains ``plan`` except that rank ``stalled`` stops, alive and silent,
+    before local step ``at_step``; returns what each other rank raised."""
+    world = plan.views.shape[1]
+    errors: dict[int, BaseException] = {}
+
+    def rank_main(rank: int) -> None:
+        engine, groups = _rank_engine(plan, owner, hubs, rank, 0, 0, timeout_s=timeout_s)
+        try:
+            for t in range(plan.num_steps):
+                if rank == stalled and t == at_step:
+                    return
+                engine.before_step(t)
+                _train_step(engine, groups, t)
+            engine.drain()
+        except Exception as exc:  # what the run would end with
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout_s + 30)
+    return errors
