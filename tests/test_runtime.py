@@ -193,6 +193,37 @@ def test_step_kernels_equal_their_twins():
     assert torch.equal(last, last_want)
 
 
+def test_records_made_ahead_equal_records_made_when_asked():
+    """``UpdateLog.prepare`` makes the next step's record on another thread (the engine's,
+    beside an accelerator): the records, and the planned writes they advance, are those made
+    on the caller's thread; a prepare of any step but the next does nothing, and a record
+    asked for past a prepared one takes it first."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from odin_ns.runtime.update_log import UpdateLog
+
+    plan = ListPlan(random_footprints(300, 9, 3, seed=4))
+    versions = torch.full((300,), -1, dtype=torch.int64)
+    plain = UpdateLog(toy_groups(300), plan, 3, 10, versions.clone())
+    with ThreadPoolExecutor(1) as ahead:
+        log = UpdateLog(toy_groups(300), plan, 3, 10, versions.clone(), ahead=ahead)
+        log.prepare(0)
+        log.prepare(1)  # not the next record: nothing
+        log.record(0)
+        log.prepare(1)
+        log.record(3)  # takes step 1's, makes 2 and 3
+        log.prepare(5)  # not the next (4): nothing
+        for t in range(4, 9):
+            log.prepare(t)
+            log.record(t)
+    for t in range(9):
+        got, want = log.record(t), plain.record(t)
+        for a, b in ((got.ids, want.ids), (got.prev, want.prev), (got.expected, want.expected)):
+            assert torch.equal(a, b)
+        assert all(torch.equal(a, b) for a, b in zip(got.positions, want.positions, strict=True))
+    assert torch.equal(log._last_write, plain._last_write)
+
+
 # ------------------------------------------------- engine vs reference (in-process)
 def test_single_rank_matches_reference():
     phases = _two_phases(1, seed=5)

@@ -35,6 +35,7 @@ import contextlib
 import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -161,6 +162,13 @@ class PrimitiveSyncEngine:
         self._liveness = liveness
         self._silence = PeerSilence(liveness, world_size, self.config.beat_s, self.config.timeout_s)
         self._rendezvous = 0
+        # Beside an accelerator, the next step's record (its footprints' union) is made on
+        # this thread while the device runs the step; on CPU ranks the cores train instead.
+        self._ahead = (
+            None
+            if groups[0].param.device.type == "cpu"
+            else ThreadPoolExecutor(1, thread_name_prefix=f"odin-record-{rank}")
+        )
         self._bind(groups, plan, step_offset, None)
 
     # ----------------------------------------------------------------- binding
@@ -182,7 +190,13 @@ class PrimitiveSyncEngine:
             raise ValueError(f"versions must be [{n}] int64, got {tuple(versions.shape)}")
         self.versions = versions.to("cpu")  # [N] int64: last global step applied (host)
         self._log = UpdateLog(
-            self._groups, plan, self._world, self._offset, self.versions, hook=self._apply_hook
+            self._groups,
+            plan,
+            self._world,
+            self._offset,
+            self.versions,
+            hook=self._apply_hook,
+            ahead=self._ahead,
         )
         dependency = np.asarray(plan.dependency)
         self._gate = make_gate(
@@ -392,6 +406,8 @@ class PrimitiveSyncEngine:
             delayed = int(ops.validate_reads(reads, self.versions, base).numel())
             cur.delayed_rows = delayed
             self.ledger.delayed_reads += delayed
+        if t + 1 < self._num_steps:
+            self._log.prepare(t + 1)  # made while the step's forward and backward run
         oldest = self._log.oldest_unapplied(t)
         cur.max_version_lag = 0 if oldest is None else t - oldest
         cur.wait_s = time.perf_counter() - start - cur.apply_s
@@ -588,6 +604,8 @@ class PrimitiveSyncEngine:
             self._transport.close()
         if self._liveness is not None:
             self._liveness.close()
+        if self._ahead is not None:
+            self._ahead.shutdown()
 
     def __enter__(self) -> PrimitiveSyncEngine:
         return self

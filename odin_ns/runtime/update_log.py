@@ -27,6 +27,7 @@ nothing for the step.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -223,6 +224,8 @@ class UpdateLog:
             and which were applied ([U] bool), all on the parameters' device (no read of
             it): the sharded throughput-first evidence. None: no call.
         silent_when_empty: ``PendingStep``'s; True for the sharded engine.
+        ahead: where ``prepare`` makes a step's record before it is needed (the engine's
+            one-thread executor); None: every record is made when first asked for.
     """
 
     def __init__(
@@ -235,6 +238,7 @@ class UpdateLog:
         hook: ApplyHook | None = None,
         observe_sum: Callable[[Tensor, Tensor, Tensor], None] | None = None,
         silent_when_empty: bool = False,
+        ahead: Executor | None = None,
     ):
         self.groups = list(groups)
         self.hook = hook
@@ -251,6 +255,8 @@ class UpdateLog:
         self.pending: dict[int, PendingStep] = {}
         self.created = -1  # records exist (or existed) for local steps <= this
         self.dirty = False  # something arrived since the last apply_ready
+        self._ahead = ahead
+        self._making: tuple[int, Future] | None = None  # (local step, its record in the making)
 
     def record(self, t: int) -> PendingStep:
         """Record of local step t, creating the records of all steps <= t first.
@@ -259,32 +265,52 @@ class UpdateLog:
         later step can never overtake an earlier update of the same primitive that this
         replica has not heard of yet.
         """
-        step_union = getattr(self.plan, "step_union", None)  # the sharded engine's tables
         while self.created < t:
             s = self.created + 1
-            union = step_union(s) if step_union is not None else None
-            if union is not None:
-                fps = None  # PendingStep makes them from the union if asked
+            if self._making is not None:  # made ahead (``prepare``): take it
+                made, future = self._making
+                self._making = None
+                if made != s:
+                    raise RuntimeError(f"record of local step {made} made ahead of step {s}")
+                rec = future.result()
             else:
-                fps = [
-                    torch.as_tensor(np.asarray(self.plan.step_footprint(s, q)), dtype=torch.int64)
-                    for q in range(self.world_size)
-                ]
-            rec = PendingStep(  # advances self._last_write to this step on its rows
-                self.step_offset + s,
-                fps,
-                self._last_write,
-                self.device,
-                self.kernels,
-                self.silent_when_empty,
-                union,
-            )
+                rec = self._make(s)
             self.pending[s] = rec
             self.created = s
         rec = self.pending.get(t)
         if rec is None:
             raise RuntimeError(f"step {self.step_offset + t} already retired")
         return rec
+
+    def prepare(self, t: int) -> None:
+        """Start making local step t's record on the ``ahead`` executor when it is the next
+        record to make (its union of the step's footprints is the step's largest host cost:
+        made there, while this thread waits for the device or for peers, ``record(t)`` finds
+        it made). Nothing happens without ``ahead`` or when t is not the next record."""
+        if self._ahead is None or self._making is not None or t != self.created + 1:
+            return
+        self._making = (t, self._ahead.submit(self._make, t))
+
+    def _make(self, s: int) -> PendingStep:
+        """Local step s's record from the plan; advances ``_last_write`` to s on its rows
+        (one caller at a time: ``record`` takes a record made ahead before making the next)."""
+        step_union = getattr(self.plan, "step_union", None)  # the sharded engine's tables
+        union = step_union(s) if step_union is not None else None
+        fps = None  # with a union, PendingStep makes them from it if asked
+        if union is None:
+            fps = [
+                torch.as_tensor(np.asarray(self.plan.step_footprint(s, q)), dtype=torch.int64)
+                for q in range(self.world_size)
+            ]
+        return PendingStep(
+            self.step_offset + s,
+            fps,
+            self._last_write,
+            self.device,
+            self.kernels,
+            self.silent_when_empty,
+            union,
+        )
 
     def add(self, t: int, q: int, rows: Tensor) -> None:
         """Store rank q's [M_q, W] publication of local step t (device tensor)."""
