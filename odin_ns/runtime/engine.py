@@ -163,7 +163,7 @@ class PrimitiveSyncEngine:
         self._silence = PeerSilence(liveness, world_size, self.config.beat_s, self.config.timeout_s)
         self._rendezvous = 0
         # Beside an accelerator, the next step's record (its footprints' union) is made on
-        # this thread while the device runs the step; on CPU ranks the cores train instead.
+        # this helper thread while the device runs the step; on CPU ranks the cores train.
         self._ahead = (
             None
             if groups[0].param.device.type == "cpu"
