@@ -44,6 +44,7 @@ titles). Writes JSON and a PNG.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -568,19 +569,28 @@ def run_scaling(scenes: dict, model: CostModel, jitter: Jitter, host: HostWork, 
 def calibration_spread(barrier_rounds: list[dict], scene: tuple, host: HostWork, args) -> dict:
     """The headline keys with the cost shape and jitter fitted on each barrier round of the
     calibration case (the headline itself uses round 0): how much of a figure is the
-    calibration's noise. Per key, the list over rounds, its min and max."""
+    calibration's noise. Per key, the list over rounds, its min and max; and ``no_jitter``:
+    round 0's cost shape with no per-step jitter at all (every view takes what the cost
+    model says), the bracket's other end: what the views' own differences and the messages
+    give, without the CPU-fitted residuals a lockstep baseline pays the slowest of."""
     per_round = []
     for table in barrier_rounds:
         model, jitter = fit_trace(table)
         rows = run_scaling({args.headline_scene: scene}, model, jitter, host, args)
         per_round.append(headline(rows, args.headline_scene)[0])
+    model, jitter = fit_trace(barrier_rounds[0])
+    flat = dataclasses.replace(jitter, std=0.0, lognormal_sigma=0.0, ratios=[1.0])
+    no_jitter = headline(
+        run_scaling({args.headline_scene: scene}, model, flat, host, args), args.headline_scene
+    )[0]
     return {
         "source": "simulated: the headline keys re-calibrated on each barrier round of "
-        f"{args.traces[0]} (cost shape and jitter; the headline: round 0)",
+        f"{args.traces[0]} (cost shape and jitter; the headline: round 0), and with no "
+        "jitter (round 0's cost shape)",
         "lognormal_sigma": [fit_trace(t)[1].lognormal_sigma for t in barrier_rounds],
         "keys": {
             k: {"rounds": [r[k] for r in per_round], "min": min(r[k] for r in per_round),
-                "max": max(r[k] for r in per_round)}
+                "max": max(r[k] for r in per_round), "no_jitter": no_jitter[k]}
             for k in per_round[0]
         },
     }  # fmt: skip
