@@ -403,9 +403,7 @@ class PrimitiveSyncEngine:
 
             self._wait(blocker, start, f"apply_until_readable({step}) waiting for a read row")
         if allowed is not base:
-            delayed = int(ops.validate_reads(reads, self.versions, base).numel())
-            cur.delayed_rows = delayed
-            self.ledger.delayed_reads += delayed
+            self.ledger.read_delayed(int(ops.validate_reads(reads, self.versions, base).numel()))
         if t + 1 < self._num_steps:
             self._log.prepare(t + 1)  # made while the step's forward and backward run
         oldest = self._log.oldest_unapplied(t)
@@ -472,9 +470,8 @@ class PrimitiveSyncEngine:
             self._first_outside = torch.where((outside != 0) & (first < 0), int(step), first)
         self.ledger.current.bytes_sent += self._exchange.send(t, buf, wire, self._log)
         self._published = t
-        self.ledger.current.inflight_bytes_max = max(
-            self.ledger.current.inflight_bytes_max,
-            max((self._inflight(q)[0] for q in range(self._world) if q != self._rank), default=0),
+        self.ledger.in_flight(
+            max((self._inflight(q)[0] for q in range(self._world) if q != self._rank), default=0)
         )
 
     def _raise_outside(self, step: int) -> None:
@@ -518,9 +515,7 @@ class PrimitiveSyncEngine:
         try:
             self.ledger.current.busy_wait_s += self._wait(blocker, start, what)
         finally:  # counted also when it times out
-            waited = time.perf_counter() - start
-            self.ledger.current.credit_wait_s += waited
-            self.ledger.credit_s += waited
+            self.ledger.credit_waited(time.perf_counter() - start)
 
     def _column(self, group: ParamGroupState, grad: Tensor | None) -> Tensor:
         """[N, d_g] gradient block of one group (a cached zero block for None)."""

@@ -78,6 +78,20 @@ class RunLedger:
         self.steps.append(self.current)
         return self.current
 
+    def credit_waited(self, seconds: float) -> None:
+        """A send waited ``seconds`` for credits (in the step's record and the run's)."""
+        self.current.credit_wait_s += seconds
+        self.credit_s += seconds
+
+    def in_flight(self, nbytes: int) -> None:
+        """``nbytes`` are in flight to one peer on one stream after a send of this step."""
+        self.current.inflight_bytes_max = max(self.current.inflight_bytes_max, int(nbytes))
+
+    def read_delayed(self, rows: int) -> None:
+        """The step reads ``rows`` of its read set around pending updates (throughput-first)."""
+        self.current.delayed_rows = rows
+        self.delayed_reads += rows
+
     def count(self, decisions: Sequence[Decision]) -> None:
         """Admission decisions made for the current step (throughput-first)."""
         cur = self.current

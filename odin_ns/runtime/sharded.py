@@ -64,7 +64,6 @@ from torch import Tensor
 
 from odin_ns.cuda import ops
 from odin_ns.runtime.config import ParamGroupState, SyncConfig
-from odin_ns.runtime.errors import SyncTimeout
 from odin_ns.runtime.ledger import RunLedger, StepMetrics
 from odin_ns.runtime.liveness import Awaited, PeerSilence, wait_until
 from odin_ns.runtime.sharded_admission import PendingSource, ShardedAdmission
@@ -160,12 +159,17 @@ class VersionTest:
         self.need = need
         self._held = -1  # index of the row found lacking last time (-1: none)
 
+    def lacking(self, versions: np.ndarray) -> np.ndarray:
+        """[K] bool: the rows that lack their step (``versions``: [O] the owned rows' last
+        applied global step)."""
+        return versions[self.rows] < self.need
+
     def current(self, versions: np.ndarray) -> bool:
-        """``versions``: [O] the owned rows' last applied global step."""
+        """Whether no row lacks its step (``lacking``, read held row first)."""
         i = self._held
         if i >= 0 and versions[self.rows[i]] < self.need[i]:
             return False
-        lacking = np.flatnonzero(versions[self.rows] < self.need)
+        lacking = np.flatnonzero(self.lacking(versions))
         self._held = int(lacking[0]) if lacking.size else -1
         return lacking.size == 0
 
@@ -456,16 +460,11 @@ class ShardedEngine:
         if self.admission is not None:
             self.admission.observe_push(push.rows, push.step, buf[:, -1])
 
-    def _lagging(self, rows: np.ndarray, prev: np.ndarray) -> np.ndarray:
-        """[K] bool: which owned local ``rows`` lack their update of local step ``prev``
-        (-1: no update in the phase, so none is lacking)."""
-        return (prev >= 0) & (self._versions[rows] < self.offset + prev)
-
     def lagging_owned_reads(self, t: int) -> tuple[np.ndarray, int | None]:
         """Local step t's owned reads whose last planned update before t is not applied yet
         ([K] local ids), and the oldest local step of an update they lack (None: K = 0)."""
-        st = self.steps[t]
-        rows = st.own_rows[self._lagging(st.own_rows, st.own_prev)]
+        test = self._own_tests[t]
+        rows = test.rows[test.lacking(self._versions)]
         if rows.size == 0:
             return rows, None
         return rows, self.log.oldest_unapplied(t, torch.from_numpy(rows))
@@ -526,10 +525,7 @@ class ShardedEngine:
         return has_credits(tx.inflight_bytes(peer)[0], nbytes, self.max_inflight_bytes)
 
     def _note_inflight(self, tx: Transport, peer: int) -> None:
-        inflight, _ = tx.inflight_bytes(peer)
-        self.ledger.current.inflight_bytes_max = max(
-            self.ledger.current.inflight_bytes_max, inflight
-        )
+        self.ledger.in_flight(tx.inflight_bytes(peer)[0])
 
     def _wait(self, awaited: Callable[[], Awaited], what: str) -> None:
         """Receive and apply until ``awaited()`` (the (peer, global step) still missing) is
@@ -547,7 +543,7 @@ class ShardedEngine:
             self.timeout_s,
             time.perf_counter(),
             0.002,
-            self.silence.describe if self.silence is not None else lambda peer: "",
+            self._describe,
         )
 
     def _missing_before(self, t: int) -> Awaited:
@@ -598,13 +594,14 @@ class ShardedEngine:
         out = []
         rows, s = self.lagging_owned_reads(t)
         if rows.size:
-            prev = st.own_prev[np.searchsorted(st.own_rows, rows)]
+            own = self._own_tests[t]
+            lagging = VersionTest(rows, own.need[np.searchsorted(own.rows, rows)])
             out.append(
                 PendingSource(
                     self.rank,
                     rows,
                     s,
-                    lambda rows=rows, prev=prev: not self._lagging(rows, prev).all(),
+                    lambda lagging=lagging: not lagging.lacking(self._versions).all(),
                 )
             )
         for o, rows in st.push_in.items():
@@ -627,9 +624,7 @@ class ShardedEngine:
             waits = [src for src, d in zip(sources, decisions, strict=True) if not d.admitted]
             if not waits:
                 self.ledger.count(decisions)
-                delayed = sum(d.overlap_rows for d in decisions)  # rows that may lag
-                self.ledger.current.delayed_rows = delayed
-                self.ledger.delayed_reads += delayed
+                self.ledger.read_delayed(sum(d.overlap_rows for d in decisions))  # may lag
                 return
             self.ledger.count([d for d in decisions if not d.admitted])
             self._wait(lambda waits=waits: self._missing_source(t, waits), what)
@@ -674,9 +669,7 @@ class ShardedEngine:
                     f"after_backward({self.offset + t}) waiting for credits to rank {o} "
                     f"(max_inflight_bytes {self.max_inflight_bytes})",
                 )
-                waited = time.perf_counter() - tic
-                self.ledger.current.credit_wait_s += waited
-                self.ledger.credit_s += waited
+                self.ledger.credit_waited(time.perf_counter() - tic)
             self.grads_tx.send(o, self._key(GRAD, t), self._tag(GRAD, t), buf)
             self.ledger.current.bytes_sent += nbytes
             self._note_inflight(self.grads_tx, o)
@@ -733,14 +726,30 @@ class ShardedEngine:
         before any later update. Pushes sent since (packed after their owner's change) may
         be taken in too."""
         want = {o: sum(1 for p in pushes if p.ready <= t) for o, pushes in self.inn.items()}
-        start = time.perf_counter()
-        while any(self.push_recv[o] < n for o, n in want.items()):
-            self._take(self.push_tx, PUSH, 0.002)
-            owners = [o for o, n in want.items() if self.push_recv[o] < n]
-            if owners and time.perf_counter() > self._deadline(owners, start):
-                raise SyncTimeout(
-                    self.rank, owners[0], self.offset + t, "timed out taking in drained pushes"
-                )
+
+        def owners_missing() -> list[int]:
+            return [o for o, n in want.items() if self.push_recv[o] < n]
+
+        def awaited() -> Awaited:
+            owners = owners_missing()
+            return (owners[0], self.offset + t) if owners else None
+
+        wait_until(
+            awaited,
+            lambda timeout: self._take(self.push_tx, PUSH, timeout),
+            lambda: None,  # nothing applied (see the docstring)
+            lambda peer, start: self._deadline(owners_missing(), start),
+            self.rank,
+            f"taking in the pushes drained at step {self.offset + t}",
+            self.timeout_s,
+            time.perf_counter(),
+            0.002,
+            self._describe,
+        )
+
+    def _describe(self, peer: int) -> str:
+        """What a timeout adds about ``peer`` (its last busy notice, if any)."""
+        return "" if self.silence is None else self.silence.describe(peer)
 
     def _deadline(self, peers: list[int], start: float) -> float:
         """When a wait on ``peers`` that began at ``start`` times out (busy peers' beats
