@@ -573,12 +573,12 @@ def calibration_spread(barrier_rounds: list[dict], scene: tuple, host: HostWork,
     round 0's cost shape with no per-step jitter at all (every view takes what the cost
     model says), the bracket's other end: what the views' own differences and the messages
     give, without the CPU-fitted residuals a lockstep baseline pays the slowest of."""
+    fits = [fit_trace(table) for table in barrier_rounds]
     per_round = []
-    for table in barrier_rounds:
-        model, jitter = fit_trace(table)
+    for model, jitter in fits:
         rows = run_scaling({args.headline_scene: scene}, model, jitter, host, args)
         per_round.append(headline(rows, args.headline_scene)[0])
-    model, jitter = fit_trace(barrier_rounds[0])
+    model, jitter = fits[0]
     flat = dataclasses.replace(jitter, std=0.0, lognormal_sigma=0.0, ratios=[1.0])
     no_jitter = headline(
         run_scaling({args.headline_scene: scene}, model, flat, host, args), args.headline_scene
@@ -587,7 +587,7 @@ def calibration_spread(barrier_rounds: list[dict], scene: tuple, host: HostWork,
         "source": "simulated: the headline keys re-calibrated on each barrier round of "
         f"{args.traces[0]} (cost shape and jitter; the headline: round 0), and with no "
         "jitter (round 0's cost shape)",
-        "lognormal_sigma": [fit_trace(t)[1].lognormal_sigma for t in barrier_rounds],
+        "lognormal_sigma": [jitter.lognormal_sigma for _, jitter in fits],
         "keys": {
             k: {"rounds": [r[k] for r in per_round], "min": min(r[k] for r in per_round),
                 "max": max(r[k] for r in per_round), "no_jitter": no_jitter[k]}
