@@ -20,7 +20,8 @@ from harness.toy import spawn_ranks
 
 from odin_ns.distributed.sharded_eval import gather_eval_copy, select_copy_rows
 from odin_ns.model import GAUSSIAN_GROUPS
-from odin_ns.runtime.liveness import MemoryBoard, MemoryLiveness, PeerSilence, wait_for_rendezvous
+from odin_ns.runtime.errors import SyncTimeout
+from odin_ns.runtime.liveness import MemoryBoard, MemoryLiveness, PeerSilence, Rendezvous
 
 SHAPES = {"means": (3,), "scales": (3,), "quats": (4,), "features_dc": (3,),
           "features_rest": (15, 3), "opacities": (1,)}  # fmt: skip
@@ -104,13 +105,16 @@ def test_rendezvous_waits_for_a_busy_peer_and_times_out_on_a_silent_one(busy):
     peer.start()
     live = MemoryLiveness(board, 0, beat_s=0.05)
     silence = PeerSilence(live, 2, beat_s=0.05, timeout_s=0.3)  # the peer takes 0.8 s
-    live.arrive()
-    late = wait_for_rendezvous(live, silence, 0, 2, count=1)
-    peer.join()
-    live.close()
-    assert late == (None if busy else 1)
-    if not busy:
-        assert "busy notice" not in silence.describe(1)
+    meeting = Rendezvous(live, silence, 0, 2, timeout_s=0.3)
+    try:
+        if busy:
+            assert meeting.meet("a drain") >= 0.7
+        else:
+            with pytest.raises(SyncTimeout, match=r"peer 1 .*in a drain \(rendezvous 1\)$"):
+                meeting.meet("a drain")
+    finally:
+        peer.join()
+        live.close()
 
 
 def _session(copy):

@@ -60,12 +60,8 @@ from odin_ns.distributed.sharded_eval import (
 from odin_ns.errors import OdinInputError
 from odin_ns.model import GAUSSIAN_GROUPS
 from odin_ns.preflight import check_sharded_config
-from odin_ns.runtime import ParamGroupState, SyncTimeout
-from odin_ns.runtime.liveness import (
-    PeerSilence,
-    StoreLiveness,
-    wait_for_rendezvous,
-)
+from odin_ns.runtime import ParamGroupState
+from odin_ns.runtime.liveness import PeerSilence, Rendezvous, StoreLiveness
 from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, phase_read_sets
 from odin_ns.runtime.step_signal import StepSignal
 from odin_ns.schedule.ownership import (
@@ -167,7 +163,9 @@ class ShardedSession(SessionFlow):
         sync = config.sync
         self.liveness = StoreLiveness(self.rank, self.world_size, sync.beat_s)
         self.silence = PeerSilence(self.liveness, self.world_size, sync.beat_s, sync.timeout_s)
-        self._rendezvous = 0
+        self._meeting = Rendezvous(
+            self.liveness, self.silence, self.rank, self.world_size, sync.timeout_s
+        )
         # three gloo groups: gradients, pushes, phase-start collectives (cache fill, ...)
         self.group = dist.new_group(backend="gloo")
         grads_group = dist.new_group(backend="gloo")
@@ -593,19 +591,9 @@ class ShardedSession(SessionFlow):
             self.rendezvous("drain")
 
     def rendezvous(self, what: str) -> None:
-        """Wait until every rank has reached the same rendezvous, with the heartbeat-aware
-        deadline (a peer busy evaluating or writing a checkpoint is waited for)."""
-        self._rendezvous += 1
-        self.liveness.arrive()
-        late = wait_for_rendezvous(
-            self.liveness, self.silence, self.rank, self.world_size, self._rendezvous
-        )
-        if late is not None:
-            raise SyncTimeout(
-                self.rank, late, None,
-                f"timed out after {self.timeout_s} s in {what} (rendezvous {self._rendezvous})"
-                + self.silence.describe(late),
-            )  # fmt: skip
+        """Wait until every rank has reached the same rendezvous (``liveness.Rendezvous``:
+        a peer busy evaluating or writing a checkpoint is waited for)."""
+        self._meeting.meet(what)
 
     @torch.no_grad()
     def refresh_eval_copy(self, step: int) -> EvalCopy | None:

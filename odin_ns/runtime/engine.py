@@ -51,7 +51,7 @@ from odin_ns.runtime.errors import PeerFailure, SyncError, SyncTimeout
 from odin_ns.runtime.exchange import DenseExchange, SparseExchange
 from odin_ns.runtime.gates import make_gate
 from odin_ns.runtime.ledger import RunLedger, StepMetrics
-from odin_ns.runtime.liveness import Liveness, PeerSilence, StoreLiveness, wait_until
+from odin_ns.runtime.liveness import Liveness, PeerSilence, Rendezvous, StoreLiveness, wait_until
 from odin_ns.runtime.recorder import ReadRecord, ReadRecorder
 from odin_ns.runtime.transport import P2PTransport, Transport, has_credits
 from odin_ns.runtime.update_log import ApplyHook, UpdateLog
@@ -166,7 +166,7 @@ class PrimitiveSyncEngine:
         self._transport = transport
         self._liveness = liveness
         self._silence = PeerSilence(liveness, world_size, self.config.beat_s, self.config.timeout_s)
-        self._rendezvous = 0
+        self._meeting = Rendezvous(liveness, self._silence, rank, world_size, self.config.timeout_s)
         # Beside an accelerator, the next step's record (its footprints' union) is made on
         # this helper thread while the device runs the step; on CPU ranks the cores train.
         self._ahead = (
@@ -581,24 +581,14 @@ class PrimitiveSyncEngine:
     def rendezvous(self, what: str = "rendezvous") -> float:
         """Wait until every peer has called ``rendezvous`` as often as this rank (all ranks
         call it at the same points, e.g. before a gloo collective that follows work only
-        some ranks do), with the engine's heartbeat-aware deadline; returns seconds spent."""
-        live = self._liveness
-        if live is None or self._world == 1:
-            return 0.0
-        start = time.perf_counter()
-        self._rendezvous += 1
-        live.arrive()
-        n = self._rendezvous
+        some ranks do): ``liveness.Rendezvous``, receiving and applying meanwhile. Returns
+        seconds spent."""
+        begun = time.perf_counter()
         step = self._offset + self._published
-
-        def blocker():
-            for q in range(self._world):
-                if q != self._rank and (live.arrived(q) or 0) < n:
-                    return q, step
-            return None
-
-        self.ledger.busy_s += self._wait(blocker, start, f"{what} (rendezvous {n})", poll_s=0.005)
-        return time.perf_counter() - start
+        spent = self._meeting.meet(what, step, self._poll, self._apply)
+        if self._silence.heard_since(begun):  # a busy peer was waited for
+            self.ledger.busy_s += spent
+        return spent
 
     def close(self) -> None:
         """Stop the transport's background threads (call after a drain)."""

@@ -7,7 +7,7 @@ its deadline whenever the count moved: it times out only after ``timeout_s`` of 
 rank that hangs or is stopped (SIGSTOP stops its beat thread too) stays silent and times out
 as before. Only busy sections beat: a main thread stuck anywhere else is not kept alive.
 
-``rendezvous`` lets every rank wait, with the same heartbeat-aware deadline, until every
+``Rendezvous`` lets every rank wait, with the same heartbeat-aware deadline, until every
 peer has reached the same point, before a gloo collective that would otherwise wait under
 gloo's own timeout (``--distributed-timeout-s``) with no notion of "busy".
 
@@ -98,7 +98,7 @@ class PeerSilence:
         return f"; its last busy notice ({reason}) came {silent:.1f} s ago"
 
 
-Awaited = tuple[int, int] | None  # (peer, global step) a wait still needs; None: done
+Awaited = tuple[int, int | None] | None  # (peer, global step) a wait still needs; None: done
 
 
 def wait_until(
@@ -150,19 +150,71 @@ def switch_held_section(held, hold: bool, begin: Callable[[], AbstractContextMan
     return held
 
 
-def wait_for_rendezvous(
-    liveness: Liveness, silence: PeerSilence, rank: int, world_size: int, count: int
-) -> int | None:
-    """Block until every peer has called ``liveness.arrive()`` ``count`` times (this rank
-    has already arrived), with ``silence``'s heartbeat-aware deadline. Returns None, or the
-    first peer still missing when the deadline passed (the caller raises)."""
-    start = time.perf_counter()
-    for q in range(world_size):
-        while q != rank and (liveness.arrived(q) or 0) < count:
-            if time.perf_counter() > silence.deadline(q, start):
-                return q
-            time.sleep(0.005)
-    return None
+class Rendezvous:
+    """The one rendezvous of both layouts: every rank waits at the same points (before a
+    collective that follows work only some ranks do) until every peer has reached the
+    same one, with ``silence``'s heartbeat-aware deadline (``wait_until``), so a peer busy
+    evaluating or writing a checkpoint is waited for and a silent one times out.
+
+    Args:
+        liveness: the ranks' counters (None or world_size 1: ``meet`` returns at once).
+        silence: the deadlines (the caller's ``PeerSilence``, shared with its other waits).
+        rank, world_size: this rank and R.
+        timeout_s: the deadline's silence, for the timeout's message.
+    """
+
+    def __init__(
+        self,
+        liveness: Liveness | None,
+        silence: PeerSilence,
+        rank: int,
+        world_size: int,
+        timeout_s: float,
+    ):
+        self.liveness = liveness
+        self.silence = silence
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout_s = float(timeout_s)
+        self.count = 0  # rendezvous this rank has reached
+
+    def meet(
+        self,
+        what: str,
+        step: int | None = None,
+        receive: Callable[[float], object] = time.sleep,
+        apply: Callable[[], object] = lambda: None,
+    ) -> float:
+        """Arrive, then wait until every peer has arrived as often (``receive(timeout)`` and
+        ``apply()`` run meanwhile: an engine takes in what peers still send). Returns the
+        seconds spent; a timeout names the missing peer, ``step`` and ``what``."""
+        live = self.liveness
+        if live is None or self.world_size == 1:
+            return 0.0
+        start = time.perf_counter()
+        self.count += 1
+        live.arrive()
+        n = self.count
+
+        def missing() -> Awaited:
+            for q in range(self.world_size):
+                if q != self.rank and (live.arrived(q) or 0) < n:
+                    return q, step
+            return None
+
+        wait_until(
+            missing,
+            receive,
+            apply,
+            self.silence.deadline,
+            self.rank,
+            f"{what} (rendezvous {n})",
+            self.timeout_s,
+            start,
+            0.005,
+            self.silence.describe,
+        )
+        return time.perf_counter() - start
 
 
 class _Beater:
@@ -336,7 +388,8 @@ __all__ = [
     "MemoryBoard",
     "MemoryLiveness",
     "PeerSilence",
+    "Rendezvous",
     "StoreLiveness",
     "switch_held_section",
-    "wait_for_rendezvous",
+    "wait_until",
 ]
