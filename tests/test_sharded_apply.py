@@ -14,7 +14,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 from harness.sharded_loopback import loopback_plan, run_sharded_loopback
-from harness.toy import LoopbackHub, toy_groups
+from harness.toy import LoopbackHub, random_footprints, toy_groups
+
+from odin_ns.runtime.sharded import EVERY_RANK
 
 N, T = 64, 16
 OWNER = np.repeat([0, 1], N // 2).astype(np.int64)  # rank 0 owns 0..31, rank 1 owns 32..63
@@ -84,3 +86,29 @@ def test_a_step_applied_before_its_own_after_backward():
     engine.drain()
     assert engine.versions[:2].tolist() == [steps - 1] * 2  # rows 0, 1: rank 1's updates
     assert engine.versions[2:].tolist() == [-1, -1]  # rows 2, 3: nobody wrote them
+
+
+def test_every_rank_owning_every_row_is_replicated_training():
+    """Replicated training is the ownership map in which every rank owns every row
+    (``EVERY_RANK``): nothing is cached or pushed, every gradient row goes to every peer,
+    and every rank applies every update. On a plan with overlapping reads and a slow rank,
+    each rank's whole table equals the one-owner-per-row model, bitwise; so do rows owned
+    by every rank beside single-owner ones."""
+    n, ranks = 48, 3
+    plan = loopback_plan(random_footprints(n, 12, ranks, seed=5, size=20), n)
+    split = np.repeat(np.arange(ranks), n // ranks).astype(np.int64)
+    mixed = split.copy()
+    mixed[::4] = EVERY_RANK
+    want, _ = run_sharded_loopback(plan, split, [LoopbackHub(ranks), LoopbackHub(ranks)], 7, 0.01)
+    for owner in (np.full(n, EVERY_RANK, dtype=np.int64), mixed):
+        hubs = [LoopbackHub(ranks), LoopbackHub(ranks)]
+        got, out = run_sharded_loopback(plan, owner, hubs, seed=7, slow_s=0.01)
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+        if (owner == EVERY_RANK).all():
+            for rank in out.values():
+                engine = rank.engine
+                assert engine.layout.num_local == n  # every row owned, nothing cached
+                assert not any(engine.out.values()) and not any(engine.inn.values())  # no push
+                for table, whole in zip(rank.tables, want, strict=True):
+                    assert torch.equal(table, whole)

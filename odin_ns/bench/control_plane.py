@@ -60,6 +60,7 @@ import time
 import traceback
 import warnings
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -220,9 +221,11 @@ class RankUnderTest:
         max_rows = int(np.asarray(self.plan.message_rows).max())
         self.peers = InjectedPeers(max_rows, width, seed, device, late)
         config = SyncConfig(mode=mode, verify_plan=False, timeout_s=600.0)
+        tic = time.perf_counter()
         self.engine = PrimitiveSyncEngine(
             self.groups, self.plan, 0, ranks, config, transport=self.peers
         )
+        self.bind_s = time.perf_counter() - tic  # the engine's phase start
         gen = torch.Generator().manual_seed(seed + 1)
         self.grads = {
             g.name: (torch.randn(g.param.shape, generator=gen) * 1e-3).to(device)
@@ -247,8 +250,10 @@ class RankUnderTest:
 
 
 class ShardedRankUnderTest:
-    """Rank 0 of a sharded run: its owned rows (locality ownership) and this phase's cache;
-    readers' gradient rows and owners' pushes arrive from injected peers at once."""
+    """Rank 0 of a sharded run: its owned rows and this phase's cache; readers' gradient
+    rows and owners' pushes arrive from injected peers at once. ``every_rank_owns``: every
+    rank owns every row (``sharded.EVERY_RANK``), i.e. replicated training on the sharded
+    engine; else locality ownership."""
 
     def __init__(
         self,
@@ -260,14 +265,19 @@ class ShardedRankUnderTest:
         device="cpu",
         late: bool = False,
         plan=None,
+        every_rank_owns: bool = False,
     ):
-        from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, phase_read_sets
+        from odin_ns.runtime import sharded
+        from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, owned_by, phase_read_sets
         from odin_ns.schedule.ownership import assign_ownership
 
         self.plan = plan if plan is not None else odin_plan(F, ranks, steps, seed)
-        owner = assign_ownership(self.plan, "locality", seed)
+        if every_rank_owns:
+            owner = np.full(F.shape[1], sharded.EVERY_RANK, dtype=np.int64)
+        else:
+            owner = assign_ownership(self.plan, "locality", seed)
         reads = phase_read_sets(self.plan, ranks)[0]
-        self.layout = layout = ShardLayout(owner, 0, reads[owner[reads] != 0])
+        self.layout = layout = ShardLayout(owner, 0, reads[~owned_by(owner[reads], 0)])
         owned = layout.num_owned
         self.groups = [
             ParamGroupState(
@@ -284,10 +294,12 @@ class ShardedRankUnderTest:
         at = "cpu" if torch.device(device).type == "meta" else device
         versions = torch.full((owned,), -1, dtype=torch.int64, device=at)
         config = SyncConfig(mode=mode, verify_plan=False, timeout_s=600.0)
+        tic = time.perf_counter()
         self.engine = ShardedEngine(
             self.groups, layout, self.plan, 0, ranks, self.peers, pushes, step_offset=0,
             versions=versions, timeout_s=600.0, sync=config,
         )  # fmt: skip
+        self.bind_s = time.perf_counter() - tic  # the engine's phase start: its step tables
         gen = torch.Generator().manual_seed(seed + 1)
         self.grads = [
             (torch.randn(g.param.shape, generator=gen) * 1e-3).to(device) for g in self.groups
@@ -502,7 +514,11 @@ def measure(args) -> dict:
         "device": str(device),
         "source": f"measured on {device.type} (rank 0's engine, peers injected)",
     }
-    make = {"replicated": RankUnderTest, "sharded": ShardedRankUnderTest}
+    make = {
+        "replicated": RankUnderTest,
+        "sharded": ShardedRankUnderTest,
+        "owners": partial(ShardedRankUnderTest, every_rank_owns=True),
+    }
     tested = {}
     variant = {}  # key -> (R, layout)
     for r in ranks:
@@ -587,6 +603,8 @@ def measure(args) -> dict:
             result[f"cuda_syncs_per_step_{key}_max"] = max(counts)
             result[f"cuda_syncs_per_step_{key}_median"] = float(np.median(counts))
         result[f"host_ms_per_step_{key}_p90"] = float(np.percentile(rec["host"], 90))
+        plan_steps = int(np.asarray(tested[key].plan.views).shape[0])
+        result[f"bind_ms_per_plan_step_{key}"] = 1e3 * tested[key].bind_s / plan_steps
         result[f"ops_per_step_{key}"] = float(np.median(rec["ops"]))
         result[f"any_tensor_syncs_per_step_{key}_max"] = int(max(rec["syncs"]))
         result[f"any_tensor_syncs_per_step_{key}_median"] = float(np.median(rec["syncs"]))
@@ -658,7 +676,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rows", type=int, default=1_000_000, help="N Gaussians")
     parser.add_argument("--share", type=float, default=0.05, help="rows per view, at most")
     parser.add_argument("--ranks", default="8,64", help="R values, interleaved")
-    parser.add_argument("--layouts", default="replicated,sharded", help="interleaved too")
+    parser.add_argument(
+        "--layouts",
+        default="replicated,sharded",
+        help="interleaved too; owners: the replicated layout on the sharded engine (every "
+        "rank owns every row)",
+    )
     parser.add_argument("--steps", type=int, default=100, help="measured steady-state steps")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--profile-steps", type=int, default=5, help="cProfile'd steps")
@@ -669,6 +692,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cpu", help="the parameters' device (cpu, cuda)")
     parser.add_argument("--out", type=Path, default=Path("bench/control_plane.json"))
     args = parser.parse_args(argv)
+    unknown = set(args.layouts.split(",")) - {"replicated", "sharded", "owners"}
+    if unknown:
+        parser.error(f"--layouts: unknown {sorted(unknown)}; use replicated, sharded, owners")
     torch.set_num_threads(args.threads)
     result = measure(args)
     write_json(args.out, result)

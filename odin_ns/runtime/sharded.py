@@ -69,10 +69,17 @@ from odin_ns.runtime.liveness import Awaited, PeerSilence, wait_until
 from odin_ns.runtime.sharded_admission import PendingSource, ShardedAdmission
 from odin_ns.runtime.step_signal import StepSignal
 from odin_ns.runtime.transport import Transport, has_credits
-from odin_ns.runtime.update_log import UpdateLog
+from odin_ns.runtime.update_log import UpdateLog, step_record_reference
 from odin_ns.runtime.uploads import upload
 
 GRAD, PUSH = 0, 1
+EVERY_RANK = -1  # an ``owner`` entry: the row is replicated, every rank owns it
+
+
+def owned_by(owner: np.ndarray, rank: int) -> np.ndarray:
+    """[K] bool: whether ``rank`` owns each row of ``owner`` ([K] int64 owner entries: a
+    rank, or ``EVERY_RANK``)."""
+    return (owner == rank) | (owner == EVERY_RANK)
 
 
 @dataclass
@@ -80,7 +87,8 @@ class ShardLayout:
     """One rank's local table: owned rows, then cached rows (both sorted by global id).
 
     Args:
-        owner: [N] int64 owner rank of every global row (identical on every rank).
+        owner: [N] int64 owner of every global row (identical on every rank): a rank, or
+            ``EVERY_RANK`` for a row every rank owns (all of them: replicated training).
         rank: this rank.
         cache: [C] int64 sorted global ids of the non-owned rows this rank caches.
     """
@@ -90,15 +98,16 @@ class ShardLayout:
     cache: np.ndarray
     owned: np.ndarray = field(init=False)  # [O] int64 sorted global ids
     gids: np.ndarray = field(init=False)  # [L] int64 global id of each local row
-    _order: np.ndarray = field(init=False)  # [L] local ids sorted by global id
-    _sorted: np.ndarray = field(init=False)  # [L] gids[_order]
+    local_of: np.ndarray = field(init=False)  # [N] int64 local id of each global row, -1: none
 
     def __post_init__(self):
-        self.owned = np.flatnonzero(self.owner == self.rank).astype(np.int64)
+        self.owned = np.flatnonzero(owned_by(self.owner, self.rank)).astype(np.int64)
         self.cache = np.asarray(self.cache, dtype=np.int64)
+        if owned_by(self.owner[self.cache], self.rank).any():
+            raise ValueError(f"rank {self.rank}: the cache holds rows the rank owns")
         self.gids = np.concatenate([self.owned, self.cache])
-        self._order = np.argsort(self.gids, kind="stable")
-        self._sorted = self.gids[self._order]
+        self.local_of = np.full(self.owner.size, -1, dtype=np.int64)
+        self.local_of[self.gids] = np.arange(self.gids.size)
 
     @property
     def num_owned(self) -> int:
@@ -110,10 +119,10 @@ class ShardLayout:
 
     def local(self, gids: np.ndarray) -> np.ndarray:
         """[K] int64 local ids of global ids ``gids`` (each must be in the table)."""
-        pos = np.searchsorted(self._sorted, gids)
-        if gids.size and (pos.max() >= self._sorted.size or (self._sorted[pos] != gids).any()):
+        local = self.local_of[gids]
+        if local.size and local.min() < 0:
             raise KeyError(f"rank {self.rank}: global rows not in the local table")
-        return self._order[pos]
+        return local
 
 
 def phase_read_sets(plan, num_ranks: int) -> list[np.ndarray]:
@@ -205,52 +214,67 @@ def step_tables(plan, layout: ShardLayout, num_ranks: int):
     ``pushes_out[q]`` / ``pushes_in[o]``: lists sorted by (ready, step), the order the
     owner sends them in. A row read at t by r is pushed iff some rank wrote it in the phase
     before t (its previous write ``prev >= 0``); else the phase start's cache fill holds it.
+
+    Per step, the update log's host kernel ``step_record`` gives the union of every rank's
+    reads, each read's positions in it and each row's previous write; every table is a
+    gather from those (no search or sort of ids per step).
     """
-    me, owner = layout.rank, layout.owner
-    last = np.full(owner.size, -1, dtype=np.int64)  # last write (local step) per global row
+    me, owner, local_of = layout.rank, layout.owner, layout.local_of
+    record = ops.host_op("step_record") or step_record_reference
+    last = torch.full((owner.size,), -1, dtype=torch.int64)  # last write (local step) per row
     steps: list[Step] = []
     out: dict[int, list[Push]] = {q: [] for q in range(num_ranks) if q != me}
     inn: dict[int, list[Push]] = {q: [] for q in range(num_ranks) if q != me}
     for t in range(plan.num_steps):
-        reads = [np.asarray(plan.step_footprint(t, q), dtype=np.int64) for q in range(num_ranks)]
-        prevs = [last[r] for r in reads]
-        mine = reads[me]
-        own_of = owner[mine]
+        reads = [torch.from_numpy(np.asarray(plan.step_footprint(t, q), dtype=np.int64))
+                 for q in range(num_ranks)]  # fmt: skip
+        ids, _, positions, prev = record(reads, last, t)  # the union [U], sorted
+        ids, prev = ids.numpy(), prev.numpy()
+        at = [p.numpy() for p in positions]  # per rank, its reads' positions in the union
+        local = local_of[ids]  # [U] local ids (-1: a row this rank does not hold)
+        owner_u = owner[ids]  # [U]
+        owns = owned_by(owner_u, me)  # [U]
+        prevs = [prev[p] for p in at]
+        mine = at[me]
+        if mine.size and local[mine].min() < 0:
+            raise KeyError(f"rank {me}: step {t} reads rows outside the local table")
+        own_of = owner_u[mine]
+        # rows every rank owns: their gradients go to every peer, as one shared id list
+        every = own_of == EVERY_RANK
+        to_all = local[mine[every]]
         grad_out = {}
         push_in = {}
         for o in inn:
-            sel = own_of == o
+            alone = own_of == o
+            if alone.any():
+                grad_out[o] = local[mine[alone | every]]
+            elif to_all.size:
+                grad_out[o] = to_all
+            sel = alone & (prevs[me] >= 0)  # a row this rank does not own
             if sel.any():
-                grad_out[o] = layout.local(mine[sel])
-            sel &= prevs[me] >= 0
-            if sel.any():
-                rows = layout.local(mine[sel])
+                rows = local[mine[sel]]
                 push_in[o] = rows
                 inn[o].append(Push(int(prevs[me][sel].max()), t, o, rows, prevs[me][sel]))
-        owned_parts = [r[owner[r] == me] for r in reads]
-        union_g = np.unique(np.concatenate(owned_parts))
-        positions = {
-            q: np.searchsorted(union_g, part) for q, part in enumerate(owned_parts) if part.size
-        }
+        renumber = np.cumsum(owns) - 1  # union position -> position among the owned rows
+        parts = {q: p[owns[p]] for q, p in enumerate(at)}
         for q in out:
-            sel = (owner[reads[q]] == me) & (prevs[q] >= 0)
+            sel = (owner_u[at[q]] == me) & (prevs[q] >= 0)
             if sel.any():
-                prev = prevs[q][sel]
-                out[q].append(Push(int(prev.max()), t, q, layout.local(reads[q][sel]), prev))
-        mine_owned = own_of == me
+                prev_q = prevs[q][sel]
+                out[q].append(Push(int(prev_q.max()), t, q, local[at[q][sel]], prev_q))
+        mine_owned = owned_by(own_of, me)
         steps.append(
             Step(
-                reads=layout.local(mine),
-                reads_global=mine,
+                reads=local[mine],
+                reads_global=ids[mine],
                 grad_out=grad_out,
-                own_rows=layout.local(mine[mine_owned]),
-                union=layout.local(union_g),
-                positions=positions,
+                own_rows=local[mine[mine_owned]],
+                union=local[owns],
+                positions={q: renumber[p] for q, p in parts.items() if p.size},
                 own_prev=prevs[me][mine_owned],
                 push_in=push_in,
             )
         )
-        last[np.unique(np.concatenate(reads))] = t
     for lists in (out, inn):
         for q in lists:
             lists[q].sort(key=lambda p: (p.ready, p.step))
@@ -374,7 +398,10 @@ class ShardedEngine:
         self._table = [
             g.param.data.view(num_local, d) for g, d in zip(self.groups, self.dims, strict=True)
         ]
-        self._grad_rows = [{o: on_device(r) for o, r in st.grad_out.items()} for st in self.steps]
+        self._grad_rows = []  # per step, owner -> device ids (one tensor per shared id list)
+        for st in self.steps:
+            uploaded = {id(r): on_device(r) for r in st.grad_out.values()}
+            self._grad_rows.append({o: uploaded[id(r)] for o, r in st.grad_out.items()})
         self._own_rows = [on_device(st.own_rows) for st in self.steps]
         self._push_rows_out = {q: [on_device(p.rows) for p in ps] for q, ps in self.out.items()}
         self._push_rows_in = {o: [on_device(p.rows) for p in ps] for o, ps in self.inn.items()}
@@ -657,8 +684,11 @@ class ShardedEngine:
             )
         columns.append(visible.to(torch.float32).unsqueeze(1))
         st = self.steps[t]
+        packed: dict[int, Tensor] = {}  # one pack per id list (rows every rank owns: shared)
         for o, rows in self._grad_rows[t].items():
-            buf = ops.pack_rows(rows, columns)
+            buf = packed.get(id(rows))
+            if buf is None:
+                buf = packed[id(rows)] = ops.pack_rows(rows, columns)
             nbytes = buf.numel() * buf.element_size()
             if not self._has_credits(self.grads_tx, o, nbytes):
                 tic = time.perf_counter()
@@ -773,4 +803,13 @@ class ShardedEngine:
         return self.ledger.summary(self.config)
 
 
-__all__ = ["Push", "ShardLayout", "ShardedEngine", "Step", "phase_read_sets", "step_tables"]
+__all__ = [
+    "EVERY_RANK",
+    "Push",
+    "ShardLayout",
+    "ShardedEngine",
+    "Step",
+    "owned_by",
+    "phase_read_sets",
+    "step_tables",
+]
