@@ -24,9 +24,10 @@ def test_summary_is_medians_and_same_round_ratios(tmp_path, monkeypatch):
         key, i = name.split("_")
         calls.append(name)
         split = {k: 0.01 for k in phase_ab.SPLIT}
+        digest = {0: "same", 1: key, 2: None}[int(i)]  # equal, different, no checkpoint
         return {"phase_start_share": shares[key, int(i)], "phase_start_seconds": 0.5,
                 "views_per_second": 18.0 if key == "a" else 20.0, "phase_starts": 5,
-                **split}  # fmt: skip
+                "gaussians_sha256": digest, **split}  # fmt: skip
 
     monkeypatch.setattr(phase_ab, "run_once", fake_run)
     monkeypatch.setattr(phase_ab, "build_extension", lambda path, work: None)
@@ -43,7 +44,26 @@ def test_summary_is_medians_and_same_round_ratios(tmp_path, monkeypatch):
     assert result["share_ratio_b_vs_a"] == pytest.approx(ratios[1])
     assert result["share_ratio_b_vs_a_min"] == pytest.approx(ratios[0])
     assert result["views_ratio_b_vs_a"] == pytest.approx(20.0 / 18.0)
+    assert result["gaussians_equal_b_vs_a"] == [True, False, False]
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_gaussians_digest_is_of_the_last_checkpoints_gaussians(tmp_path):
+    import torch
+
+    def save(run: str, step: int, means: torch.Tensor) -> None:
+        folder = tmp_path / run / "bench" / "qf" / "nerfstudio_models"
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {"_model.gauss_params.means": means, "_model.other": torch.rand(2)}
+        torch.save({"pipeline": state}, folder / f"step-{step:09d}.ckpt")
+
+    save("a", 1, torch.zeros(3, 3))
+    save("a", 9, torch.ones(3, 3))  # the last checkpoint counts
+    save("b", 9, torch.ones(3, 3))
+    save("c", 9, torch.ones(3, 3).nextafter(torch.full((3, 3), 2.0)))  # one ulp apart
+    digest = phase_ab.gaussians_digest
+    assert digest(tmp_path / "a") == digest(tmp_path / "b") != digest(tmp_path / "c")
+    assert digest(tmp_path / "none") is None
 
 
 def test_a_checkout_that_is_not_odin_ns_is_refused(tmp_path):

@@ -13,12 +13,15 @@ then B when i is even, B then A when odd (ABBA ...), so the machine's drift land
 alike. Per version: the median phase-start share of the run (and min / max), its seconds,
 the median of each part of the split (``PhaseRecord``), views per second; the same-round
 ratios B / A of the share and of views per second (``views_ratio_b_vs_a``: a step-speed
-A/B of ``--mode``). Writes JSON and a PNG (share per run; median split per version).
+A/B of ``--mode``), and per round whether the two final models are bitwise equal
+(``gaussians_equal_b_vs_a``: a digest of each run's last checkpoint). Writes JSON and a
+PNG (share per run; median split per version).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -110,8 +113,25 @@ def run_once(checkout: Path, args: argparse.Namespace, name: str, extra: list[st
         "phase_start_seconds": float(mode["phase_start_seconds"]),
         "views_per_second": float(mode["views_per_second"]),
         "phase_starts": int(mode["phase_starts"]),
+        "gaussians_sha256": gaussians_digest(args.work / name),
         **{key: float(split.get(key, 0.0)) for key in SPLIT},
     }
+
+
+def gaussians_digest(run_dir: Path) -> str | None:
+    """sha256 of the Gaussians (``gauss_params.*``, key order) in the run's last checkpoint
+    under ``run_dir``, or None without one: equal digests are bitwise equal models."""
+    import torch  # only here: the launcher needs no torch otherwise
+
+    ckpts = sorted(run_dir.glob("**/nerfstudio_models/step-*.ckpt"))
+    if not ckpts:
+        return None
+    state = torch.load(ckpts[-1], map_location="cpu", weights_only=False)["pipeline"]
+    digest = hashlib.sha256()
+    for key in sorted(k for k in state if "gauss_params." in k):
+        digest.update(key.encode())
+        digest.update(state[key].contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def summarize(runs: list[dict], label: str) -> dict:
@@ -196,6 +216,10 @@ def main(argv: list[str] | None = None) -> None:
     ratios = [share[i, "b"] / share[i, "a"] for i in range(args.rounds)]
     speed = {(r["round"], r["version"]): r["views_per_second"] for r in runs}
     views_ratios = [speed[i, "b"] / speed[i, "a"] for i in range(args.rounds)]
+    digest = {(r["round"], r["version"]): r["gaussians_sha256"] for r in runs}
+    same = [
+        digest[i, "a"] is not None and digest[i, "a"] == digest[i, "b"] for i in range(args.rounds)
+    ]
     result = {
         "what": (
             f"phase-start cost of a {args.steps}-step {args.mode} run on {args.ranks} ranks, "
@@ -211,6 +235,7 @@ def main(argv: list[str] | None = None) -> None:
         "views_ratio_b_vs_a": float(np.median(views_ratios)),
         "views_ratio_b_vs_a_min": float(min(views_ratios)),
         "views_ratio_b_vs_a_max": float(max(views_ratios)),
+        "gaussians_equal_b_vs_a": same,  # per round: the final models bitwise equal
         "runs": runs,
         "extra_options": extra,
     }
@@ -221,7 +246,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{labels['b']} {100 * result['b']['phase_start_share']:.2f}% of the run (median; "
         f"same-round ratio {result['share_ratio_b_vs_a']:.3f}); views/s "
         f"{result['a']['views_per_second']:.2f} -> {result['b']['views_per_second']:.2f} "
-        f"(same-round ratio {result['views_ratio_b_vs_a']:.3f}); wrote {args.out}"
+        f"(same-round ratio {result['views_ratio_b_vs_a']:.3f}); final Gaussians equal in "
+        f"{sum(same)} of {args.rounds} rounds; wrote {args.out}"
     )
 
 
