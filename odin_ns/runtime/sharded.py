@@ -234,34 +234,44 @@ def step_tables(plan, layout: ShardLayout, num_ranks: int):
         local = local_of[ids]  # [U] local ids (-1: a row this rank does not hold)
         owner_u = owner[ids]  # [U]
         owns = owned_by(owner_u, me)  # [U]
-        prevs = [prev[p] for p in at]
         mine = at[me]
         if mine.size and local[mine].min() < 0:
             raise KeyError(f"rank {me}: step {t} reads rows outside the local table")
         own_of = owner_u[mine]
+        prev_me = prev[mine]
         # rows every rank owns: their gradients go to every peer, as one shared id list
         every = own_of == EVERY_RANK
         to_all = local[mine[every]]
         grad_out = {}
         push_in = {}
-        for o in inn:
-            alone = own_of == o
-            if alone.any():
-                grad_out[o] = local[mine[alone | every]]
-            elif to_all.size:
-                grad_out[o] = to_all
-            sel = alone & (prevs[me] >= 0)  # a row this rank does not own
-            if sel.any():
-                rows = local[mine[sel]]
-                push_in[o] = rows
-                inn[o].append(Push(int(prevs[me][sel].max()), t, o, rows, prevs[me][sel]))
-        renumber = np.cumsum(owns) - 1  # union position -> position among the owned rows
-        parts = {q: p[owns[p]] for q, p in enumerate(at)}
-        for q in out:
-            sel = (owner_u[at[q]] == me) & (prevs[q] >= 0)
-            if sel.any():
-                prev_q = prevs[q][sel]
-                out[q].append(Push(int(prev_q.max()), t, q, local[at[q][sel]], prev_q))
+        if every.all():  # (replicated training: every row) nothing to sort out per owner
+            grad_out = dict.fromkeys(inn, to_all) if to_all.size else {}
+        else:
+            for o in inn:
+                alone = own_of == o
+                if alone.any():
+                    grad_out[o] = local[mine[alone | every]]
+                elif to_all.size:
+                    grad_out[o] = to_all
+                sel = alone & (prev_me >= 0)  # a row this rank does not own
+                if sel.any():
+                    rows = local[mine[sel]]
+                    push_in[o] = rows
+                    inn[o].append(Push(int(prev_me[sel].max()), t, o, rows, prev_me[sel]))
+        if owns.all():  # every row of the step is this rank's: positions as recorded
+            positions = {q: p for q, p in enumerate(at) if p.size}
+        else:
+            renumber = np.cumsum(owns) - 1  # union position -> position among owned rows
+            parts = {q: p[owns[p]] for q, p in enumerate(at)}
+            positions = {q: renumber[p] for q, p in parts.items() if p.size}
+        only_mine = owner_u == me  # rows this rank alone owns: pushed to their readers
+        if only_mine.any():
+            for q in out:
+                sel = only_mine[at[q]] & (prev[at[q]] >= 0)
+                if sel.any():
+                    rows_q = at[q][sel]
+                    prev_q = prev[rows_q]
+                    out[q].append(Push(int(prev_q.max()), t, q, local[rows_q], prev_q))
         mine_owned = owned_by(own_of, me)
         steps.append(
             Step(
@@ -270,8 +280,8 @@ def step_tables(plan, layout: ShardLayout, num_ranks: int):
                 grad_out=grad_out,
                 own_rows=local[mine[mine_owned]],
                 union=local[owns],
-                positions={q: renumber[p] for q, p in parts.items() if p.size},
-                own_prev=prevs[me][mine_owned],
+                positions=positions,
+                own_prev=prev_me[mine_owned],
                 push_in=push_in,
             )
         )
