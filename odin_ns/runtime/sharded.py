@@ -141,6 +141,7 @@ class Step:
     own_rows: np.ndarray  # local ids (owned) of own reads, global order
     union: np.ndarray  # [U] sorted owned local ids anyone writes at this step
     positions: dict[int, np.ndarray]  # writer q -> [M_q] positions in union (global order)
+    writers: np.ndarray  # [U] int32 how many ranks write each union row
     own_prev: np.ndarray  # [len(own_rows)] last planned write before t of each own read
     push_in: dict[int, np.ndarray]  # owner -> local cache ids refreshed by its push
 
@@ -186,8 +187,8 @@ class VersionTest:
 class OwnedWrites:
     """The plan as an owner's ``UpdateLog`` reads it: at local step s, writer q's
     "footprint" is the owned local ids of the rows q reads (and writes) that this rank owns
-    ([M_q] sorted; the order of q's gradient message), from the step tables' union and
-    positions (``step_union``: nothing is searched again)."""
+    ([M_q] sorted; the order of q's gradient message), from the step tables' union,
+    positions and writer counts (``step_union``: nothing is searched or counted again)."""
 
     def __init__(self, steps: Sequence[Step], num_ranks: int):
         empty = torch.zeros(0, dtype=torch.int64)
@@ -199,12 +200,14 @@ class OwnedWrites:
                     torch.from_numpy(st.positions[q]) if q in st.positions else empty
                     for q in range(num_ranks)
                 ],
+                torch.from_numpy(st.writers),
             )
             for st in steps
         ]
 
-    def step_union(self, s: int) -> tuple[Tensor, list[Tensor]]:
-        """(owned local ids [U] written at local step s, per writer its positions in them)."""
+    def step_union(self, s: int) -> tuple[Tensor, list[Tensor], Tensor]:
+        """(owned local ids [U] written at local step s, per writer its positions in them,
+        [U] int32 writers per row)."""
         return self._unions[s]
 
 
@@ -228,8 +231,8 @@ def step_tables(plan, layout: ShardLayout, num_ranks: int):
     for t in range(plan.num_steps):
         reads = [torch.from_numpy(np.asarray(plan.step_footprint(t, q), dtype=np.int64))
                  for q in range(num_ranks)]  # fmt: skip
-        ids, _, positions, prev = record(reads, last, t)  # the union [U], sorted
-        ids, prev = ids.numpy(), prev.numpy()
+        ids, writers, positions, prev = record(reads, last, t)  # the union [U], sorted
+        ids, writers, prev = ids.numpy(), writers.numpy(), prev.numpy()
         at = [p.numpy() for p in positions]  # per rank, its reads' positions in the union
         local = local_of[ids]  # [U] local ids (-1: a row this rank does not hold)
         owner_u = owner[ids]  # [U]
@@ -261,6 +264,7 @@ def step_tables(plan, layout: ShardLayout, num_ranks: int):
         if owns.all():  # every row of the step is this rank's: positions as recorded
             positions = {q: p for q, p in enumerate(at) if p.size}
         else:
+            writers = writers[owns]
             renumber = np.cumsum(owns) - 1  # union position -> position among owned rows
             parts = {q: p[owns[p]] for q, p in enumerate(at)}
             positions = {q: renumber[p] for q, p in parts.items() if p.size}
@@ -281,6 +285,7 @@ def step_tables(plan, layout: ShardLayout, num_ranks: int):
                 own_rows=local[mine[mine_owned]],
                 union=local[owns],
                 positions=positions,
+                writers=writers,
                 own_prev=prev_me[mine_owned],
                 push_in=push_in,
             )

@@ -151,8 +151,8 @@ class PendingStep:
         silent_when_empty: a rank with an empty footprint sends nothing for the step (its
             part counts as received); False: every rank publishes every step.
         union: the caller's (ids [U] sorted unique, per rank the [M_q] positions of its
-            footprint in ids), when it has them already (the sharded engine's step tables):
-            then ``footprints`` is not searched again.
+            footprint in ids, [U] int32 writers per id), when it has them already (the
+            sharded engine's step tables): then ``footprints`` is not searched again.
     """
 
     def __init__(
@@ -163,7 +163,7 @@ class PendingStep:
         device,
         kernels: StepKernels,
         silent_when_empty: bool = False,
-        union: tuple[Tensor, list[Tensor]] | None = None,
+        union: tuple[Tensor, list[Tensor], Tensor] | None = None,
     ):
         self.step = step
         self._footprints = footprints  # per rank [M_q] int64 (host), or None: from union
@@ -171,8 +171,7 @@ class PendingStep:
         if union is None:
             ids, counts, positions, prev = kernels.record(footprints, last_write, step)
         else:
-            ids, positions = union
-            counts = torch.bincount(torch.cat(positions), minlength=ids.numel()).to(torch.int32)
+            ids, positions, counts = union
             prev = advance_last_write(last_write, ids, step)
         self.ids = ids  # [U] int64 (host)
         self.prev = prev  # [U] int64 planned previous write
