@@ -160,14 +160,14 @@ class Push:
 
 class VersionTest:
     """Whether owned local ``rows`` have applied the global steps they ``need`` ([K] each),
-    asked again and again while a step or a push waits. A test that finds a row lacking
-    keeps it, and the next test reads that one row first: the others are looked at only
-    once it has its update (most tests are of rows still waiting)."""
+    asked again and again while a step or a push waits. A row that has its step keeps it
+    (versions only grow), so a test reads on from the first row not yet seen current: that
+    row alone first (most tests are of rows still waiting), then the rows after it."""
 
     def __init__(self, rows: np.ndarray, need: np.ndarray):
         self.rows = rows
         self.need = need
-        self._held = -1  # index of the row found lacking last time (-1: none)
+        self._first = 0  # rows before it were seen current
 
     def lacking(self, versions: np.ndarray) -> np.ndarray:
         """[K] bool: the rows that lack their step (``versions``: [O] the owned rows' last
@@ -175,13 +175,17 @@ class VersionTest:
         return versions[self.rows] < self.need
 
     def current(self, versions: np.ndarray) -> bool:
-        """Whether no row lacks its step (``lacking``, read held row first)."""
-        i = self._held
-        if i >= 0 and versions[self.rows[i]] < self.need[i]:
+        """Whether no row lacks its step (read from the first row not yet seen current)."""
+        i, n = self._first, self.rows.size
+        if i < n and versions[self.rows[i]] < self.need[i]:
             return False
-        lacking = np.flatnonzero(self.lacking(versions))
-        self._held = int(lacking[0]) if lacking.size else -1
-        return lacking.size == 0
+        rest = versions[self.rows[i + 1 :]] < self.need[i + 1 :]
+        lacking = int(rest.argmax()) if rest.size else 0
+        if rest.size == 0 or not rest[lacking]:
+            self._first = n
+            return True
+        self._first = i + 1 + lacking
+        return False
 
 
 class OwnedWrites:
