@@ -26,7 +26,7 @@ import scipy.sparse as sp
 import torch
 from harness.runs import ns_eval_in_process, ns_export_splat_in_process, preflight_last_line
 
-from odin_ns.runtime.sharded import ShardLayout, phase_read_sets, step_tables
+from odin_ns.runtime.sharded import ShardLayout, cache_of, phase_read_sets, step_tables
 from odin_ns.schedule import build_plan
 from odin_ns.schedule.ownership import random_ownership
 
@@ -313,7 +313,7 @@ def test_step_tables_agree_pairwise(ranks):
     plan = _toy_plan(ranks)
     owner = random_ownership(plan.footprints.shape[1], ranks, seed=1)
     reads = phase_read_sets(plan, ranks)
-    layouts = [ShardLayout(owner, q, reads[q][owner[reads[q]] != q]) for q in range(ranks)]
+    layouts = [ShardLayout(owner, q, cache_of(owner, q, reads[q])) for q in range(ranks)]
     tables = [step_tables(plan, layouts[q], ranks) for q in range(ranks)]
     for o in range(ranks):
         for r in range(ranks):

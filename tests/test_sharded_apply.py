@@ -59,13 +59,13 @@ def test_a_step_applied_before_its_own_after_backward():
     after_backward(t) must go on (it asked for the retired step's record and failed)."""
     from odin_ns.bench.control_plane import InjectedPeers
     from odin_ns.runtime import ParamGroupState
-    from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, phase_read_sets
+    from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, cache_of, phase_read_sets
 
     owner = np.repeat([0, 1], 4).astype(np.int64)
     steps = 3
     plan = loopback_plan([[[4, 5], [0, 1]] for _ in range(steps)], 8)
     reads = phase_read_sets(plan, 2)[0]
-    layout = ShardLayout(owner, 0, reads[owner[reads] != 0])
+    layout = ShardLayout(owner, 0, cache_of(owner, 0, reads))
     groups = [
         ParamGroupState(
             g.name, g.param[torch.from_numpy(layout.gids)].clone(),

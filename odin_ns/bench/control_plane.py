@@ -267,17 +267,22 @@ class ShardedRankUnderTest:
         plan=None,
         every_rank_owns: bool = False,
     ):
-        from odin_ns.runtime import sharded
-        from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, owned_by, phase_read_sets
+        from odin_ns.runtime.sharded import (
+            EVERY_RANK,
+            ShardedEngine,
+            ShardLayout,
+            cache_of,
+            phase_read_sets,
+        )
         from odin_ns.schedule.ownership import assign_ownership
 
         self.plan = plan if plan is not None else odin_plan(F, ranks, steps, seed)
         if every_rank_owns:
-            owner = np.full(F.shape[1], sharded.EVERY_RANK, dtype=np.int64)
+            owner = np.full(F.shape[1], EVERY_RANK, dtype=np.int64)
         else:
             owner = assign_ownership(self.plan, "locality", seed)
         reads = phase_read_sets(self.plan, ranks)[0]
-        self.layout = layout = ShardLayout(owner, 0, reads[~owned_by(owner[reads], 0)])
+        self.layout = layout = ShardLayout(owner, 0, cache_of(owner, 0, reads))
         owned = layout.num_owned
         self.groups = [
             ParamGroupState(
@@ -318,6 +323,15 @@ class ShardedRankUnderTest:
         self.engine.before_step(self.step)
         self.engine.after_backward(self.step, self.grads, self.visible)
         self.step += 1
+
+
+# ``--layouts``: the rank each layout name measures (owners: the replicated layout on the
+# sharded engine, every rank owning every row)
+RANKS_UNDER_TEST = {
+    "replicated": RankUnderTest,
+    "sharded": ShardedRankUnderTest,
+    "owners": partial(ShardedRankUnderTest, every_rank_owns=True),
+}
 
 
 # --------------------------------------------------------------- instruments
@@ -514,11 +528,6 @@ def measure(args) -> dict:
         "device": str(device),
         "source": f"measured on {device.type} (rank 0's engine, peers injected)",
     }
-    make = {
-        "replicated": RankUnderTest,
-        "sharded": ShardedRankUnderTest,
-        "owners": partial(ShardedRankUnderTest, every_rank_owns=True),
-    }
     tested = {}
     variant = {}  # key -> (R, layout)
     for r in ranks:
@@ -526,13 +535,13 @@ def measure(args) -> dict:
             tic = time.perf_counter()
             key = f"r{r}_{layout}"
             variant[key] = (r, layout)
-            tested[key] = make[layout](F, r, total_steps, args.mode, args.seed, device)
+            tested[key] = RANKS_UNDER_TEST[layout](F, r, total_steps, args.mode, args.seed, device)
             print(f"{key}: plan and engine in {time.perf_counter() - tic:.0f} s")
     keys = list(tested)
     # The same rank with its data plane on a device without values: its step's wall time
     # is the host's (Python, integer operations, one dispatch per data operation).
     without_values = {
-        key: make[variant[key][1]](
+        key: RANKS_UNDER_TEST[variant[key][1]](
             F, variant[key][0], total_steps, args.mode, args.seed, "meta", plan=tested[key].plan
         )
         for key in keys
@@ -612,7 +621,14 @@ def measure(args) -> dict:
         for mode in ("quality-first", "throughput-first"):
             r, layout = variant[key]
             counts, double, _ = device_reads_per_step(
-                make[layout], F, r, mode, args.seed, args.warmup, args.steps, tested[key].plan
+                RANKS_UNDER_TEST[layout],
+                F,
+                r,
+                mode,
+                args.seed,
+                args.warmup,
+                args.steps,
+                tested[key].plan,
             )
             tag = f"{key}_{mode.split('-')[0]}"
             result[f"device_reads_per_step_{tag}_max"] = int(max(counts))
@@ -692,9 +708,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cpu", help="the parameters' device (cpu, cuda)")
     parser.add_argument("--out", type=Path, default=Path("bench/control_plane.json"))
     args = parser.parse_args(argv)
-    unknown = set(args.layouts.split(",")) - {"replicated", "sharded", "owners"}
+    unknown = set(args.layouts.split(",")) - set(RANKS_UNDER_TEST)
     if unknown:
-        parser.error(f"--layouts: unknown {sorted(unknown)}; use replicated, sharded, owners")
+        parser.error(f"--layouts: unknown {sorted(unknown)}; use {', '.join(RANKS_UNDER_TEST)}")
     torch.set_num_threads(args.threads)
     result = measure(args)
     write_json(args.out, result)

@@ -62,7 +62,7 @@ from odin_ns.model import GAUSSIAN_GROUPS
 from odin_ns.preflight import check_sharded_config
 from odin_ns.runtime import ParamGroupState
 from odin_ns.runtime.liveness import PeerSilence, Rendezvous, StoreLiveness
-from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, phase_read_sets
+from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, cache_of, phase_read_sets
 from odin_ns.runtime.step_signal import StepSignal
 from odin_ns.schedule.ownership import (
     assign_ownership,
@@ -372,7 +372,7 @@ class ShardedSession(SessionFlow):
     def _bind_table(self, plan, rows: OwnedRows, step: int) -> None:
         """New local table (owned rows + this phase's cache, filled by the owners)."""
         reads = phase_read_sets(plan, self.world_size)
-        caches = [r[self.owner[r] != q] for q, r in enumerate(reads)]
+        caches = [cache_of(self.owner, q, r) for q, r in enumerate(reads)]
         self._check_resident_rows(caches, step)
         layout = ShardLayout(self.owner, self.rank, caches[self.rank])
         fill = self._fill_cache(rows, layout.owned, caches)

@@ -82,6 +82,12 @@ def owned_by(owner: np.ndarray, rank: int) -> np.ndarray:
     return (owner == rank) | (owner == EVERY_RANK)
 
 
+def cache_of(owner: np.ndarray, rank: int, reads: np.ndarray) -> np.ndarray:
+    """The rows ``rank`` caches in a phase: those of its ``reads`` ([K] int64 global ids,
+    sorted) that it does not own (``owner``: [N] int64, as in ``ShardLayout``)."""
+    return reads[~owned_by(owner[reads], rank)]
+
+
 @dataclass
 class ShardLayout:
     """One rank's local table: owned rows, then cached rows (both sorted by global id).
@@ -242,8 +248,7 @@ def step_tables(plan, layout: ShardLayout, num_ranks: int):
         owner_u = owner[ids]  # [U]
         owns = owned_by(owner_u, me)  # [U]
         mine = at[me]
-        if mine.size and local[mine].min() < 0:
-            raise KeyError(f"rank {me}: step {t} reads rows outside the local table")
+        reads_local = layout.local(ids[mine])  # (raises if the table lacks a read row)
         own_of = owner_u[mine]
         prev_me = prev[mine]
         # rows every rank owns: their gradients go to every peer, as one shared id list
@@ -280,10 +285,10 @@ def step_tables(plan, layout: ShardLayout, num_ranks: int):
                     rows_q = at[q][sel]
                     prev_q = prev[rows_q]
                     out[q].append(Push(int(prev_q.max()), t, q, local[rows_q], prev_q))
-        mine_owned = owned_by(own_of, me)
+        mine_owned = owns[mine]
         steps.append(
             Step(
-                reads=local[mine],
+                reads=reads_local,
                 reads_global=ids[mine],
                 grad_out=grad_out,
                 own_rows=local[mine[mine_owned]],
@@ -828,6 +833,7 @@ __all__ = [
     "ShardLayout",
     "ShardedEngine",
     "Step",
+    "cache_of",
     "owned_by",
     "phase_read_sets",
     "step_tables",

@@ -19,7 +19,7 @@ import torch
 
 from harness.toy import ListPlan, LoopbackHub, toy_groups
 from odin_ns.runtime import ParamGroupState
-from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, owned_by, phase_read_sets
+from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, cache_of, phase_read_sets
 
 
 def loopback_plan(footprints: Sequence[Sequence[Sequence[int]]], num_rows: int) -> ListPlan:
@@ -55,7 +55,7 @@ def _rank_engine(
     n, world = owner.size, plan.views.shape[1]
     full = toy_groups(n, seed=seed)
     reads = phase_read_sets(plan, world)[rank]
-    layout = ShardLayout(owner, rank, reads[~owned_by(owner[reads], rank)])
+    layout = ShardLayout(owner, rank, cache_of(owner, rank, reads))
     o = layout.num_owned
     groups = [
         ParamGroupState(
