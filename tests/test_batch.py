@@ -266,7 +266,6 @@ def test_two_views_per_rank_quality_first_equals_barrier(runs):
     # densified at steps 12 and 18 (views 48, 72: refine every 24 views, pause 16 + 24 after
     # the step-0 reset)
     assert len({p["num_gaussians"] for p in ranks[0]["phases"]}) > 1
-    assert all(r["engine"]["visibility_violations"] == 0 for r in ranks)
 
 
 @pytest.mark.slow

@@ -41,7 +41,6 @@ def test_quality_first_equals_barrier(street_runs_2):
     summary = json.loads((street_runs_2["quality-first"] / "odin_run.json").read_text())
     ranks = summary["ranks"]
     assert ranks[0]["replica_hash"] == ranks[1]["replica_hash"]
-    assert all(r["engine"]["visibility_violations"] == 0 for r in ranks)
     # the run crossed at least one densification (the Gaussian count changed between phases)
     counts = {p["num_gaussians"] for p in ranks[0]["phases"]}
     assert len(counts) > 1, counts

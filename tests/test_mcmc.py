@@ -316,7 +316,6 @@ def test_quality_first_equals_barrier_across_relocations(sync_mode_runs):
 
     ranks = _summary(sync_mode_runs["quality-first"])["ranks"]
     assert len({r["replica_hash"] for r in ranks}) == 1
-    assert all(r["engine"]["visibility_violations"] == 0 for r in ranks)
     changes = ranks[0]["structural_changes"]
     assert all(r["structural_changes"] == changes for r in ranks)  # replicated decisions
     assert [c["step"] for c in changes] == REFINE_STEPS

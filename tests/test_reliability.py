@@ -343,7 +343,7 @@ def test_viewer_pause_is_a_busy_section():
 
     events: list[str] = []
 
-    class Engine:
+    class Liveness:
         @contextmanager
         def busy(self, reason):
             events.append(f"enter {reason}")
@@ -351,7 +351,7 @@ def test_viewer_pause_is_a_busy_section():
             events.append("exit")
 
     session = ReplicatedSession.__new__(ReplicatedSession)
-    session.engine, session._paused = Engine(), None
+    session.liveness, session._paused = Liveness(), None
     trainer = OdinTrainer.__new__(OdinTrainer)
     trainer.training_state = "training"  # before the session exists (Trainer.__init__)
     trainer.session = session

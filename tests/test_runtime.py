@@ -1,7 +1,8 @@
-"""Tests of the primitive-sync engine (odin_ns/runtime) against a synchronous single-process
-reference (in-process loopback with 1-3 ranks, 2-3 processes over gloo) in every mode, ddp
-included; no global barrier in quality-first; dead / stuck peers. Its inner loops
-(``odin_ns.cuda.ops``) are tested against their references in test_cuda_ext.py."""
+"""Tests of the primitive-sync engine (odin_ns/runtime) in the replicated layout (every rank
+owns every row) against a synchronous single-process reference (in-process loopback with
+1-3 ranks, 2-3 processes over gloo) in every mode, ddp included; no global barrier in
+quality-first; dead / stuck peers. Its inner loops (``odin_ns.cuda.ops``) are tested against
+their references in test_cuda_ext.py; the sharded layout in test_sharded*.py."""
 
 from __future__ import annotations
 
@@ -18,17 +19,19 @@ from harness import (
     ToyRun,
     random_footprints,
     reference_train,
+    replicated_engine,
     run_threads,
     run_toy_rank,
     spawn_ranks,
     toy_grads,
     toy_groups,
     toy_runs_worker,
+    train_step,
 )
 
 from odin_ns.cuda import ops
-from odin_ns.runtime import MODES, PrimitiveSyncEngine, SyncConfig
-from odin_ns.runtime.exchange import WireBuffers
+from odin_ns.runtime import MODES, SyncConfig
+from odin_ns.runtime.sharded import ShardedEngine, ShardLayout
 from odin_ns.runtime.update_log import (
     add_arrivals_reference,
     commit_rows_reference,
@@ -74,29 +77,27 @@ def test_list_plan_dependency_by_hand():
 
 def _engine(plan, groups=None, **cfg):
     groups = groups if groups is not None else toy_groups(300)
-    return PrimitiveSyncEngine(groups, plan, 0, 1, SyncConfig(**cfg))
+    return replicated_engine(groups, plan, 0, 1, SyncConfig(**cfg))
+
+
+def _backward(engine, groups, t: int, visible=None) -> None:
+    grads, vis = toy_grads(groups, t, engine.plan.step_footprint(t, engine.rank))
+    mask = vis if visible is None else visible
+    engine.after_backward(t, [grads[g.name] for g in groups], mask)
 
 
 def test_visible_rows_outside_the_footprint_are_rejected():
-    """Over a host transport at once (the wire copy has waited for the step anyway); with
-    no transport or a device-resident one, by the phase's drain, naming the step."""
+    """A step whose visible rows leave its read set is refused at its backward on the host
+    (on an accelerator the count stays on the device until the phase's drain)."""
     plan = ListPlan([[np.arange(10), np.arange(10)]] * 2)
     groups = toy_groups(300)
-    grads, visible = toy_grads(groups, 0, plan.step_footprint(0, 0))
+    _, visible = toy_grads(groups, 0, plan.step_footprint(0, 0))
     outside = visible.clone()
     outside[100] = True
-    eng = PrimitiveSyncEngine(
-        groups, plan, 0, 2, SyncConfig(), transport=LoopbackHub(2).transport(0)
-    )
-    eng.apply_until_readable(0)
-    with pytest.raises(ValueError, match=r"publish\(0\): visible rows outside the planned"):
-        eng.publish(0, grads, outside)
-    alone = _engine(ListPlan([[np.arange(10)]] * 2))
-    for t, mask in enumerate((visible, outside)):
-        alone.apply_until_readable(t)
-        alone.publish(t, grads, mask)  # recorded on the parameters' device, not read
-    with pytest.raises(ValueError, match=r"publish\(1\): visible rows outside the planned"):
-        alone.drain_and_apply_all()
+    eng = replicated_engine(groups, plan, 0, 2, transport=LoopbackHub(2).transport(0))
+    eng.before_step(0)
+    with pytest.raises(ValueError, match=r"step 0: visible rows outside the step's read set"):
+        _backward(eng, groups, 0, outside)
 
 
 def test_bad_input_is_rejected():
@@ -109,28 +110,31 @@ def test_bad_input_is_rejected():
         SyncConfig(mode="throughput-first", tau=float("nan"))
     with pytest.raises(ValueError, match="staleness_window"):
         SyncConfig(mode="throughput-first", staleness_window=-1)
-    with pytest.raises(ValueError, match="world_size"):
-        PrimitiveSyncEngine(toy_groups(300), plan, 0, 2, SyncConfig())
     groups = toy_groups(300)
     eng = _engine(plan, groups)
-    grads, visible = toy_grads(groups, 0, plan.step_footprint(0, 0))
-    with pytest.raises(ValueError, match="apply_until_readable"):
-        eng.publish(0, grads, visible)
-    with pytest.raises(ValueError, match="expected step 0"):
-        eng.apply_until_readable(1)
-    eng.apply_until_readable(0)
-    with pytest.raises(ValueError, match="keys"):
-        eng.publish(0, {"means": None}, visible)
-    with pytest.raises(ValueError, match="between apply_until_readable"):
-        eng.drain_and_apply_all()
-    eng.publish(0, grads, visible)
+    with pytest.raises(ValueError, match=r"before_step\(0\) must come first"):
+        _backward(eng, groups, 0)
+    with pytest.raises(ValueError, match="expected local step 0"):
+        eng.before_step(1)
+    eng.before_step(0)
+    with pytest.raises(ValueError):  # one gradient per group
+        eng.after_backward(0, [None], torch.zeros(300, dtype=torch.bool))
+    with pytest.raises(ValueError, match="bool mask"):
+        eng.after_backward(0, [None] * 3, torch.zeros(10, dtype=torch.bool))
+    with pytest.raises(ValueError, match="between before_step"):
+        eng.drain()
+    _backward(eng, groups, 0)
+    eng.before_step(1)
+    _backward(eng, groups, 1)
     with pytest.raises(ValueError, match="outside the bound plan"):
-        eng.apply_until_readable(5)
-    eng.apply_until_readable(1)
-    eng.publish(1, *toy_grads(groups, 1, plan.step_footprint(1, 0)))
-    eng.drain_and_apply_all()
-    with pytest.raises(ValueError, match="step_offset"):
-        eng.rebind(groups, plan, step_offset=1)
+        eng.before_step(2)
+    eng.drain()
+    owner = np.repeat([0, 1], 150)  # sharded: ddp is a replicated baseline
+    layout = ShardLayout(owner, 0, np.empty(0, dtype=np.int64))
+    two = ListPlan([[np.arange(10), np.arange(5, 20)]])
+    with pytest.raises(ValueError, match="every rank to own every row"):
+        ShardedEngine(groups, layout, two, 0, 2, None, None, 0, torch.full((150,), -1),
+                      sync=SyncConfig(mode="ddp"))  # fmt: skip
 
 
 def test_step_kernels_equal_their_twins():
@@ -193,47 +197,17 @@ def test_step_kernels_equal_their_twins():
     assert torch.equal(last, last_want)
 
 
-def test_records_made_ahead_equal_records_made_when_asked():
-    """``UpdateLog.prepare`` makes the next step's record on another thread (the engine's,
-    beside an accelerator): the records, and the planned writes they advance, are those made
-    on the caller's thread; a prepare of any step but the next does nothing, and a record
-    asked for past a prepared one takes it first."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from odin_ns.runtime.update_log import UpdateLog
-
-    plan = ListPlan(random_footprints(300, 9, 3, seed=4))
-    versions = torch.full((300,), -1, dtype=torch.int64)
-    plain = UpdateLog(toy_groups(300), plan, 3, 10, versions.clone())
-    with ThreadPoolExecutor(1) as ahead:
-        log = UpdateLog(toy_groups(300), plan, 3, 10, versions.clone(), ahead=ahead)
-        log.prepare(0)
-        log.prepare(1)  # not the next record: nothing
-        log.record(0)
-        log.prepare(1)
-        log.record(3)  # takes step 1's, makes 2 and 3
-        log.prepare(5)  # not the next (4): nothing
-        for t in range(4, 9):
-            log.prepare(t)
-            log.record(t)
-    for t in range(9):
-        got, want = log.record(t), plain.record(t)
-        for a, b in ((got.ids, want.ids), (got.prev, want.prev), (got.expected, want.expected)):
-            assert torch.equal(a, b)
-        assert all(torch.equal(a, b) for a, b in zip(got.positions, want.positions, strict=True))
-    assert torch.equal(log._last_write, plain._last_write)
-
-
 # ------------------------------------------------- engine vs reference (in-process)
 def test_single_rank_matches_reference():
     phases = _two_phases(1, seed=5)
     ref, ref_versions = reference_train(toy_groups(300), phases)
-    groups, engine, _ = run_toy_rank(0, 1, ToyRun(phases))
+    run = ToyRun(phases)
+    groups, engine, ledger, _ = run_toy_rank(0, 1, run)
     assert _same(groups, ref)
     assert torch.equal(engine.versions, ref_versions)
-    s = json.loads(json.dumps(engine.summary()))
-    assert s["steps"] == 18 and s["visibility_violations"] == 0 and s["drains"] == 2
-    steps = engine.step_metrics()
+    s = json.loads(json.dumps(ledger.summary(run.config)))
+    assert s["steps"] == 18 and s["drains"] == 2
+    steps = ledger.step_metrics()
     assert [m["step"] for m in steps] == list(range(12)) + list(range(15, 21))
     touched = sum(
         len(ph.plan.step_footprint(t, 0)) for ph in phases for t in range(ph.plan.views.shape[0])
@@ -243,52 +217,38 @@ def test_single_rank_matches_reference():
 
 
 @pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize(
-    "mode,recv_ahead", [("barrier", 0), ("quality-first", 0), ("quality-first", 3), ("ddp", 0)]
-)
-def test_threaded_ranks_match_reference(world, mode, recv_ahead):
+@pytest.mark.parametrize("mode", ["barrier", "quality-first", "ddp"])
+def test_threaded_ranks_match_reference(world, mode):
     """Ranks in threads over a loopback transport, random per-step delays: any
     interleaving must give the synchronous result bit for bit on every replica."""
     for seed in (11, 12):
         phases = _two_phases(world, seed=seed)
         ref, ref_versions = reference_train(toy_groups(300), phases)
-        cfg = SyncConfig(mode=mode, timeout_s=20, recv_ahead=recv_ahead)
+        cfg = SyncConfig(mode=mode, timeout_s=20)
         run = ToyRun(phases, cfg, jitter_s=0.002)
-        for groups, engine, _ in run_threads(world, run):
+        for groups, engine, _, _ in run_threads(world, run):
             assert _same(groups, ref)
             assert torch.equal(engine.versions, ref_versions)
-            assert engine.visibility_violations == 0
 
 
 def test_ddp_mode_is_dense_and_equals_barrier():
     """ddp all-reduces every row [N, W] every step: same parameters as barrier (and the
-    reference), N x W x 4 bytes per step, no visibility violations."""
+    reference), N x W x 4 bytes per step."""
     assert "ddp" in MODES and SyncConfig(mode="ddp").mode == "ddp"
     phases = _two_phases(2, seed=7)
     ref, ref_versions = reference_train(toy_groups(300), phases)
-    results = run_threads(2, ToyRun(phases, SyncConfig(mode="ddp", timeout_s=20)))
-    for groups, engine, _ in results:
+    run = ToyRun(phases, SyncConfig(mode="ddp", timeout_s=20))
+    for groups, engine, ledger, _ in run_threads(2, run):
         assert _same(groups, ref) and torch.equal(engine.versions, ref_versions)
-        s = engine.summary()
-        assert s["mode"] == "ddp" and s["visibility_violations"] == 0
+        s = ledger.summary(run.config)
+        assert s["mode"] == "ddp"
         width = 3 + 12 + 1 + 1
         assert s["bytes_sent"] == (12 * 300 + 6 * 340) * width * 4
-    single, engine, _ = run_toy_rank(0, 1, ToyRun(_two_phases(1, seed=5), SyncConfig(mode="ddp")))
+    single, engine, _, _ = run_toy_rank(
+        0, 1, ToyRun(_two_phases(1, seed=5), SyncConfig(mode="ddp"))
+    )
     ref1, ref1_versions = reference_train(toy_groups(300), _two_phases(1, seed=5))
     assert _same(single, ref1) and torch.equal(engine.versions, ref1_versions)
-
-
-def test_wire_buffers_ring_and_fallback():
-    wire = WireBuffers(max_rows=4, width=3, device="cpu", depth=2, force=True)
-    a = torch.arange(6.0).reshape(2, 3)
-    out0 = wire.host_copy(0, a, slot_free=True)
-    assert torch.equal(out0, a) and out0.data_ptr() == wire.slots[0].data_ptr()
-    out1 = wire.host_copy(1, a, slot_free=False)  # previous send of slot 1 still in flight
-    assert torch.equal(out1, a) and out1.data_ptr() != wire.slots[1].data_ptr()
-    big = torch.ones(5, 3)  # more rows than the plan said: a fresh buffer
-    assert torch.equal(wire.host_copy(2, big, slot_free=True), big)
-    plain = WireBuffers(max_rows=4, width=3, device="cpu")
-    assert plain.host_copy(0, a, slot_free=True) is a  # CPU replica: no copy
 
 
 def test_version_order_across_peers():
@@ -306,13 +266,11 @@ def test_version_order_across_peers():
     hub.hold(2, 0)
     groups = [toy_groups(20) for _ in range(3)]
     engines = [
-        PrimitiveSyncEngine(groups[r], plan, r, 3, transport=hub.transport(r)) for r in range(3)
+        replicated_engine(groups[r], plan, r, 3, transport=hub.transport(r)) for r in range(3)
     ]
 
     def step(r: int, t: int) -> None:
-        engines[r].apply_until_readable(t)
-        engines[r].publish(t, *toy_grads(groups[r], plan.views[t, r, 0], plan.step_footprint(t, r)))
-        engines[r].apply_arrived()
+        train_step(engines[r], groups[r], t)
 
     for r in (2, 1):
         for t in range(3):
@@ -321,46 +279,25 @@ def test_version_order_across_peers():
     step(0, 1)
     assert engines[0].versions[0] == -1  # step 1 of row 0 is complete but must wait
     hub.release(2, 0)
-    engines[0].apply_arrived()
+    engines[0].poll()
     assert engines[0].versions[0] == 1
     step(0, 2)
     for eng, grp in zip(engines, groups, strict=True):
-        eng.drain_and_apply_all()
+        eng.drain()
         assert _same(grp, ref)
         assert torch.equal(eng.versions, ref_versions)
 
 
-def test_wrong_dependency_table_is_detected_and_stays_exact():
-    """A plan whose dependency table misses writers: validation notices the pending update,
-    counts a violation, and waits for it anyway."""
+def test_the_plans_dependency_table_is_not_read():
+    """The engine waits for what the footprints say (``step_tables``): a plan whose
+    dependency table misses every writer trains exactly."""
     fps = [[np.arange(0, 200), np.arange(100, 300)] for _ in range(8)]
     honest = ListPlan(fps)
     broken = ListPlan(fps, dependency=np.full_like(honest.dependency, -1))
     ref, _ = reference_train(toy_groups(300), [Phase(honest, 0)])
     run = ToyRun([Phase(broken, 0)], SyncConfig(timeout_s=20), sleep_s={1: 0.02})
-    results = run_threads(2, run)
-    for groups, _, _ in results:
+    for groups, _, _, _ in run_threads(2, run):
         assert _same(groups, ref)
-    assert results[0].engine.visibility_violations > 0
-
-
-def test_rebind_requires_drain():
-    plan = ListPlan([[np.arange(10), np.arange(5, 15)]] * 3)
-    hub = LoopbackHub(2)
-    groups = [toy_groups(300) for _ in range(2)]
-    engines = [
-        PrimitiveSyncEngine(groups[r], plan, r, 2, transport=hub.transport(r)) for r in range(2)
-    ]
-    for r, eng in enumerate(engines):
-        eng.apply_until_readable(0)
-        eng.publish(0, *toy_grads(groups[r], r, plan.step_footprint(0, r)))
-    with pytest.raises(RuntimeError, match="drain"):
-        engines[0].rebind(groups[0], plan, step_offset=3)
-    for eng in engines:
-        eng.drain_and_apply_all()
-    assert torch.equal(engines[0].versions, engines[1].versions)
-    assert _same(groups[0], groups[1])
-    engines[0].rebind(groups[0], plan, step_offset=3)
 
 
 # ------------------------------------------------------ 2 processes over gloo
@@ -391,7 +328,6 @@ def test_gloo_exact_and_no_global_barrier(tmp_path):
                 assert torch.equal(res["params"][g.name], g.param), (r, i, g.name)
                 assert torch.equal(res["exp_avg"][g.name], g.exp_avg), (r, i, g.name)
             assert torch.equal(res["versions"], ref_versions)
-            assert res["summary"]["visibility_violations"] == 0
             assert res["summary"]["bytes_sent"] > 0 and res["summary"]["bytes_recv"] > 0
     for i in (2, 3):
         assert torch.equal(results[0][i]["versions"], results[1][i]["versions"])
@@ -453,12 +389,17 @@ def test_gloo_stuck_peer_times_out(tmp_path):
 def test_ddp_publishes_only_the_footprint_rows():
     """A gradient on a row the rank did not draw (MCMC's regularisers reach every row) is
     not part of its dense publication, so ddp sums what barrier sums."""
-    from odin_ns.runtime.exchange import DenseExchange
-
-    ex = DenseExchange(None, 0, 2, width=4, num_rows=6, step_offset=0, device="cpu")
-    grads = [torch.arange(18.0).reshape(6, 3) + 1.0, torch.ones(6, 1)]
-    reads = torch.tensor([1, 4])
-    buf, _ = ex.pack(0, reads, grads)
-    assert buf.shape == (6, 4)
-    assert torch.equal(buf[reads], torch.cat(grads, 1)[reads])
-    assert not buf[torch.tensor([0, 2, 3, 5])].any()
+    plan = ListPlan([[np.array([1, 4])]])
+    groups = toy_groups(6)
+    before = [g.param.clone() for g in groups]
+    eng = replicated_engine(groups, plan, 0, 1, SyncConfig(mode="ddp"))
+    eng.before_step(0)
+    grads = [torch.ones_like(g.param) for g in groups]  # every row has a gradient
+    visible = torch.zeros(6, dtype=torch.bool)
+    visible[[1, 4]] = True
+    eng.after_backward(0, grads, visible)
+    eng.drain()
+    others = torch.tensor([0, 2, 3, 5])
+    for g, p in zip(groups, before, strict=True):
+        assert torch.equal(g.param[others], p[others]) and not g.exp_avg[others].any()
+        assert not torch.equal(g.param[[1, 4]], p[[1, 4]])

@@ -11,12 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from odin_ns.bench.control_plane import (
-    RankUnderTest,
-    ShardedRankUnderTest,
-    city_footprints,
-    device_reads_per_step,
-)
+from odin_ns.bench.control_plane import RANKS_UNDER_TEST, city_footprints, device_reads_per_step
 from odin_ns.bench.device_reads import DeviceReads
 from odin_ns.cuda import ops
 
@@ -36,7 +31,7 @@ def footprints():
 @pytest.mark.parametrize("layout", ["replicated", "sharded"])
 @pytest.mark.parametrize("mode", ["quality-first", "throughput-first"])
 def test_sync_count_of_a_steady_state_step(footprints, layout, mode):
-    make = RankUnderTest if layout == "replicated" else ShardedRankUnderTest
+    make = RANKS_UNDER_TEST[layout]
     counts, double, rank = device_reads_per_step(make, footprints, RANKS, mode, 0, WARMUP, STEPS)
     where = "; ".join(f"{n} x {op} at {line}" for (op, line), n in double.reads.most_common())
     assert max(counts) <= MAX_READS_PER_STEP, f"reads per step {counts}: {where}"

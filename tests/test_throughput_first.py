@@ -1,14 +1,17 @@
-"""Tests of throughput-first admission (odin_ns/runtime/admission.py and the engine's
-throughput-first mode): the rule on crafted cases (one per fallback reason and an admitted
-one), bounded staleness measured from read records (not from the engine's counters), no
-delayed read across a phase boundary, tau = 0 equals quality-first bit for bit, and after
-a drain every replica equals a single-process reference that uses the same stale reads."""
+"""Tests of throughput-first admission (odin_ns/runtime/admission.py, and the engine's
+throughput-first mode in the replicated layout, ``sharded_admission`` over rows every rank
+owns): the rule on crafted cases (one per fallback reason and an admitted one), bounded
+staleness measured from read records (not from the engine's counters), no delayed read
+across a phase boundary, tau = 0 equals quality-first bit for bit, and after a drain every
+replica equals a single-process reference that uses the same stale reads. The sharded
+layout's cases are in test_sharded_throughput_first.py."""
 
 from __future__ import annotations
 
 import json
 import math
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -20,20 +23,15 @@ from harness import (
     ToyRun,
     random_footprints,
     reference_train,
+    replicated_engine,
     run_threads,
     spawn_ranks,
-    toy_grads,
     toy_groups,
     toy_runs_worker,
+    train_step,
 )
 
-from odin_ns.runtime import (
-    FALLBACK_REASONS,
-    PrimitiveSyncEngine,
-    ReadRecorder,
-    SyncConfig,
-    fallback_reason,
-)
+from odin_ns.runtime import FALLBACK_REASONS, RunLedger, SyncConfig, fallback_reason
 from odin_ns.runtime.admission import GradientEvidence
 
 WEAK = (95, 100)  # the rows both ranks of the edge plans share, with weak gradients
@@ -87,13 +85,10 @@ def _stale_reads(records, writes) -> list[tuple[int, int, int]]:
     return out
 
 
-def _records(recorder: ReadRecorder) -> list:
-    return [(r.step, r.rows, r.version, r.required) for r in recorder.read_records]
-
-
-def _reads_map(recorders: list[ReadRecorder]) -> dict:
-    """(rank, step) -> versions read; ``recorders`` in rank order."""
-    return {(q, r.step): r.version for q, rec in enumerate(recorders) for r in rec.read_records}
+def _reads_map(reads: list[list]) -> dict:
+    """(rank, step) -> versions read; ``reads``: per rank (in rank order) its read records
+    (``ToyRank.reads``)."""
+    return {(q, r.step): r.version for q, records in enumerate(reads) for r in records}
 
 
 # ---------------------------------------------------------------- the rule itself
@@ -178,28 +173,27 @@ def test_impact_tally_counts_decisions_within_each_tau_and_merges_over_phases():
 def test_gradient_evidence_matches_brute_force():
     g = torch.Generator().manual_seed(0)
     n, width = 40, 6
-    ev = GradientEvidence(n, 3, torch.device("cpu"))
-    assert ev.ratio(1, torch.tensor([3, 4])) == 1.0  # nothing known: unknown is not low-impact
+    ev = GradientEvidence(n, torch.device("cpu"))
+    assert ev.ratio(torch.tensor([3, 4])) == 1.0  # nothing known: unknown is not low-impact
+    assert ev.mean() is None
     last: dict[int, float] = {}
     for _ in range(5):
         rows = torch.randperm(n, generator=g)[:12].sort().values
         buf = torch.randn(12, width, generator=g)
         buf[:, -1] = 1.0  # visible flag: not part of the strength
-        ev.observe(1, rows, buf)
+        ev.observe(rows, buf)
         for p, row in zip(rows.tolist(), buf, strict=True):
             last[p] = float(row[:-1].double().norm())
     mean = sum(last.values()) / len(last)
-    assert ev.mean(1) == pytest.approx(mean, rel=1e-6) and ev.mean(2) is None
+    assert ev.mean() == pytest.approx(mean, rel=1e-6)
     unknown = next(p for p in range(n) if p not in last)
     known = list(last)[:3]
     overlap = torch.tensor(sorted([*known, unknown]))
     want = (sum(last[p] for p in known) + mean) / 4 / mean
-    assert ev.ratio(1, overlap) == pytest.approx(want, rel=1e-6)
+    assert ev.ratio(overlap) == pytest.approx(want, rel=1e-6)
     # one read for many decisions: the same ratios as one at a time
     some = torch.tensor(known)
-    assert ev.ratios([(1, overlap), (2, some), (1, some)]) == [
-        ev.ratio(1, overlap), 1.0, ev.ratio(1, some)
-    ]  # fmt: skip
+    assert ev.ratios([overlap, some]) == [ev.ratio(overlap), ev.ratio(some)]
 
 
 def test_gradient_evidence_keep_mask_records_only_the_kept_rows():
@@ -207,48 +201,58 @@ def test_gradient_evidence_keep_mask_records_only_the_kept_rows():
     same tables and means as observing the kept rows alone."""
     g = torch.Generator().manual_seed(1)
     n, width = 40, 6
-    masked, selected = (GradientEvidence(n, 1, torch.device("cpu")) for _ in range(2))
+    masked, selected = (GradientEvidence(n, torch.device("cpu")) for _ in range(2))
     for _ in range(6):
         rows = torch.randperm(n, generator=g)[:12].sort().values
         buf = torch.randn(12, width, generator=g)
         buf[:, -1] = (torch.rand(12, generator=g) > 0.3).float()
         keep = torch.rand(12, generator=g) > 0.5
-        masked.observe(0, rows, buf, keep=keep)
-        selected.observe(0, rows[keep], buf[keep])
+        masked.observe(rows, buf, keep=keep)
+        selected.observe(rows[keep], buf[keep])
     assert torch.equal(masked.strength.isnan(), selected.strength.isnan())
     assert torch.equal(masked.strength.nan_to_num(), selected.strength.nan_to_num())
     assert torch.equal(masked.active, selected.active)
     assert masked.active_count.item() == selected.active_count.item() > 0
-    assert masked.mean(0) == pytest.approx(selected.mean(0), rel=1e-12)
+    assert masked.mean() == pytest.approx(selected.mean(), rel=1e-12)
 
 
 # ------------------------------------------------------ crafted cases in the engine
+class DecisionLedger(RunLedger):
+    """A ledger that also keeps every decision, in order (the run's keeps the admitted)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.decisions = []
+
+    def count(self, decisions):
+        self.decisions.extend(decisions)
+        super().count(decisions)
+
+
 def _crafted(case: str):
     """Two engines in this thread over a loopback hub; rank 0 reads [0, 100).
 
-    Rank 1 writes rows ``early`` at steps 0-1 and ``late`` at steps 2-3; its publications
+    Rank 1 writes rows ``early`` at steps 0-1 and ``late`` at steps 2-3; its gradient rows
     to rank 0 are held from step ``hold_from`` on, so they are pending when rank 0 reaches
     step 3. Both ranks run steps 0-2 and rank 1 step 3. Returns (engines, their groups,
-    their recorders, hub, plan, ``step(rank, t, release_after)``, the weak rows)."""
+    their ledgers, their read records, hub, plan, ``step(rank, t, release_after)``, the
+    weak rows)."""
     tau, k, weak = 0.2, 4, WEAK
     early, late, hold_from = np.arange(95, 195), np.r_[95:100, 150:195], 2
     if case == "overlap":
         late, weak = np.r_[70:100, 150:195], (70, 100)  # 30 % of rank 0's reads
     elif case == "evidence":
-        weak = None  # rank 1's gradient on the shared rows is as strong as elsewhere
-    elif case == "evidence-unknown":
-        early = np.arange(150, 195)  # rank 1 never published the shared rows before
+        weak = None  # the shared rows' updates are as strong as any other row's
     elif case == "staleness":
         k, hold_from = 1, 1
     plan = ListPlan([[np.arange(0, 100), early if t < 2 else late] for t in range(4)])
     cfg = SyncConfig(mode="throughput-first", tau=tau, staleness_window=k, timeout_s=10)
     hub = LoopbackHub(2)
     groups = [toy_groups(300) for _ in range(2)]
-    recorders = [ReadRecorder() for _ in range(2)]
+    ledgers = [DecisionLedger() for _ in range(2)]
+    reads: list[list] = [[], []]
     engines = [
-        PrimitiveSyncEngine(
-            groups[r], plan, r, 2, cfg, transport=hub.transport(r), observer=recorders[r]
-        )
+        replicated_engine(groups[r], plan, r, 2, cfg, hub.transport(r), ledger=ledgers[r])
         for r in range(2)
     ]
 
@@ -257,13 +261,11 @@ def _crafted(case: str):
         if release_after is not None:
             timer = threading.Timer(release_after, hub.release, (1, 0))
             timer.start()
-        wait = engines[r].apply_until_readable(t)
+        tic = time.perf_counter()
+        train_step(engines[r], groups[r], t, weak, reads[r])
         if timer is not None:
             timer.join()
-        eng = engines[r]
-        eng.publish(t, *toy_grads(groups[r], plan.views[t, r, 0], plan.step_footprint(t, r), weak))
-        eng.apply_arrived()
-        return wait
+        return time.perf_counter() - tic
 
     for t in range(3):
         if t == hold_from:
@@ -271,7 +273,7 @@ def _crafted(case: str):
         step(1, t)
         step(0, t)
     step(1, 3)
-    return engines, groups, recorders, hub, plan, step, weak
+    return engines, groups, ledgers, reads, hub, plan, step, weak
 
 
 @pytest.mark.parametrize(
@@ -280,54 +282,53 @@ def _crafted(case: str):
         ("admitted", None),
         ("overlap", "overlap"),
         ("evidence", "evidence"),
-        ("evidence-unknown", "evidence"),
         ("staleness", "staleness"),
     ],
 )
 def test_crafted_decisions(case, reason):
-    engines, groups, recorders, hub, plan, step, weak = _crafted(case)
-    eng, rec0 = engines[0], recorders[0]
-    before = list(rec0.decisions)
+    """Rank 0's decisions at step 3 on its one pending source: its rows that lack a
+    writer's update (the source's peer is rank 0 itself: every rank owns every row)."""
+    engines, groups, ledgers, reads, hub, plan, step, weak = _crafted(case)
+    eng, ledger = engines[0], ledgers[0]
+    before = list(ledger.decisions)
     if case == "staleness":
-        # at step 2, rank 1's step 1 (1 step old) was admitted
+        # at step 2, the rows lacking rank 1's step 1 (1 step old) were admitted
         assert [(d.step, d.pub_step, d.reason) for d in before] == [(2, 1, None)]
     else:
         assert before == []
     wait = step(0, 3, None if reason is None else 0.2)
-    new = rec0.decisions[len(before) :]
-    s = eng.summary()
+    new = ledger.decisions[len(before) :]
+    s = ledger.summary(eng.config)
     if reason is None:
         [d] = new
-        assert (d.step, d.peer, d.pub_step, d.staleness, d.reason) == (3, 1, 2, 1, None)
+        assert (d.step, d.peer, d.pub_step, d.staleness, d.reason) == (3, 0, 2, 1, None)
         assert d.overlap_rows == 5 and d.read_rows == 100 and d.evidence_ratio < 0.01
         assert s["admitted"] == 1 and s["staleness_hist"] == {"1": 1} and s["max_staleness"] == 1
         assert s["delayed_primitive_reads"] == 5 and s["delayed_steps"] == 1
-        rec = rec0.read_records[-1]
-        stale = rec.rows[rec.version < rec.required]
+        rec = reads[0][-1]
+        stale = rec.rows[(rec.version < rec.required).numpy()]
         assert stale.tolist() == list(range(95, 100))  # exactly the shared rows
-        assert eng.step_metrics()[-1]["admitted"] == 1
-        assert eng.step_metrics()[-1]["delayed_rows"] == 5
+        assert ledger.step_metrics()[-1]["admitted"] == 1
+        assert ledger.step_metrics()[-1]["delayed_rows"] == 5
     else:
-        # one fallback at step 3; the newest pending publication is decided first, and
-        # with K = 1 the older one (step 1, 2 steps old) is the one that must be awaited
+        # one fallback at step 3, on the oldest update the rows lack: with K = 1 the one
+        # of step 1 (2 steps old)
         want_pub = 1 if case == "staleness" else 2
         assert [(d.step, d.pub_step, d.reason) for d in new] == [(3, want_pub, reason)]
         assert s["fallbacks"] == {r: int(r == reason) for r in FALLBACK_REASONS}
-        assert wait > 0.1  # it really waited for the held publication
-        assert eng.step_metrics()[-1]["delayed_rows"] == 0
-        rec = rec0.read_records[-1]
+        assert wait > 0.1  # it really waited for the held gradient rows
+        assert ledger.step_metrics()[-1]["delayed_rows"] == 0
+        rec = reads[0][-1]
         assert torch.equal(rec.version, rec.required)
         if case == "evidence":
             assert new[0].evidence_ratio > 0.2
-        if case == "evidence-unknown":
-            assert new[0].evidence_ratio == pytest.approx(1.0)
     assert s["fallbacks"]["phase"] == 0
     assert json.loads(json.dumps(s)) == s
     hub.release(1, 0)
     for eng in engines:
-        eng.drain_and_apply_all()
+        eng.drain()
     ref, ref_versions = reference_train(
-        toy_groups(300), [Phase(plan, 0)], weak=weak, reads=_reads_map(recorders)
+        toy_groups(300), [Phase(plan, 0)], weak=weak, reads=_reads_map(reads)
     )
     for eng, grp in zip(engines, groups, strict=True):
         assert _same(grp, ref) and torch.equal(eng.versions, ref_versions)
@@ -338,23 +339,22 @@ def _check_run(results, phases, window: int) -> tuple[int, int]:
     """Replicas identical, equal to the stale-read reference, staleness <= K from the read
     records; returns (admitted, stale row reads) summed over ranks."""
     engines = [res.engine for res in results]
-    recorders = [res.recorder for res in results]
     groups0 = results[0].groups
-    for groups, eng, _ in results:
-        assert _same(groups, groups0)
-        assert torch.equal(eng.versions, engines[0].versions)
-        assert eng.visibility_violations == 0
+    for res in results:
+        assert _same(res.groups, groups0)
+        assert torch.equal(res.engine.versions, engines[0].versions)
     ref, ref_versions = reference_train(
-        toy_groups(300), phases, weak=WEAK, reads=_reads_map(recorders)
+        toy_groups(300), phases, weak=WEAK, reads=_reads_map([res.reads for res in results])
     )
     assert _same(groups0, ref) and torch.equal(engines[0].versions, ref_versions)
     writes = _writes(phases)
     admitted = stale_rows = 0
-    for eng, rec in zip(engines, recorders, strict=True):
-        stale = _stale_reads(_records(rec), writes)
+    for res in results:
+        stale = _stale_reads(res.reads, writes)
         assert all(t - m <= window for t, _, m in stale), max(t - m for t, _, m in stale)
-        assert len(stale) == eng.summary()["delayed_primitive_reads"]
-        admitted += eng.summary()["admitted"]
+        summary = res.ledger.summary(res.engine.config)
+        assert len(stale) == summary["delayed_primitive_reads"]
+        admitted += summary["admitted"]
         stale_rows += len(stale)
     return admitted, stale_rows
 
@@ -367,7 +367,7 @@ def test_slow_peer_reads_at_most_k_steps_stale():
     cfg = SyncConfig(mode="throughput-first", staleness_window=k, timeout_s=20)
     results = run_threads(2, ToyRun(phases, cfg, sleep_s={1: 0.02}, weak=WEAK, record=True))
     admitted, stale_rows = _check_run(results, phases, k)
-    s0 = results[0][1].summary()
+    s0 = results[0].ledger.summary(cfg)
     assert admitted > 0 and stale_rows > 0
     assert s0["fallbacks"]["staleness"] > 0  # the bound was reached, not just respected
     assert 1 <= s0["max_staleness"] <= k
@@ -379,10 +379,11 @@ def test_slow_peer_reads_at_most_k_steps_stale():
     # quality-first under the same slow peer: every read is current
     cfg_qf = SyncConfig(mode="quality-first", timeout_s=20)
     run_qf = ToyRun(phases, cfg_qf, sleep_s={1: 0.02}, weak=WEAK, record=True)
-    for groups, eng, rec in run_threads(2, run_qf):
+    for groups, _, ledger, reads in run_threads(2, run_qf):
         assert _same(groups, qf)
-        assert _stale_reads(_records(rec), _writes(phases)) == []
-        assert eng.summary()["admitted"] == 0 and eng.summary()["decisions"] == 0
+        assert _stale_reads(reads, _writes(phases)) == []
+        summary = ledger.summary(cfg_qf)
+        assert summary["admitted"] == 0 and summary["decisions"] == 0
 
 
 def test_no_delayed_read_across_phase_boundary():
@@ -397,16 +398,16 @@ def test_no_delayed_read_across_phase_boundary():
     admitted, _ = _check_run(results, phases, k)
     assert admitted > 0
     writes = _writes(phases)
-    for _, eng, recorder in results:
-        for rec in recorder.read_records:
+    for _, _, ledger, reads in results:
+        for rec in reads:
             if rec.step == second:
                 assert torch.equal(rec.version, rec.required)
-        for t, _, m in _stale_reads(_records(recorder), writes):
+        for t, _, m in _stale_reads(reads, writes):
             assert (t < second) == (m < second)  # a stale read never reaches across
-        log = eng.admission_log()
+        log = ledger.admission_log()
         assert all((d["step"] < second) == (d["pub_step"] < second) for d in log)
-        assert eng.summary()["fallbacks"]["phase"] == 0
-    rank0 = results[0].engine.admission_log()
+        assert ledger.summary(cfg)["fallbacks"]["phase"] == 0
+    rank0 = results[0].ledger.admission_log()
     assert any(d["step"] >= second for d in rank0)  # delays in phase 2 as well
     assert any(d["step"] < second for d in rank0)
 
@@ -422,10 +423,10 @@ def test_tau_zero_is_quality_first_bitwise(world):
     run = ToyRun(phases, cfg, sleep_s={1: 0.01}, jitter_s=0.002, record=True)
     results = run_threads(world, run)
     fallbacks = 0
-    for groups, eng, rec in results:
+    for groups, eng, ledger, reads in results:
         assert _same(groups, ref) and torch.equal(eng.versions, ref_versions)
-        assert _stale_reads(_records(rec), _writes(phases)) == []
-        s = eng.summary()
+        assert _stale_reads(reads, _writes(phases)) == []
+        s = ledger.summary(cfg)
         assert s["admitted"] == 0 and s["delayed_primitive_reads"] == 0
         assert s["fallbacks"]["overlap"] == s["decisions"]
         fallbacks += s["decisions"]

@@ -3,14 +3,15 @@
     python -m odin_ns.bench.control_plane [--rows 1000000] [--ranks 8,64] [--steps 100] \
         --out bench/control_plane.json
 
-Rank 0 of a replicated run with N Gaussians of splatfacto's row widths, on a plan
+Rank 0 of a run (``--layouts``: replicated, every rank owning every row, and sharded) with
+N Gaussians of splatfacto's row widths, on a plan
 (``odin_ns.schedule.build_plan``) of the synthetic city (``bench.schedule.make_city``) whose
 footprints are widened to N rows (each city primitive stands for N / N_city rows) and thinned
 to ``--share`` of the rows per view. The R - 1 peers are simulated: an injected transport
 answers every receive the engine posts at once with a publication of the plan's size (the
 steady state of a rank that is never behind) and takes every send; it is device-resident,
 as the NCCL transport is, so no host wire copy is made. Per step the engine runs what the
-session calls: ``apply_until_readable``, ``publish``, ``apply_arrived``.
+session calls: ``before_step``, ``after_backward``.
 
 Measured per step, R values interleaved step by step:
 
@@ -71,7 +72,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from odin_ns.bench.device_reads import DeviceReads
 from odin_ns.bench.report import put_spread, save_figure, write_json
 from odin_ns.cuda.cases import SPLATFACTO_LRS, SPLATFACTO_ROWS
-from odin_ns.runtime import ParamGroupState, PrimitiveSyncEngine, SyncConfig
+from odin_ns.runtime import ParamGroupState, SyncConfig
 from odin_ns.runtime.transport import Arrival
 
 SYNCING_OPS = {
@@ -199,61 +200,10 @@ def odin_plan(F: sp.csr_matrix, ranks: int, steps: int, seed: int):
     return build_plan(F, ranks, steps, seed=seed, strategy="odin")
 
 
-class RankUnderTest:
-    """Rank 0's engine on its plan, its injected peers and its step's gradients."""
-
-    def __init__(
-        self,
-        F: sp.csr_matrix,
-        ranks: int,
-        steps: int,
-        mode: str,
-        seed: int,
-        device="cpu",
-        late: bool = False,
-        plan=None,
-    ):
-        self.plan = plan if plan is not None else odin_plan(F, ranks, steps, seed)
-        self.ranks = ranks
-        rows = F.shape[1]
-        self.groups = make_groups(rows, seed, device)
-        width = sum(g.row_dim for g in self.groups) + 1
-        max_rows = int(np.asarray(self.plan.message_rows).max())
-        self.peers = InjectedPeers(max_rows, width, seed, device, late)
-        config = SyncConfig(mode=mode, verify_plan=False, timeout_s=600.0)
-        tic = time.perf_counter()
-        self.engine = PrimitiveSyncEngine(
-            self.groups, self.plan, 0, ranks, config, transport=self.peers
-        )
-        self.bind_s = time.perf_counter() - tic  # the engine's phase start
-        gen = torch.Generator().manual_seed(seed + 1)
-        self.grads = {
-            g.name: (torch.randn(g.param.shape, generator=gen) * 1e-3).to(device)
-            for g in self.groups
-        }
-        self.visible = torch.zeros(rows, dtype=torch.bool, device=device)
-        self.step = 0
-
-    def prepare_step(self) -> None:
-        """The model's part, not measured: this step's rows are the visible ones."""
-        self.visible.zero_()
-        rows = torch.from_numpy(self.plan.step_footprint(self.step, 0)).to(self.visible.device)
-        self.visible[rows] = True
-
-    def run_step(self) -> None:
-        """One step's engine calls, as the session makes them."""
-        step = self.step
-        self.engine.apply_until_readable(step)
-        self.engine.publish(step, self.grads, self.visible)
-        self.engine.apply_arrived()
-        self.step += 1
-
-
 class ShardedRankUnderTest:
-    """Rank 0 of a sharded run: its owned rows and this phase's cache; readers' gradient
-    rows and owners' pushes arrive from injected peers at once. ``every_rank_owns``: every
-    rank owns every row (``sharded.EVERY_RANK``), i.e. replicated training on the sharded
-    engine; else locality ownership."""
+    """Rank 0 of a run: its owned rows and this phase's cache; readers' gradient rows and
+    owners' pushes arrive from injected peers at once. ``every_rank_owns``: every rank owns
+    every row (``sharded.EVERY_RANK``), the replicated layout; else locality ownership."""
 
     def __init__(
         self,
@@ -298,7 +248,7 @@ class ShardedRankUnderTest:
         # since binding copies it there once)
         at = "cpu" if torch.device(device).type == "meta" else device
         versions = torch.full((owned,), -1, dtype=torch.int64, device=at)
-        config = SyncConfig(mode=mode, verify_plan=False, timeout_s=600.0)
+        config = SyncConfig(mode=mode, timeout_s=600.0)
         tic = time.perf_counter()
         self.engine = ShardedEngine(
             self.groups, layout, self.plan, 0, ranks, self.peers, pushes, step_offset=0,
@@ -325,12 +275,10 @@ class ShardedRankUnderTest:
         self.step += 1
 
 
-# ``--layouts``: the rank each layout name measures (owners: the replicated layout on the
-# sharded engine, every rank owning every row)
+# ``--layouts``: the rank each layout name measures (one engine, two ownership maps)
 RANKS_UNDER_TEST = {
-    "replicated": RankUnderTest,
+    "replicated": partial(ShardedRankUnderTest, every_rank_owns=True),
     "sharded": ShardedRankUnderTest,
-    "owners": partial(ShardedRankUnderTest, every_rank_owns=True),
 }
 
 
@@ -435,8 +383,8 @@ def device_reads_per_step(
     make, F: sp.csr_matrix, ranks: int, mode: str, seed: int, warmup: int, steps: int, plan=None
 ) -> tuple[list[int], DeviceReads, object]:
     """Reads of device values per steady-state step (``bench.device_reads``: the data plane
-    on a device without values) of rank 0 built by ``make`` (``RankUnderTest`` or
-    ``ShardedRankUnderTest``), its peers one step behind (``InjectedPeers(late=True)``).
+    on a device without values) of rank 0 built by ``make`` (a ``RANKS_UNDER_TEST``
+    entry), its peers one step behind (``InjectedPeers(late=True)``).
     ``plan``: one already built for F and ``ranks`` (at least warmup + steps long).
     Returns (reads per step, the double with each read's line, the rank under test)."""
     double = DeviceReads()
@@ -475,7 +423,7 @@ def dispatch_overhead_s(trials: int = 20_000) -> float:
     return max(0.0, (mode - (timer.data_s + timer.control_s) - plain) / trials)
 
 
-def profile_split(rank: RankUnderTest, steps: int, top: int = 12) -> tuple[list, list]:
+def profile_split(rank: ShardedRankUnderTest, steps: int, top: int = 12) -> tuple[list, list]:
     """cProfile's own time per ``odin_ns`` function over ``steps`` steps (shares), then the
     integer / boolean operations' ms per step by line over ``steps`` more."""
     prof = cProfile.Profile()

@@ -47,7 +47,7 @@ def _kill() -> None:
 
 def _install(fault: dict, rank: int) -> None:
     from odin_ns.distributed.session import ReplicatedSession
-    from odin_ns.runtime.engine import PrimitiveSyncEngine
+    from odin_ns.runtime.sharded import ShardedEngine
     from odin_ns.trainer import OdinTrainer
 
     kind, at = fault["kind"], int(fault.get("step", 0))
@@ -72,21 +72,21 @@ def _install(fault: dict, rank: int) -> None:
         ReplicatedSession.after_backward = hooked
 
     if kind == "kill_drain" and mine:
-        drain = PrimitiveSyncEngine.drain_and_apply_all
+        drain = ShardedEngine.drain
 
         def hooked_drain(self):
-            if self._offset + self._published >= at:
+            if self.offset + self.done >= at:
                 _kill()
             return drain(self)
 
-        PrimitiveSyncEngine.drain_and_apply_all = hooked_drain
+        ShardedEngine.drain = hooked_drain
 
     if kind == "kill_structural" and mine:
         change = ReplicatedSession._apply_structural_change
 
         def hooked_change(self, step):
             if step >= at:
-                self.engine.drain_and_apply_all()
+                self.engine.drain()
                 _kill()
             return change(self, step)
 

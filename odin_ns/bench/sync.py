@@ -75,7 +75,7 @@ CONSOLE = Console()
 
 def available_modes() -> tuple[str, ...]:
     """The engine's sync modes (``ddp`` appears once the engine implements it)."""
-    from odin_ns.runtime.engine import MODES
+    from odin_ns.runtime.config import MODES
 
     return tuple(m for m in SHORT if m != CONTROL and TRAIN_MODE.get(m, m) in MODES)
 
@@ -211,7 +211,7 @@ def mode_figures(summary: dict, skip_steps: int) -> dict:
     """Throughput, wait, bytes and the no-wait ideal of one run (first steps skipped), and
     its plan density (every step)."""
     ranks = summary["ranks"]
-    sharded = any("visibility_violations" not in r["engine"] for r in ranks)
+    sharded = summary.get("parallel") == "sharded"
     steps = [[s for s in r["steps"] if s["step"] >= skip_steps] for r in ranks]
     n_steps = len(steps[0])
     start = min(s[0]["start"] for s in steps)
@@ -238,11 +238,7 @@ def mode_figures(summary: dict, skip_steps: int) -> dict:
         "critical_path_wait_s": float(max(waits)),
         "bytes_per_step": float(bytes_per_step),
         "dense_allreduce_bytes_per_step": float(dense_allreduce),
-        # replicated runs only (None in a sharded run: its engine has no conflict scan, and
-        # each rank hashes the rows it owns)
-        "visibility_violations": (
-            None if sharded else int(sum(r["engine"]["visibility_violations"] for r in ranks))
-        ),
+        # replicated runs only (None in a sharded run: each rank hashes the rows it owns)
         "replicas_identical": None if sharded else len({r["replica_hash"] for r in ranks}) == 1,
         "mean_gaussians": float(num_gaussians),
         "phase_start_share": float(max(phase_s) / (all_end - all_start + first)),

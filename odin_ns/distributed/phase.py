@@ -525,12 +525,6 @@ class PhaseController:
     def local_step(self, step: int) -> int:
         return step - self.start_step
 
-    def step_rows(self, step: int, device: torch.device | str) -> Tensor:
-        """[M] int64 sorted ids this rank reads and writes at global ``step``."""
-        assert self.plan is not None
-        rows = self.plan.step_footprint(self.local_step(step), self.rank)
-        return torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(device)
-
     def _num_rows(self, model) -> int:
         """N, the Gaussians the footprints cover (the sharded controller: every rank's)."""
         return model.num_points

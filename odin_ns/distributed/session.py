@@ -6,24 +6,27 @@
     reads = session.before_step(step)       # phase start if due; wait for (and apply) the
                                             # peer updates this step's read set needs
     ...zero_grad, forward, loss, backward on the planned view (reads.rows only)...
-    session.after_backward(step, views, timing)  # publish gradient rows, apply what
+    session.after_backward(step, views, timing)  # send gradient rows, apply what
                                             # arrived, structural change at refine / reset
     session.drain()                         # before checkpoints and evaluation
 
-The session wires the pieces, each in its own module: ``PhaseController`` (footprints and
-plan), ``PrimitiveSyncEngine`` (publications, read gates, the update log),
-``ReplicatedDensifier`` (gsplat's strategy on summed statistics), the optimizer binding and
-``SyncTelemetry``.
+Replicated training is the sharded engine (``runtime.sharded.ShardedEngine``) over an
+ownership map in which every rank owns every row (``sharded.EVERY_RANK``): no cache, no
+pushes, every rank's gradient rows of a step go to every peer and every rank applies every
+update in the same order. The session wires the pieces, each in its own module:
+``PhaseController`` (footprints and plan), the engine (gradient rows, read waits, the
+update log), ``ReplicatedDensifier`` / ``MCMCDensifier`` (gsplat's strategy on summed
+statistics), the optimizer binding and ``SyncTelemetry``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from nerfstudio.engine.optimizers import Optimizers
@@ -34,13 +37,12 @@ from odin_ns.distributed.phase import PhaseController, geometry_keys, row_source
 from odin_ns.distributed.session_api import CheckpointState, StepReads
 from odin_ns.distributed.session_flow import SessionFlow
 from odin_ns.model import GAUSSIAN_GROUPS
-from odin_ns.runtime import PrimitiveSyncEngine
-from odin_ns.runtime.liveness import StoreLiveness
+from odin_ns.runtime.sharded import EVERY_RANK, ShardedEngine, ShardLayout
 
 
 def runtime_process_group():
-    """The gloo group of the runtime's host messages: the gloo transport's publications, or
-    the NCCL transport's notices, and the phase-start gathers.
+    """The gloo group of the runtime's host messages: the gloo transport's gradient rows,
+    or the NCCL transport's notices, and the phase-start gathers.
 
     gloo default group: that group. NCCL default group: a gloo group of its own (host
     messages never queue behind NCCL's in-order device operations).
@@ -48,6 +50,12 @@ def runtime_process_group():
     if dist.get_backend() == "gloo":
         return None
     return dist.new_group(backend="gloo")
+
+
+def replicated_layout(num_rows: int, rank: int) -> ShardLayout:
+    """The ownership map of replicated training: every rank owns each of ``num_rows`` rows
+    and caches none."""
+    return ShardLayout(np.full(num_rows, EVERY_RANK), rank, np.empty(0, dtype=np.int64))
 
 
 class ReplicatedSession(SessionFlow):
@@ -64,20 +72,18 @@ class ReplicatedSession(SessionFlow):
         live_panels: bool = True,
     ):
         super().__init__(pipeline, optimizers, checkpoint_every, resumed_phase, live_panels)
-        config = pipeline.config
-        self.sync_config = config.sync
-        # The phase-start exchange compares every rank's plan hash; the engine need not.
-        self.sync_config.verify_plan = False
+        self.sync_config = pipeline.config.sync
         self.group = runtime_process_group()
         self.transport = self._open_transport(self._choose_transport(), self.group)
-        self.liveness = StoreLiveness(self.rank, self.world_size, self.sync_config.beat_s)
+        self.step_signal = self._barrier_signal()
         self.phases = self._phase_controller(PhaseController, self.group)
         self.noise = self.model.mcmc_noise  # MCMC's lazy position noise (None: default)
         self.densifier = make_densifier(
             self.model.strategy, self.model.strategy_state, self.seed, self.noise
         )
         self.densifier.ensure_state(self.model.num_points, self.model.means.device)
-        self.engine: PrimitiveSyncEngine | None = None
+        self.engine: ShardedEngine | None = None
+        self.versions: torch.Tensor | None = None  # [N] int64 last applied step per row
         self._start_from_rank0()
 
     # ------------------------------------------------------------------ the step
@@ -88,17 +94,17 @@ class ReplicatedSession(SessionFlow):
         if self.phases.due(step):
             self._start_phase(step)
         assert self.engine is not None
-        wait_s = self.engine.apply_until_readable(step)
-        self._rows = self.phases.step_rows(step, self.model.means.device)
+        t = step - self.engine.offset
+        wait_s = self.engine.before_step(t)
+        self._rows = torch.from_numpy(self.engine.steps[t].reads).to(self.model.means.device)
         if self.noise is not None:  # MCMC: the read set carries every earlier step's noise
-            self.noise.catch_up(self.engine.current_reads(step), step - 1)
+            self.noise.catch_up(self.engine.current_reads(t), step - 1)
         return StepReads(self._rows, wait_s)
 
     def _publish(
         self, step: int, grads: dict[str, torch.Tensor | None], visible: torch.Tensor
     ) -> None:
-        self.engine.publish(step, grads, visible)
-        self.engine.apply_arrived()
+        self.engine.after_backward(step - self.engine.offset, list(grads.values()), visible)
 
     def _statistics_rows(self) -> tuple[torch.Tensor, int]:
         return self._rows, self.model.num_points  # replicas index every row globally
@@ -109,52 +115,53 @@ class ReplicatedSession(SessionFlow):
     # ------------------------------------------------------------------ phases
     def _start_phase(self, step: int) -> None:
         """Drain, plan the phase, exchange telemetry, panel requests and the plan check,
-        bind the runtime."""
+        bind the engine."""
         tic = time.perf_counter()
         if self.engine is not None:
-            self.engine.drain_and_apply_all()
+            self.engine.drain()
             self._catch_up_noise()
             # Every rank is here before the collectives below (rank 0 may come late from a
             # checkpoint write): a heartbeat-aware wait, not gloo's timeout.
-            self.engine.rendezvous(f"phase start at step {step}")
+            self.rendezvous(f"phase start at step {step}")
         drain_s = time.perf_counter() - tic
-        plan, record = self._plan_phase(step, self.model.num_points)
+        n = self.model.num_points
+        plan, record = self._plan_phase(step, n)
         bind_tic = time.perf_counter()
-        groups = bind_param_groups(self.model.gauss_params, self.optimizers, GAUSSIAN_GROUPS)
-        if self.engine is None:
-            self.engine = PrimitiveSyncEngine(
-                groups,
-                plan,
-                self.rank,
-                self.world_size,
-                config=self.sync_config,
-                process_group=self.group,
-                step_offset=step,
-                transport=self.transport,
-                liveness=self.liveness,
-                ledger=self.ledger,
-            )
-            self.engine.apply_hook = self.noise  # None (default strategy): no hook
-        else:
-            versions = None
-            if self.model.num_points != self.engine.num_rows:
-                # Densified: after the drain every primitive is current up to the last step.
-                versions = torch.full((self.model.num_points,), step - 1, dtype=torch.int64)
-            self.engine.rebind(groups, plan, step_offset=step, versions=versions)
+        if self.versions is None or self.versions.numel() != n:
+            # The first phase, or densified: after the drain every row is current.
+            self.versions = torch.full((n,), step - 1, dtype=torch.int64)
+        self.engine = ShardedEngine(
+            bind_param_groups(self.model.gauss_params, self.optimizers, GAUSSIAN_GROUPS),
+            replicated_layout(n, self.rank),
+            plan,
+            self.rank,
+            self.world_size,
+            self.transport,
+            None,  # nothing is pushed: no rank caches a row
+            step_offset=step,
+            versions=self.versions,
+            timeout_s=self.sync_config.timeout_s,
+            silence=self.silence,
+            max_inflight_bytes=int(self.sync_config.max_inflight_bytes),
+            sync=self.sync_config,
+            step_signal=self.step_signal,
+            ledger=self.ledger,
+            hook=self.noise,  # None (default strategy): no hook
+        )
         toc = time.perf_counter()
         record.drain_s, record.bind_s, record.phase_start_s = drain_s, toc - bind_tic, toc - tic
         self.telemetry.record_phase(vars(record))
 
     def _apply_structural_change(self, step: int) -> None:
         assert self.engine is not None
-        self.engine.drain_and_apply_all()
+        self.engine.drain()
         before = self.model.num_points
         if not self.densifier.ends_phase(step):
             # An opacity reset alone, in place: every update up to ``step`` is applied here
             # (the drain; no rank publishes ``step + 1`` before every rank is past the
             # rendezvous, so none is applied before the reset), and the plan runs on.
             self.densifier.reset_in_place(self.model.gauss_params, self.optimizers.optimizers)
-            self.engine.rendezvous(f"opacity reset at step {step}")
+            self.rendezvous(f"opacity reset at step {step}")
             self.telemetry.record_structural(
                 {"step": step, "gaussians_before": before, "gaussians_after": before}
             )
@@ -184,8 +191,8 @@ class ReplicatedSession(SessionFlow):
     def _catch_up_noise(self) -> None:
         """MCMC, after a drain: every row carries the noise of every finished step, so every
         replica holds the same bits (local: no communication)."""
-        if self.noise is not None and self.engine is not None and self.engine.metrics:
-            self.noise.catch_up_all(self.engine.metrics[-1].step)
+        if self.noise is not None and self.ledger.steps:
+            self.noise.catch_up_all(self.ledger.steps[-1].step)
 
     # ------------------------------------------------------------------ drains
     def drain(self) -> None:
@@ -193,15 +200,11 @@ class ReplicatedSession(SessionFlow):
         afterwards every replica holds the barrier-synchronous parameters."""
         if self.engine is None:
             return
-        self.engine.drain_and_apply_all()
+        self.engine.drain()
         self._catch_up_noise()
-        self.engine.rendezvous("drain")  # before the collectives that follow every drain
-        applied = int(self.engine.versions.max().item()) + 1
+        self.rendezvous("drain")  # before the collectives that follow every drain
+        applied = self.engine.offset + self.engine.done + 1  # every step so far
         set_step_counts(self.optimizers, GAUSSIAN_GROUPS, applied)
-
-    def busy(self, what: str):
-        """Context manager: this rank is busy with work of its own; peers keep waiting."""
-        return self.engine.busy(what) if self.engine is not None else contextlib.nullcontext()
 
     def save_checkpoint(
         self,
@@ -224,9 +227,6 @@ class ReplicatedSession(SessionFlow):
                 self.model.gauss_params[name].detach().cpu().contiguous().numpy().tobytes()
             )
         return digest.hexdigest()
-
-    def _engine_summary(self) -> dict:
-        return self.engine.summary() if self.engine is not None else {}
 
     def close(self) -> None:
         """Stop the transport's and the liveness's threads (after the last drain)."""

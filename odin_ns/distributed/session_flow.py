@@ -7,9 +7,11 @@ What they share lives here, once: the start from rank 0's model, the refusal to 
 non-finite gradient, the phase plan and its exchange (footprints, plan, telemetry, panel
 requests, the plan check, the rank's view stream), the step log, the viewer pause, the
 resume state, the gathers and the end of the run, and the order of a step after backward.
-A layout supplies ``_publish``, ``_statistics_rows``, ``_step_fields``,
-``_apply_structural_change``, ``_engine_counters``, ``_engine_summary``, ``_summary_extra``,
-``drain``, ``busy`` and ``replica_hash``.
+Both train on one engine (``runtime.sharded.ShardedEngine``, over an ownership map: every
+rank owns every row in the replicated layout) and share its liveness: busy notices, the
+peers' silence and the rendezvous before every collective. A layout supplies ``_publish``,
+``_statistics_rows``, ``_step_fields``, ``_apply_structural_change``, ``_summary_extra``,
+``drain`` and ``replica_hash``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from odin_ns.distributed.session_api import StepTiming
 from odin_ns.distributed.telemetry import SyncTelemetry
 from odin_ns.model import GAUSSIAN_GROUPS, RenderedView, union_visible
 from odin_ns.runtime.ledger import RunLedger
-from odin_ns.runtime.liveness import switch_held_section
+from odin_ns.runtime.liveness import PeerSilence, Rendezvous, StoreLiveness, switch_held_section
+from odin_ns.runtime.step_signal import StepSignal
 from odin_ns.runtime.transport import Transport
 from odin_ns.runtime.transport_choice import TransportChoice, choose_transport, open_transport
 
@@ -76,6 +79,21 @@ class SessionFlow:
         self._paused = None  # the viewer pause's busy section, while paused
         self.ledger = RunLedger()  # every engine's steps and decisions, over the run
         self._rows: torch.Tensor | None = None  # the step's reads, from before_step
+        # Slow is not dead: a rank evaluating, writing a checkpoint or paused in the viewer
+        # beats (``busy``); peers' waits and rendezvous last while it does.
+        sync = config.sync
+        self.liveness = StoreLiveness(self.rank, self.world_size, sync.beat_s)
+        self.silence = PeerSilence(self.liveness, self.world_size, sync.beat_s, sync.timeout_s)
+        self._meeting = Rendezvous(
+            self.liveness, self.silence, self.rank, self.world_size, sync.timeout_s
+        )
+
+    def _barrier_signal(self) -> StepSignal | None:
+        """Barrier mode's global step signal on a gloo group of its own
+        (``runtime.step_signal``); None in every other mode. Every rank calls it once."""
+        if self.pipeline.config.sync.mode != "barrier":
+            return None
+        return StepSignal(dist.new_group(backend="gloo"))
 
     @torch.no_grad()
     def _start_from_rank0(self, held: frozenset[int] = frozenset()) -> None:
@@ -290,8 +308,9 @@ class SessionFlow:
         return self.ledger.live_counters(self.pipeline.config.sync)
 
     def _engine_summary(self) -> dict:
-        """The engine's summary for ``odin_run.json`` (after the last drain)."""
-        raise NotImplementedError
+        """The engine's summary for ``odin_run.json`` (after the last drain): the run
+        totals of every phase's engine."""
+        return self.ledger.summary(self.pipeline.config.sync)
 
     def _summary_extra(self) -> tuple[dict | None, dict]:
         """(per-rank entries, top-level keys) the layout adds to ``odin_run.json``."""
@@ -301,7 +320,18 @@ class SessionFlow:
         raise NotImplementedError
 
     def busy(self, what: str) -> contextlib.AbstractContextManager:
-        raise NotImplementedError
+        """Context manager: this rank is busy with work of its own (``what``); peers keep
+        waiting while it beats."""
+        return self.liveness.busy(what)
+
+    def rendezvous(self, what: str) -> None:
+        """Wait until every rank has reached the same rendezvous (``liveness.Rendezvous``:
+        a peer busy evaluating or writing a checkpoint is waited for). After a drain,
+        before the collectives that follow it."""
+        begun = time.perf_counter()
+        spent = self._meeting.meet(what)
+        if self.silence.heard_since(begun):  # a busy peer was waited for
+            self.ledger.busy_s += spent
 
     def replica_hash(self) -> str:
         raise NotImplementedError

@@ -61,9 +61,7 @@ from odin_ns.errors import OdinInputError
 from odin_ns.model import GAUSSIAN_GROUPS
 from odin_ns.preflight import check_sharded_config
 from odin_ns.runtime import ParamGroupState
-from odin_ns.runtime.liveness import PeerSilence, Rendezvous, StoreLiveness
 from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, cache_of, phase_read_sets
-from odin_ns.runtime.step_signal import StepSignal
 from odin_ns.schedule.ownership import (
     assign_ownership,
     ownership_report,
@@ -158,21 +156,11 @@ class ShardedSession(SessionFlow):
         self.ownership = ownership
         self.stop_step = stop_step
         self.eval_copy_max_rows = int(config.eval_copy_max_rows)
-        # Slow is not dead: rank 0 evaluating, writing a checkpoint or paused in the viewer
-        # beats (``busy``); peers' waits and rendezvous last while it does.
-        sync = config.sync
-        self.liveness = StoreLiveness(self.rank, self.world_size, sync.beat_s)
-        self.silence = PeerSilence(self.liveness, self.world_size, sync.beat_s, sync.timeout_s)
-        self._meeting = Rendezvous(
-            self.liveness, self.silence, self.rank, self.world_size, sync.timeout_s
-        )
         # three gloo groups: gradients, pushes, phase-start collectives (cache fill, ...)
         self.group = dist.new_group(backend="gloo")
         grads_group = dist.new_group(backend="gloo")
         push_group = dist.new_group(backend="gloo")
-        # barrier mode: a fourth group for the global step signal (runtime/step_signal.py)
-        barrier = config.sync.mode == "barrier"
-        self.step_signal = StepSignal(dist.new_group(backend="gloo")) if barrier else None
+        self.step_signal = self._barrier_signal()  # barrier mode: a fourth group
         choice = self._choose_transport()
         self.grads_tx = self._open_transport(choice, grads_group)
         self.push_tx = self._open_transport(choice, push_group)
@@ -590,11 +578,6 @@ class ShardedSession(SessionFlow):
             self.engine.drain()
             self.rendezvous("drain")
 
-    def rendezvous(self, what: str) -> None:
-        """Wait until every rank has reached the same rendezvous (``liveness.Rendezvous``:
-        a peer busy evaluating or writing a checkpoint is waited for)."""
-        self._meeting.meet(what)
-
     @torch.no_grad()
     def refresh_eval_copy(self, step: int) -> EvalCopy | None:
         """Rank 0's copy of the whole model at ``step`` (``sharded_eval``), installed as the
@@ -709,9 +692,6 @@ class ShardedSession(SessionFlow):
             digest.update(self.model.gauss_params[name].detach()[:o].cpu().numpy().tobytes())
         return digest.hexdigest()
 
-    def _engine_summary(self) -> dict:
-        return self.ledger.summary(self.pipeline.config.sync)  # every phase's engine
-
     def _summary_extra(self) -> tuple[dict | None, dict]:
         """Per rank: ownership reports and the rows it holds; the run: its layout."""
         rows = {
@@ -721,11 +701,6 @@ class ShardedSession(SessionFlow):
             "resident_rows": self.model.num_points,
         }
         return rows, {"parallel": "sharded"}
-
-    def busy(self, what: str):
-        """Context manager: this rank is busy with work of its own (``what``); peers keep
-        waiting while it beats."""
-        return self.liveness.busy(what)
 
     def close(self) -> None:
         self.grads_tx.close()

@@ -1,12 +1,11 @@
-"""Primitive-sync runtime: update log, read gates (barrier / quality-first /
-throughput-first / ddp), publications over a transport, and the engine that runs them."""
+"""Primitive-sync runtime: the engine over an ownership map (``sharded``: every rank owns
+every row in the replicated layout), its update log, throughput-first's admission, the
+transports and the liveness of ranks."""
 
 from odin_ns.runtime.admission import FALLBACK_REASONS, Decision, fallback_reason
 from odin_ns.runtime.config import MODES, ParamGroupState, SyncConfig
-from odin_ns.runtime.engine import PrimitiveSyncEngine
 from odin_ns.runtime.errors import PeerFailure, SyncError, SyncTimeout
 from odin_ns.runtime.ledger import RunLedger, StepMetrics
-from odin_ns.runtime.recorder import ReadRecord, ReadRecorder
 from odin_ns.runtime.transport import ALL_PEERS, Arrival, P2PTransport, Transport
 
 __all__ = [
@@ -18,9 +17,6 @@ __all__ = [
     "P2PTransport",
     "ParamGroupState",
     "PeerFailure",
-    "PrimitiveSyncEngine",
-    "ReadRecord",
-    "ReadRecorder",
     "RunLedger",
     "StepMetrics",
     "SyncConfig",

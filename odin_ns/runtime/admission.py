@@ -1,45 +1,42 @@
-"""Throughput-first admission (DESIGN 3.5): when a read may skip a peer's pending update.
+"""Throughput-first admission (DESIGN 3.5): when a read may go ahead of a pending update.
 
-Rank r at global step t reads ``F(r, t)``. For a peer q, quality-first waits until q's
-publications up to ``dependency[t, r, q]`` have arrived. Throughput-first looks at each of
-q's publications ``s <= dependency[t, r, q]`` that has not arrived and whose footprint
-overlaps the read set (``O = F(q, s) ∩ F(r, t)``, computed exactly from the plan's
-footprints), newest first, and lets the step run without it only when ALL hold:
+Rank r at global step t reads ``F(r, t)``. Some of those rows may lack an update: a
+*pending source* (``sharded_admission``) is a set O of them, with ``s`` the oldest update
+they may lack (owned rows waiting for a writer's gradient rows; in the sharded layout also
+the cached rows of an owner's late push). Throughput-first lets the step run without
+waiting for a source only when ALL hold:
 
 1. phase: ``s >= phase_start`` (the first global step of the bound plan). The engine
-   drains at every rebind, so inside the engine this always holds; it is still checked.
+   drains at every phase start, so inside the engine this always holds; it is still
+   checked.
 2. staleness: ``t - s <= K`` (``SyncConfig.staleness_window``).
 3. overlap: ``|O| / |F(r, t)| <= tau``.
-4. evidence: ``E < tau`` with ``E = mean_{p in O} g_q(p) / mean_{p in A_q} g_q(p)``, where
-   ``g_q(p)`` is the L2 norm of the gradient row (all parameter groups, without the visible
-   flag) of primitive p in q's latest *arrived* publication that contained p, and ``A_q`` is
-   every primitive q has published *as visible* since the plan was bound (its active set;
-   footprint-margin rows that q did not draw have zero gradient, strength 0, and would only
-   dilute the mean). A primitive
-   of O that q has not published yet counts as ``mean_{A_q} g_q`` (unknown is not
-   low-impact); with no arrived publication of q at all, ``E = 1``. If the active-set mean
-   is 0, ``E = 0`` when the overlap mean is 0 too, else infinity.
+4. evidence: ``E < tau`` with ``E = mean_{p in O} g(p) / mean_{p in A} g(p)``, where
+   ``g(p)`` is the L2 norm of row p's last known update (all parameter groups, without the
+   visible flag; ``GradientEvidence``) and ``A`` is every row whose last known update was
+   visible (the active set; footprint-margin rows have zero gradient, strength 0, and would
+   only dilute the mean). A row of O with no known update counts as the active-set mean
+   (unknown is not low-impact); with nothing known at all, ``E = 1``. If the active-set
+   mean is 0, ``E = 0`` when the rows' mean is 0 too, else infinity.
 
 That is the ``overlap`` rule (``SyncConfig.admission``, the default). The ``impact`` rule
 replaces conditions 3 and 4 by one on the delayed rows' share of the read's expected
-gradient mass, ``I = |O| / |F(r, t)| * E`` (the overlap's known strength over the read
-set's rows at the peer's active-set mean), admitted when ``I <= tau**2``: the overlap rule's
-worst admitted read carries tau * tau of it, and the impact rule admits any read that
-carries no more. Many overlapping rows of far, tiny Gaussians that every view of a driving
-sequence sees (overlap 0.8, E 0.02: I = 0.016) are admitted, where the overlap rule falls
-back on every such read; a few strong rows are not.
+gradient mass, ``I = |O| / |F(r, t)| * E``, admitted when ``I <= tau**2``: the overlap
+rule's worst admitted read carries tau * tau of it, and the impact rule admits any read
+that carries no more. Many overlapping rows of far, tiny Gaussians that every view of a
+driving sequence sees (overlap 0.8, E 0.02: I = 0.016) are admitted, where the overlap rule
+falls back on every such read; a few strong rows are not.
 
 The first condition that fails, in the order phase, staleness, overlap, evidence (impact
-rule: phase, staleness, impact), is the fallback's reason. A fallback on (q, s) waits for q's publications up to s (they arrive in
-order, so q's older pending publications need no decision of their own); then every
-decision is made again with what has arrived (the evidence may have changed). The step
-runs once every remaining decision admits: those are the step's admitted delayed reads,
-each with staleness ``t - s``. With ``tau = 0`` nothing is admitted (a decision always has
-``|O| > 0``), so reads are exactly those of quality-first.
+rule: phase, staleness, impact), is the fallback's reason. A fallback waits until its
+source moves; then every source is decided again with what has arrived (the evidence may
+have changed). The step runs once every remaining decision admits: those are the step's
+admitted delayed reads, each with staleness ``t - s``. With ``tau = 0`` nothing is
+admitted (a source always has ``|O| > 0``), so reads are exactly those of quality-first.
 
-A delayed update is still applied when it arrives, per primitive in version order, so
-after a drain every replica is identical; a replica's result differs from quality-first's
-only through the gradients computed from stale rows.
+A delayed update is still applied when it arrives, per row in version order, so after a
+drain every replica is identical; a result differs from quality-first's only through the
+gradients computed from stale rows.
 """
 
 from __future__ import annotations
@@ -60,16 +57,17 @@ ADMISSION_RULES = ("overlap", "impact")
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """One admission decision of rank ``rank`` about peer ``peer``'s publication ``pub_step``.
+    """One admission decision of a rank about a pending source: rows whose owner is ``peer``
+    (the rank itself for its owned rows) and that may lack updates from ``pub_step`` on.
 
     ``reason`` is None when the delayed read was admitted, else one of ``FALLBACK_REASONS``.
     ``evidence_ratio`` is NaN when the rule stopped before evaluating it.
     """
 
     step: int  # global step t of the read
-    peer: int  # q
-    pub_step: int  # global step s of q's pending publication
-    overlap_rows: int  # |F(q, s) ∩ F(r, t)|
+    peer: int  # the rows' owner (the deciding rank: its owned rows)
+    pub_step: int  # global step s of the oldest update the rows may lack
+    overlap_rows: int  # |O|, the source's rows
     read_rows: int  # |F(r, t)|
     evidence_ratio: float
     reason: str | None
@@ -191,45 +189,43 @@ def decide_in_one_read(
 
 
 class GradientEvidence:
-    """Per peer, the last known gradient-row norm of every primitive it published.
+    """The last known gradient-row norm of every row of a rank's table: of its last applied
+    update (an owner's rows), or as its owner sent it with a push (a cached row).
 
     Everything lives on ``device`` and is updated without reading it back: on a GPU an
-    arrival costs no synchronization; ``ratios`` reads many decisions' E in one copy.
+    update costs no synchronization; ``ratios`` reads many decisions' E in one copy.
 
     Args:
-        num_rows: N primitives.
-        peers: number of ranks R (row q holds peer q's norms; this rank's row stays unused).
+        num_rows: rows of the table.
         device: where the tables live (the parameters' device).
     """
 
-    def __init__(self, num_rows: int, peers: int, device: torch.device):
-        self.strength = torch.full((peers, num_rows), math.nan, device=device)  # [R, N]
-        self.active = torch.zeros((peers, num_rows), dtype=torch.bool, device=device)  # [R, N]
-        # per peer: sum of its active rows' norms (float64) and their number (|A_q|)
-        self.active_sum = torch.zeros(peers, dtype=torch.float64, device=device)  # [R]
-        self.active_count = torch.zeros(peers, dtype=torch.int64, device=device)  # [R]
+    def __init__(self, num_rows: int, device: torch.device):
+        self.strength = torch.full((num_rows,), math.nan, device=device)  # [N] (NaN: unknown)
+        self.active = torch.zeros(num_rows, dtype=torch.bool, device=device)  # [N]
+        # the active rows' sum of norms (float64) and their number
+        self.active_sum = torch.zeros((), dtype=torch.float64, device=device)
+        self.active_count = torch.zeros((), dtype=torch.int64, device=device)
 
     @torch.no_grad()
-    def observe(self, peer: int, rows: Tensor, buf: Tensor, keep: Tensor | None = None) -> None:
-        """Record an arrived publication.
+    def observe(self, rows: Tensor, buf: Tensor, keep: Tensor | None = None) -> None:
+        """Record rows' updates.
 
-        A published row that was not visible (footprint margin) has a zero gradient: its
-        strength is recorded as 0 but it is not part of the active set, so margins do not
-        dilute the active-set mean.
+        A row that was not visible (footprint margin) has a zero gradient: its strength is
+        recorded as 0 but it is not part of the active set, so margins do not dilute the
+        active-set mean.
 
         Args:
-            peer: the publishing rank q.
-            rows: [M] int64 distinct primitive ids of the publication (q's footprint).
-            buf: [M, D + 1] float32 publication buffer (last column: visible flag).
+            rows: [M] int64 distinct row ids.
+            buf: [M, D + 1] float32 gradient rows (last column: visible flag or count).
             keep: [M] bool rows to record (None: all); the others stay as they were.
         """
         if rows.numel() == 0:
             return
         norms = buf[:, :-1].float().norm(dim=1)  # [M]
         visible = buf[:, -1] > 0
-        table, active = self.strength[peer], self.active[peer]
-        rows = upload(rows, table.device)
-        old, was_active = table[rows], active[rows]
+        rows = upload(rows, self.strength.device)
+        old, was_active = self.strength[rows], self.active[rows]
         now_active = visible
         if keep is not None:  # rows not kept: counted neither way, tables unchanged
             visible, was_counted = visible & keep, was_active & keep
@@ -239,26 +235,26 @@ class GradientEvidence:
             was_counted = was_active
         gained = torch.where(visible, norms, 0.0).double().sum()
         lost = torch.where(was_counted, old, 0.0).double().sum()
-        self.active_sum[peer] += gained - lost
-        self.active_count[peer] += visible.sum() - was_counted.sum()
-        table[rows] = norms
-        active[rows] = now_active
+        self.active_sum += gained - lost
+        self.active_count += visible.sum() - was_counted.sum()
+        self.strength[rows] = norms
+        self.active[rows] = now_active
 
-    def mean(self, peer: int) -> float | None:
-        """Mean known norm over peer's active set, None before its first publication
+    def mean(self) -> float | None:
+        """Mean known norm over the active set, None before the first visible update
         (reads the device: for reports and tests, not for the step)."""
-        count = int(self.active_count[peer])
+        count = int(self.active_count)
         if count == 0:
             return None
-        return max(float(self.active_sum[peer]), 0.0) / count
+        return max(float(self.active_sum), 0.0) / count
 
     @torch.no_grad()
-    def ratio_tensor(self, peer: int, rows: Tensor) -> Tensor:
-        """E for the overlap ``rows`` ([K] int64, K > 0) as a 0-d float64 tensor on the
-        tables' device (see the module docstring; 1 before the peer's first publication)."""
-        count = self.active_count[peer]
-        mean = self.active_sum[peer].clamp(min=0.0) / count.clamp(min=1)
-        vals = self.strength[peer][upload(rows, self.strength.device)]
+    def ratio_tensor(self, rows: Tensor) -> Tensor:
+        """E for the rows ``rows`` ([K] int64, K > 0) as a 0-d float64 tensor on the tables'
+        device (see the module docstring; 1 before the first visible update)."""
+        count = self.active_count
+        mean = self.active_sum.clamp(min=0.0) / count.clamp(min=1)
+        vals = self.strength[upload(rows, self.strength.device)]
         known = ~torch.isnan(vals)
         total = torch.where(known, vals, 0.0).double().sum() + (rows.numel() - known.sum()) * mean
         over = total / rows.numel()
@@ -266,15 +262,15 @@ class GradientEvidence:
         ratio = torch.where(mean > 0, over / mean, torch.where(over == 0, 0.0, inf))
         return torch.where(count == 0, 1.0, ratio)
 
-    def ratios(self, queries: Sequence[tuple[int, Tensor]]) -> list[float]:
-        """E of each (peer, overlap rows) query, read from the device in one copy."""
+    def ratios(self, queries: Sequence[Tensor]) -> list[float]:
+        """E of each query's rows, read from the device in one copy."""
         if not queries:
             return []
-        return torch.stack([self.ratio_tensor(q, rows) for q, rows in queries]).cpu().tolist()
+        return torch.stack([self.ratio_tensor(rows) for rows in queries]).cpu().tolist()
 
-    def ratio(self, peer: int, rows: Tensor) -> float:
-        """E of one overlap (one read of the device)."""
-        return self.ratios([(peer, rows)])[0]
+    def ratio(self, rows: Tensor) -> float:
+        """E of one set of rows (one read of the device)."""
+        return self.ratios([rows])[0]
 
 
 # The tau values at which a run summary counts its decisions' impact shares (``impact_within_tau``).

@@ -39,19 +39,16 @@ class SyncConfig:
     """Options of the primitive-sync engine.
 
     Attributes:
-        mode: which read gate the engine uses (``odin_ns.runtime.gates``):
+        mode: what a step waits for before it reads (``odin_ns.runtime.sharded``):
             "barrier" (wait for every peer's every earlier step: the synchronous
             baseline), "quality-first" (wait only for what the step's read set depends
             on), "throughput-first" (quality-first, but a pending low-impact peer update
             of the read set may be read around; bounded staleness) or "ddp" (what DDP
             does: a dense all-reduce of every gradient row every step and a global wait).
-        timeout_s: deadline of every blocking wait (apply_until_readable, drain, plan check).
+        timeout_s: deadline of every blocking wait (a step's reads, credits, drains,
+            rendezvous), counted from the last time a peer was heard from.
         idle_timeout_s: limit of the transport's background waits (a gloo wait that times
             out breaks the connection, so keep this long; deadlines above fire first).
-        recv_ahead: receives are posted for peers' steps up to this many steps past the
-            rank's current step (capped at the plan's end). Posted receives cannot be
-            cancelled, so with recv_ahead > 0 a phase must run to its plan's last step
-            before ``rebind``.
         tau: throughput-first admission threshold (>= 0): a delayed read needs overlap
             ratio <= tau and gradient-evidence ratio < tau (``odin_ns.runtime.admission``).
             0 admits nothing (reads as in quality-first). Read at every decision, so it
@@ -61,10 +58,9 @@ class SyncConfig:
             (overlap ratio <= tau and evidence < tau) or "impact" (the delayed rows' share
             of the read's expected gradient mass, overlap ratio x evidence, <= tau ** 2:
             many low-gradient rows may be read around, as in densely overlapping views).
-        verify_plan: check at bind time that all ranks hold the same plan and model size.
         max_inflight_bytes: credits: the most bytes of this rank's publications to one peer
             whose send has not completed (the peer has not taken them yet). A rank at the cap
-            waits in ``publish`` (``ledger.StepMetrics.credit_wait_s``) until the peer catches up;
+            waits in ``after_backward`` (``ledger.StepMetrics.credit_wait_s``) until the peer catches up;
             one publication is always allowed, however large. Bounds the host memory a rank
             running ahead of a slow peer holds (default 64 MiB per peer).
         transport: what carries publications between ranks (``runtime.transport_choice``):
@@ -80,11 +76,9 @@ class SyncConfig:
     mode: str = "quality-first"
     timeout_s: float = 120.0
     idle_timeout_s: float = 1800.0
-    recv_ahead: int = 0
     tau: float = 0.2
     staleness_window: int = 4
     admission: Literal["overlap", "impact"] = "overlap"
-    verify_plan: bool = True
     max_inflight_bytes: int = 64 << 20
     heartbeat_s: float = 2.0
     transport: Literal["auto", "gloo", "nccl"] = "auto"
@@ -97,8 +91,8 @@ class SyncConfig:
                 f"timeouts must be > 0, got timeout_s={self.timeout_s}, "
                 f"idle_timeout_s={self.idle_timeout_s}"
             )
-        if self.recv_ahead < 0 or self.staleness_window < 0:
-            raise ValueError("recv_ahead and staleness_window must be >= 0")
+        if self.staleness_window < 0:
+            raise ValueError("staleness_window must be >= 0")
         if self.admission not in ("overlap", "impact"):
             raise ValueError(
                 f"SyncConfig.admission must be 'overlap' or 'impact', got {self.admission!r}"

@@ -62,7 +62,7 @@ class RunLedger:
     drains: int = 0
     drain_s: float = 0.0
     credit_s: float = 0.0  # credit waits, also those that timed out
-    busy_s: float = 0.0  # waits on busy peers outside steps (drains, rendezvous)
+    busy_s: float = 0.0  # waits that busy peers' beats extended (steps, drains, rendezvous)
     delayed_reads: int = 0  # rows read around pending updates (throughput-first)
     admissions: list[Decision] = field(default_factory=list)  # every admitted delayed read
     fallbacks: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FALLBACK_REASONS, 0))

@@ -178,16 +178,10 @@ class Rendezvous:
         self.timeout_s = float(timeout_s)
         self.count = 0  # rendezvous this rank has reached
 
-    def meet(
-        self,
-        what: str,
-        step: int | None = None,
-        receive: Callable[[float], object] = time.sleep,
-        apply: Callable[[], object] = lambda: None,
-    ) -> float:
-        """Arrive, then wait until every peer has arrived as often (``receive(timeout)`` and
-        ``apply()`` run meanwhile: an engine takes in what peers still send). Returns the
-        seconds spent; a timeout names the missing peer, ``step`` and ``what``."""
+    def meet(self, what: str, step: int | None = None) -> float:
+        """Arrive, then wait until every peer has arrived as often (after a drain: nothing
+        is in flight). Returns the seconds spent; a timeout names the missing peer,
+        ``step`` and ``what``."""
         live = self.liveness
         if live is None or self.world_size == 1:
             return 0.0
@@ -204,8 +198,8 @@ class Rendezvous:
 
         wait_until(
             missing,
-            receive,
-            apply,
+            time.sleep,
+            lambda: None,
             self.silence.deadline,
             self.rank,
             f"{what} (rendezvous {n})",

@@ -1,6 +1,11 @@
-"""Sharded primitive sync (DESIGN 3.11): owners hold rows and moments, readers cache.
+"""The primitive-sync engine of both layouts (DESIGN 3.4-3.6, 3.11): owners hold rows and
+moments, readers cache.
 
-Rank ``me`` holds a local table of ``L = O + C`` rows: the ``O`` rows it owns (sorted by
+An ownership map gives every row an owner rank, or ``EVERY_RANK``: a row every rank owns.
+The sharded layout (``--pipeline.parallel sharded``) gives each row one owner; the
+replicated layout gives every row ``EVERY_RANK``, so a rank holds the whole model, caches
+nothing, sends its gradient rows to every peer and applies every update: one step path,
+two maps. Rank ``me`` holds a local table of ``L = O + C`` rows: the ``O`` rows it owns (sorted by
 global id, so ``[0, O)`` is a contiguous prefix the apply op updates with the ``[O]`` Adam
 moments) followed by a cache of the ``C`` non-owned rows its planned steps read in the
 phase. ``ShardLayout`` maps global ids to local ids. Renders read local ids in global-id
@@ -18,14 +23,19 @@ Per step ``t`` (all sizes and peers known from the plan, ``StepTables``):
 - **apply** (owner, per row in version order): row p's step-``s`` update once every
   writer of p at ``s`` has arrived and p's previous planned write is applied, summed in
   rank order and applied with selective Adam: the owner's ``UpdateLog`` over its owned
-  rows (its "footprints" are, per writer, the owned rows it wrote), the replicated
-  engine's apply, so bitwise the replicated update. A push leaves once every row in it
-  has its last update before the read applied.
+  rows (its "footprints" are, per writer, the owned rows it wrote), so bitwise the same
+  update whoever owns the row. A push leaves once every row in it has its last update
+  before the read applied.
 
 **Barrier** (``sync.mode``, with a ``StepSignal``): step ``t`` waits, besides the above,
 until every rank has finished step ``t - 1`` (the signal) and every update of this rank's
 owned rows from the steps before ``t`` is applied: the synchronous baseline. Parameters
 equal quality-first's; only when steps start differs.
+
+**ddp** (``sync.mode``, replicated layout only): the baseline users have. Every step one
+dense all-reduce of every row's gradient and visible flag (``[N, W]``; a rank's part is its
+read rows only), filed whole (``UpdateLog.add_sum``); a step waits until every earlier
+step's sum is applied.
 
 **Throughput-first** (``sync.mode``): ``before_step`` decides on the step's pending
 sources (owned rows still waiting for a writer's gradient, cached rows whose push is late)
@@ -68,8 +78,8 @@ from odin_ns.runtime.ledger import RunLedger, StepMetrics
 from odin_ns.runtime.liveness import Awaited, PeerSilence, wait_until
 from odin_ns.runtime.sharded_admission import PendingSource, ShardedAdmission
 from odin_ns.runtime.step_signal import StepSignal
-from odin_ns.runtime.transport import Transport, has_credits
-from odin_ns.runtime.update_log import UpdateLog, step_record_reference
+from odin_ns.runtime.transport import ALL_PEERS, Transport, has_credits
+from odin_ns.runtime.update_log import ApplyHook, UpdateLog, step_record_reference
 from odin_ns.runtime.uploads import upload
 
 GRAD, PUSH = 0, 1
@@ -341,8 +351,8 @@ class ShardedEngine:
         plan,
         rank: int,
         world_size: int,
-        grads: Transport,
-        pushes: Transport,
+        grads: Transport | None,
+        pushes: Transport | None,
         step_offset: int,
         versions: Tensor,
         timeout_s: float = 120.0,
@@ -352,6 +362,7 @@ class ShardedEngine:
         sync: SyncConfig | None = None,
         step_signal: StepSignal | None = None,
         ledger: RunLedger | None = None,
+        hook: ApplyHook | None = None,
     ):
         self.groups = list(groups)
         self.step_signal = step_signal
@@ -369,6 +380,9 @@ class ShardedEngine:
         self.device = self.groups[0].param.device
         self.dims = [g.row_dim for g in self.groups]
         self.width = sum(self.dims) + 1  # gradient rows: groups' columns, then visible flag
+        self.dense = sync is not None and sync.mode == "ddp"
+        if self.dense and layout.num_owned != layout.owner.size:
+            raise ValueError("ddp (a dense all-reduce) needs every rank to own every row")
         self.admission = None
         if sync is not None and sync.mode == "throughput-first":
             self.admission = ShardedAdmission(
@@ -392,14 +406,15 @@ class ShardedEngine:
             world_size,
             step_offset,
             versions if versions.device.type == "cpu" else versions.cpu(),
+            hook=hook,
             observe_sum=None if self.admission is None else self.admission.observe_apply,
-            silent_when_empty=True,
         )
         self._versions = self.log.versions.numpy()  # [O] host view of the applied steps
         self.config = sync if sync is not None else SyncConfig(mode=self._mode())
         self.ledger = ledger if ledger is not None else RunLedger()
         self.ledger.phases += 1
         self.done = -1  # own steps finished (gradients filed)
+        self.readable = -1  # the last step ``before_step`` made readable
         self.grad_posted = dict.fromkeys(self.inn, -1)  # per peer: steps posted up to
         self.push_posted = dict.fromkeys(self.inn, 0)  # per owner: pushes posted (count)
         self.push_sent = dict.fromkeys(self.out, 0)  # per reader: pushes sent (count)
@@ -427,6 +442,10 @@ class ShardedEngine:
             uploaded = {id(r): on_device(r) for r in st.grad_out.values()}
             self._grad_rows.append({o: uploaded[id(r)] for o, r in st.grad_out.items()})
         self._own_rows = [on_device(st.own_rows) for st in self.steps]
+        self._reads = [on_device(st.reads) for st in self.steps]
+        # first step whose visible rows left its read set (-1: none), kept on the device
+        # where reading it would synchronize the step (``_check_visible``)
+        self._first_outside = torch.full((), -1, dtype=torch.int64, device=device)
         self._push_rows_out = {q: [on_device(p.rows) for p in ps] for q, ps in self.out.items()}
         self._push_rows_in = {o: [on_device(p.rows) for p in ps] for o, ps in self.inn.items()}
         # per outgoing push and per step's own reads: the owned rows that have an update
@@ -451,9 +470,10 @@ class ShardedEngine:
 
     # ------------------------------------------------------------ keys and posting
     def _key(self, kind: int, t: int) -> int:
-        """Arrival.step of a message: gradients (global step t) and pushes (index t in the
-        pair's push list of the phase) apart by the low bit."""
-        return ((self.offset + t) if kind == GRAD else t) * 2 + kind
+        """Arrival.step of a message: gradients the global step of local step t, pushes
+        their index t in the pair's push list of the phase (each stream has its own
+        transport). A transport's failure names it as the message's step."""
+        return (self.offset + t) if kind == GRAD else t
 
     def _tag(self, kind: int, t: int) -> int:
         return self._key(kind, t) % (1 << 30)
@@ -462,6 +482,8 @@ class ShardedEngine:
         """Post gradient receives for local steps <= t and push receives read at <= t."""
         for q in self.inn:
             for s in range(self.grad_posted[q] + 1, t + 1):
+                if self.dense:  # the all-reduce arrives without a posted receive
+                    break
                 rows = self.steps[s].positions.get(q)
                 if rows is not None:
                     self.grads_tx.post_recv(q, self._key(GRAD, s), self._tag(GRAD, s),
@@ -487,13 +509,17 @@ class ShardedEngine:
     def _take(self, tx: Transport, kind: int, timeout: float) -> int:
         """Take in what ``tx`` (``kind``: GRAD or PUSH) has received, waiting up to
         ``timeout`` seconds for the first; raise its transport's failure. Returns the count."""
+        if tx is None:  # a single rank, or (every rank owns every row) no pushes
+            return 0
         arrived = tx.take(timeout)
         for a in arrived:
             self.ledger.current.bytes_recv += a.buf.numel() * a.buf.element_size()
-            if kind == GRAD:
-                self.log.add(a.step // 2 - self.offset, a.peer, upload(a.buf, self.device))
+            if a.peer == ALL_PEERS:  # ddp: every rank's gradient rows of a step, summed
+                self.log.add_sum(a.step - self.offset, upload(a.buf, self.device))
+            elif kind == GRAD:
+                self.log.add(a.step - self.offset, a.peer, upload(a.buf, self.device))
             else:
-                self._absorb_push(a.peer, a.step // 2, a.buf)
+                self._absorb_push(a.peer, a.step, a.buf)
         err = tx.failure()
         if err is not None:
             raise err
@@ -519,6 +545,24 @@ class ShardedEngine:
         if rows.size == 0:
             return rows, None
         return rows, self.log.oldest_unapplied(t, torch.from_numpy(rows))
+
+    def read_versions(self, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Local step t's owned reads as they are now (after ``before_step(t)``): ([K]
+        global ids, [K] the global step each row has applied, [K] the step quality-first
+        reads it at: its last planned update before t, or the one it has if the phase
+        planned none). Throughput-first's reads around an admitted update have the first
+        below the second."""
+        st = self.steps[t]
+        have = self._versions[st.own_rows].copy()
+        need = np.where(st.own_prev >= 0, self.offset + st.own_prev, have)
+        return self.layout.gids[st.own_rows], have, need
+
+    def current_reads(self, t: int) -> Tensor:
+        """[K] int64 host global ids: local step t's owned reads at the version
+        quality-first reads them at (all of them, except where throughput-first reads
+        around a pending update)."""
+        ids, have, need = self.read_versions(t)
+        return torch.from_numpy(ids[have >= need])
 
     @torch.no_grad()
     def _apply_ready(self) -> None:
@@ -584,18 +628,23 @@ class ShardedEngine:
         heard from (``silence``: busy peers' heartbeats extend the deadline: a sharded rank
         often waits on a peer that waits on a third), naming what it waited for."""
         peers = [q for q in range(self.world) if q != self.rank]
-        wait_until(
-            awaited,
-            self._poll,
-            self._apply_ready,
-            lambda peer, start: self._deadline(peers, start),
-            self.rank,
-            what,
-            self.timeout_s,
-            time.perf_counter(),
-            0.002,
-            self._describe,
-        )
+        begun = time.perf_counter()
+        try:
+            wait_until(
+                awaited,
+                self._poll,
+                self._apply_ready,
+                lambda peer, start: self._deadline(peers, start),
+                self.rank,
+                what,
+                self.timeout_s,
+                begun,
+                0.002,
+                self._describe,
+            )
+        finally:  # a wait a busy peer's beats extended: counted (also when it times out)
+            if self.silence is not None and self.silence.heard_since(begun):
+                self.ledger.busy_s += time.perf_counter() - begun
 
     def _missing_before(self, t: int) -> Awaited:
         """What local step t still needs before it reads (quality-first and barrier): the
@@ -603,6 +652,8 @@ class ShardedEngine:
         every rank's step t - 1; None when nothing."""
         if not self._own_tests[t].current(self._versions):
             return self.log.first_missing(t)
+        if self.dense and self.log.oldest_unapplied(t) is not None:
+            return self.log.first_missing(t)  # ddp: the sum of every earlier step, applied
         for o in self.steps[t].push_in:
             if self.push_recv[o] <= self._push_of[(o, t)]:
                 return o, self.offset + t
@@ -614,8 +665,10 @@ class ShardedEngine:
     def before_step(self, t: int) -> float:
         """Block until local step t's read set is current (throughput-first: current, or
         lagging where ``sharded_admission`` admits it); returns seconds waited."""
-        if t != self.done + 1:
+        if t != self.done + 1 or self.readable != self.done:
             raise ValueError(f"before_step({t}): expected local step {self.done + 1}")
+        if t >= self.num_steps:
+            raise ValueError(f"before_step({t}): outside the bound plan's {self.num_steps} steps")
         cur = self.ledger.begin_step(self.offset + t)
         start = time.perf_counter()
         self._post(t)
@@ -625,6 +678,7 @@ class ShardedEngine:
         else:
             self._admit(t, what)
         cur.wait_s = time.perf_counter() - start - cur.apply_s
+        self.readable = t
         return cur.wait_s
 
     def _everyone_finished_before(self, t: int) -> bool:
@@ -692,13 +746,18 @@ class ShardedEngine:
 
     @torch.no_grad()
     def after_backward(self, t: int, grads: Sequence[Tensor | None], visible: Tensor) -> None:
-        """Send non-owned gradient rows to their owners, file the own rows, apply.
+        """Send non-owned gradient rows to their owners, file the own rows, apply (ddp:
+        start the step's dense all-reduce instead).
 
         Args:
             grads: per group the local [L, ...] gradient (None: zero).
-            visible: [L] bool rows visible in this rank's view.
+            visible: [L] bool rows visible in this rank's view (all of them read at t).
         """
+        if t != self.readable or t == self.done:
+            raise ValueError(f"after_backward({t}): before_step({t}) must come first, once")
         n = self.layout.num_local
+        if visible.shape != (n,) or visible.dtype != torch.bool:
+            raise ValueError(f"visible must be a [{n}] bool mask of the local table")
         columns = []
         for d, grad in zip(self.dims, grads, strict=True):
             columns.append(
@@ -707,6 +766,53 @@ class ShardedEngine:
                 else grad.detach().reshape(n, d)
             )
         columns.append(visible.to(torch.float32).unsqueeze(1))
+        self._check_visible(t, visible)
+        if self.dense:
+            self._all_reduce(t, columns)
+        else:
+            self._send_gradients(t, columns)
+        self.done = t
+        if self.step_signal is not None:
+            self.step_signal.finished(self.offset + t)
+        self._poll()
+        self._apply_ready()
+
+    def _check_visible(self, t: int, visible: Tensor) -> None:
+        """Refuse a step whose visible rows leave its read set (a rank reads and writes
+        only the rows the plan gave it). On the host at once; on an accelerator the count
+        stays on the device until the drain (reading it here would synchronize the step)."""
+        reads = self._reads[t]
+        outside = torch.count_nonzero(visible) - torch.count_nonzero(visible.index_select(0, reads))
+        if self.device.type == "cpu":
+            if int(outside):
+                self._raise_outside(self.offset + t)
+            return
+        first = self._first_outside
+        self._first_outside = torch.where((outside != 0) & (first < 0), self.offset + t, first)
+
+    def _raise_outside(self, step: int) -> None:
+        raise ValueError(
+            f"step {step}: visible rows outside the step's read set; a rank may only read "
+            "and write the rows its plan gives it"
+        )
+
+    def _all_reduce(self, t: int, columns: list[Tensor]) -> None:
+        """ddp: the step's dense [N, W] buffer (every row; only the read rows carry this
+        rank's part: a gradient on a row the rank did not draw is no rank's update in any
+        mode), summed over every rank by one all-reduce and filed whole."""
+        reads = self._reads[t]
+        buf = torch.zeros(self.layout.num_local, self.width, device=self.device)
+        buf[reads] = ops.pack_rows(reads, columns)
+        if self.grads_tx is None:
+            self.log.add_sum(t, buf)
+            return
+        self.log.record(t)
+        self.grads_tx.all_reduce(self._key(GRAD, t), buf)
+        self.ledger.current.bytes_sent += buf.numel() * buf.element_size()
+
+    def _send_gradients(self, t: int, columns: list[Tensor]) -> None:
+        """Send the step's gradient rows to their owners (credits permitting), file the
+        own rows in the log."""
         st = self.steps[t]
         packed: dict[int, Tensor] = {}  # one pack per id list (rows every rank owns: shared)
         for o, rows in self._grad_rows[t].items():
@@ -716,14 +822,16 @@ class ShardedEngine:
             nbytes = buf.numel() * buf.element_size()
             if not self._has_credits(self.grads_tx, o, nbytes):
                 tic = time.perf_counter()
-                self._wait(
-                    lambda o=o, n=nbytes: (
-                        None if self._has_credits(self.grads_tx, o, n) else (o, self.offset + t)
-                    ),
-                    f"after_backward({self.offset + t}) waiting for credits to rank {o} "
-                    f"(max_inflight_bytes {self.max_inflight_bytes})",
-                )
-                self.ledger.credit_waited(time.perf_counter() - tic)
+                try:
+                    self._wait(
+                        lambda o=o, n=nbytes: (
+                            None if self._has_credits(self.grads_tx, o, n) else (o, self.offset + t)
+                        ),
+                        f"after_backward({self.offset + t}) waiting for credits to rank {o} "
+                        f"(max_inflight_bytes {self.max_inflight_bytes})",
+                    )
+                finally:  # counted also when it times out
+                    self.ledger.credit_waited(time.perf_counter() - tic)
             self.grads_tx.send(o, self._key(GRAD, t), self._tag(GRAD, t), buf)
             self.ledger.current.bytes_sent += nbytes
             self._note_inflight(self.grads_tx, o)
@@ -732,14 +840,21 @@ class ShardedEngine:
             self.log.add(t, self.rank, own)
         elif t > self.log.created:  # the step's record exists (drain and admission read it)
             self.log.record(t)  # (a step already retired: every row applied, nothing to do)
-        self.done = t
-        if self.step_signal is not None:
-            self.step_signal.finished(self.offset + t)
+
+    def poll(self) -> None:
+        """Non-blocking: take in what has arrived, apply what is ready, send the pushes that
+        became current."""
         self._poll()
         self._apply_ready()
 
     def drain(self) -> None:
         """Apply every step of the phase run so far; wait for this rank's sends."""
+        if self.readable != self.done:
+            raise ValueError("drain() between before_step() and after_backward() of a step")
+        tic = time.perf_counter()
+        first_outside = int(self._first_outside)  # ``_check_visible``'s deferred count
+        if first_outside >= 0:
+            self._raise_outside(first_outside)
         last = self.done
         self._post(last)
         for q, pushes in self.inn.items():  # pushes already sent for later steps land too
@@ -758,7 +873,7 @@ class ShardedEngine:
 
         def unsent() -> Awaited:
             for tx in (self.grads_tx, self.push_tx):
-                oldest = tx.oldest_unsent()  # (peer, message key)
+                oldest = None if tx is None else tx.oldest_unsent()  # (peer, message key)
                 if oldest is not None:
                     return oldest[0], self.offset + last
             for q, queue in self._deferred.items():
@@ -771,6 +886,8 @@ class ShardedEngine:
         self._wait(unsent, f"drain after step {self.offset + last} (sends)")
         if self.versions is not self.log.versions:  # the caller's copy on the device
             self.versions.copy_(self.log.versions)
+        self.ledger.drains += 1
+        self.ledger.drain_s += time.perf_counter() - tic
 
     def absorb_sent_pushes(self, t: int) -> None:
         """After every rank drained at local step t: take in every push whose rows were

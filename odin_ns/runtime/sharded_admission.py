@@ -79,7 +79,7 @@ class ShardedAdmission:
         self.num_owned = int(num_owned)
         self.offset = int(step_offset)
         self.device = device
-        self.evidence = GradientEvidence(num_local, 1, device)  # one table: the local rows
+        self.evidence = GradientEvidence(num_local, device)  # the local table's rows
         # [C] per cached row, the read step whose push last refreshed it (0: the fill)
         self.fresh_since = np.zeros(num_local - self.num_owned, dtype=np.int64)
 
@@ -88,12 +88,12 @@ class ShardedAdmission:
     def observe_apply(self, rows: Tensor, acc: Tensor, applied: Tensor) -> None:
         """An owner applied ``acc`` ([U, W] summed gradient rows, visible count last) to the
         rows ``applied`` ([U] bool) of owned local rows ``rows`` ([U] int64)."""
-        self.evidence.observe(0, rows, acc, keep=applied)
+        self.evidence.observe(rows, acc, keep=applied)
 
     def push_strength(self, rows: Tensor) -> Tensor:
         """[M, 1] float32 the evidence of owned local rows ``rows`` to send with a push
         (NaN: no update of the row applied in this phase yet)."""
-        return self.evidence.strength[0][rows].unsqueeze(1)
+        return self.evidence.strength[rows].unsqueeze(1)
 
     @torch.no_grad()
     def observe_push(self, rows: np.ndarray, step: int, strength: Tensor) -> None:
@@ -102,7 +102,7 @@ class ShardedAdmission:
         self.fresh_since[rows - self.num_owned] = step
         visible = (strength > 0).to(torch.float32)  # NaN (unknown) is not > 0
         buf = torch.stack([strength, visible], dim=1)
-        self.evidence.observe(0, upload(torch.from_numpy(rows), self.device), buf)
+        self.evidence.observe(upload(torch.from_numpy(rows), self.device), buf)
 
     def oldest_missing(self, cached_rows: np.ndarray) -> int:
         """Earliest local step of an update cached local rows ``cached_rows`` may lack."""
@@ -116,7 +116,7 @@ class ShardedAdmission:
         reasons = decide_in_one_read(
             [(now, self.offset + src.pub_step, int(src.rows.size), read_rows) for src in sources],
             lambda idx: self.evidence.ratios(
-                [(0, upload(torch.from_numpy(sources[i].rows), self.device)) for i in idx]
+                [upload(torch.from_numpy(sources[i].rows), self.device) for i in idx]
             ),
             float(self.config.tau),
             int(self.config.staleness_window),

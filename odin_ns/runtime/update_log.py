@@ -18,20 +18,17 @@ So deciding what is ready never reads the device; apply runs by mask.
 
 An optional ``ApplyHook`` sees every applied row set around its Adam update (the MCMC
 strategy's lazy position noise, ``odin_ns.distributed.mcmc_noise``); with the default
-``hook=None`` the apply path is unchanged. The sharded engine (``runtime.sharded``) keeps
-its owned rows' updates in an ``UpdateLog`` too: its "footprints" are, per writer, the
-owned rows the writer read, and ``silent_when_empty`` says a writer with none of them sends
-nothing for the step.
+``hook=None`` the apply path is unchanged. The engine (``runtime.sharded``) keeps its owned
+rows' updates here: per step, per writer, the owned rows the writer read (its step tables'
+``step_union``); a writer with none of them sends nothing for the step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -116,12 +113,19 @@ def commit_rows_reference(
     return bool(applied.all())
 
 
+class StepWrites(Protocol):
+    """Who writes which rows at each local step (the engine's step tables)."""
+
+    def step_union(self, s: int) -> tuple[Tensor, list[Tensor], Tensor]:
+        """(ids [U] int64 sorted unique rows written at local step s, per writer its [M_q]
+        int64 positions in ids, [U] int32 writers per row), host tensors."""
+
+
 @dataclass(frozen=True)
 class StepKernels:
     """The update log's per-step host kernels: the compiled ``torch.ops.odin`` ones where the
     CPU library is built, else their torch twins (same results). Resolved once per log."""
 
-    record: Callable = step_record_reference
     add_arrivals: Callable = add_arrivals_reference
     ready_rows: Callable = ready_rows_reference
     commit_rows: Callable = commit_rows_reference
@@ -129,7 +133,6 @@ class StepKernels:
     @classmethod
     def resolve(cls) -> StepKernels:
         return cls(
-            ops.host_op("step_record") or step_record_reference,
             ops.host_op("add_arrivals") or add_arrivals_reference,
             ops.host_op("ready_rows") or ready_rows_reference,
             ops.host_op("commit_rows") or commit_rows_reference,
@@ -137,44 +140,31 @@ class StepKernels:
 
 
 class PendingStep:
-    """One step's update (rows = sorted union U of the step's footprints).
+    """One step's update (rows = sorted union U of what the step's writers wrote).
 
     Args:
         step: global step.
-        footprints: per rank q its [M_q] int64 host footprint (sorted unique); None when
-            ``union`` is given (then made from it if asked for).
-        last_write: [N] int64 host, per primitive the last planned write before ``step``
-            (or its version at bind time); read for ``prev``, then set to ``step`` on the
-            step's rows.
+        union: (ids [U] sorted unique, per writer q the [M_q] positions of its rows in ids,
+            [U] int32 writers per id), host tensors (``StepWrites.step_union``).
+        last_write: [N] int64 host, per row the last planned write before ``step`` (or its
+            version at bind time); read for ``prev``, then set to ``step`` on the step's rows.
         device: the parameters' device.
         kernels: the per-step host kernels (``StepKernels.resolve()``).
-        silent_when_empty: a rank with an empty footprint sends nothing for the step (its
-            part counts as received); False: every rank publishes every step.
-        union: the caller's (ids [U] sorted unique, per rank the [M_q] positions of its
-            footprint in ids, [U] int32 writers per id), when it has them already (the
-            sharded engine's step tables): then ``footprints`` is not searched again.
     """
 
     def __init__(
         self,
         step: int,
-        footprints: list[Tensor] | None,
+        union: tuple[Tensor, list[Tensor], Tensor],
         last_write: Tensor,
         device,
         kernels: StepKernels,
-        silent_when_empty: bool = False,
-        union: tuple[Tensor, list[Tensor], Tensor] | None = None,
     ):
         self.step = step
-        self._footprints = footprints  # per rank [M_q] int64 (host), or None: from union
         self.kernels = kernels
-        if union is None:
-            ids, counts, positions, prev = kernels.record(footprints, last_write, step)
-        else:
-            ids, positions, counts = union
-            prev = advance_last_write(last_write, ids, step)
+        ids, positions, counts = union
         self.ids = ids  # [U] int64 (host)
-        self.prev = prev  # [U] int64 planned previous write
+        self.prev = advance_last_write(last_write, ids, step)  # [U] planned previous write
         self.expected = counts  # [U] int32 writers per row
         self.arrived = torch.zeros_like(self.expected)  # [U] int32
         self.applied = torch.zeros(ids.shape, dtype=torch.bool)  # [U]
@@ -183,15 +173,9 @@ class PendingStep:
         self.ids_data = upload(ids, device)  # [U] on the parameters' device
         # per rank (positions on device [M_q], rows [M_q, W] on device), in rank order
         self.parts: list[tuple[Tensor, Tensor] | None] = [None] * len(positions)
-        self.received = [silent_when_empty and pos.numel() == 0 for pos in positions]
+        # a writer with no row of the step sends nothing: its part counts as received
+        self.received = [pos.numel() == 0 for pos in positions]
         self.done = ids.numel() == 0  # every row applied
-
-    @property
-    def footprints(self) -> list[Tensor]:
-        """Per rank q its [M_q] int64 host footprint (sorted unique)."""
-        if self._footprints is None:
-            self._footprints = [self.ids[p] for p in self.positions]
-        return self._footprints
 
     def add(self, q: int, rows: Tensor) -> None:
         """Rank q's contribution: [M_q, W] float32 on the parameters' device."""
@@ -212,8 +196,8 @@ class UpdateLog:
     """Pending steps of one bound plan, keyed by local step, created in step order.
 
     Args:
-        groups: the replica's parameter groups (updated in place by ``apply_ready``).
-        plan: the phase's plan (``step_footprint(t, q)``).
+        groups: the parameter groups (updated in place by ``apply_ready``).
+        writes: who writes which rows at each local step (``StepWrites``).
         world_size: R.
         step_offset: global step of the plan's local step 0.
         versions: [N] int64 host version vector to continue from (updated in place).
@@ -221,29 +205,23 @@ class UpdateLog:
         observe_sum: optional ``f(ids, acc, applied)`` called after every apply with the
             step's rows ([U] int64), their summed rows ([U, W] float32, visible count last)
             and which were applied ([U] bool), all on the parameters' device (no read of
-            it): the sharded throughput-first evidence. None: no call.
-        silent_when_empty: ``PendingStep``'s; True for the sharded engine.
-        ahead: where ``prepare`` makes a step's record before it is needed (the engine's
-            one-thread executor); None: every record is made when first asked for.
+            it): throughput-first's evidence. None: no call.
     """
 
     def __init__(
         self,
         groups: Sequence[ParamGroupState],
-        plan: Any,
+        writes: StepWrites,
         world_size: int,
         step_offset: int,
         versions: Tensor,
         hook: ApplyHook | None = None,
         observe_sum: Callable[[Tensor, Tensor, Tensor], None] | None = None,
-        silent_when_empty: bool = False,
-        ahead: Executor | None = None,
     ):
         self.groups = list(groups)
         self.hook = hook
         self.observe_sum = observe_sum
-        self.silent_when_empty = silent_when_empty
-        self.plan = plan
+        self.writes = writes
         self.world_size = world_size
         self.step_offset = step_offset
         self.device = self.groups[0].param.device
@@ -254,62 +232,28 @@ class UpdateLog:
         self.pending: dict[int, PendingStep] = {}
         self.created = -1  # records exist (or existed) for local steps <= this
         self.dirty = False  # something arrived since the last apply_ready
-        self._ahead = ahead
-        self._making: tuple[int, Future] | None = None  # (local step, its record in the making)
 
     def record(self, t: int) -> PendingStep:
         """Record of local step t, creating the records of all steps <= t first.
 
-        Records come from the plan, before any publication arrives, so an update of a
-        later step can never overtake an earlier update of the same primitive that this
-        replica has not heard of yet.
+        Records come from the plan, before any update arrives, so an update of a later step
+        can never overtake an earlier update of the same row that this rank has not heard
+        of yet.
         """
         while self.created < t:
             s = self.created + 1
-            if self._making is not None:  # made ahead (``prepare``): take it
-                made, future = self._making
-                self._making = None
-                if made != s:
-                    raise RuntimeError(f"record of local step {made} made ahead of step {s}")
-                rec = future.result()
-            else:
-                rec = self._make(s)
-            self.pending[s] = rec
+            self.pending[s] = PendingStep(
+                self.step_offset + s,
+                self.writes.step_union(s),
+                self._last_write,
+                self.device,
+                self.kernels,
+            )
             self.created = s
         rec = self.pending.get(t)
         if rec is None:
             raise RuntimeError(f"step {self.step_offset + t} already retired")
         return rec
-
-    def prepare(self, t: int) -> None:
-        """Start making local step t's record on the ``ahead`` executor when it is the next
-        record to make (its union of the step's footprints is the step's largest host cost:
-        made there, while this thread waits for the device or for peers, ``record(t)`` finds
-        it made). Nothing happens without ``ahead`` or when t is not the next record."""
-        if self._ahead is None or self._making is not None or t != self.created + 1:
-            return
-        self._making = (t, self._ahead.submit(self._make, t))
-
-    def _make(self, s: int) -> PendingStep:
-        """Local step s's record from the plan; advances ``_last_write`` to s on its rows
-        (one caller at a time: ``record`` takes a record made ahead before making the next)."""
-        step_union = getattr(self.plan, "step_union", None)  # the sharded engine's tables
-        union = step_union(s) if step_union is not None else None
-        fps = None  # with a union, PendingStep makes them from it if asked
-        if union is None:
-            fps = [
-                torch.as_tensor(np.asarray(self.plan.step_footprint(s, q)), dtype=torch.int64)
-                for q in range(self.world_size)
-            ]
-        return PendingStep(
-            self.step_offset + s,
-            fps,
-            self._last_write,
-            self.device,
-            self.kernels,
-            self.silent_when_empty,
-            union,
-        )
 
     def add(self, t: int, q: int, rows: Tensor) -> None:
         """Store rank q's [M_q, W] publication of local step t (device tensor)."""
@@ -320,17 +264,6 @@ class UpdateLog:
         """Store local step t's update summed over every rank: [N, W] (device tensor)."""
         self.record(t).add_sum(dense)
         self.dirty = True
-
-    def required(self, t: int, q: int) -> Tensor:
-        """[M_q] int64: the version every row of rank q's read set must have at step t (the
-        last planned write before t, the row's version at bind if none)."""
-        rec = self.record(t)
-        return rec.prev.index_select(0, rec.positions[q])
-
-    def prev_write(self, s: int, ids: Tensor) -> Tensor:
-        """[K] int64: the planned write before local step s of ``ids`` (rows s writes)."""
-        rec = self.pending[s]
-        return rec.prev[torch.searchsorted(rec.ids, ids)]
 
     def oldest_unapplied(self, before: int, ids: Tensor | None = None) -> int | None:
         """Oldest local step < ``before`` with a row not yet applied (of ``ids``, [K] int64

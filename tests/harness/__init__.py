@@ -17,6 +17,7 @@ from harness.toy import (
     grow_groups,
     random_footprints,
     reference_train,
+    replicated_engine,
     run_threads,
     run_toy_rank,
     spawn_ranks,
@@ -25,6 +26,7 @@ from harness.toy import (
     toy_outcome_worker,
     toy_result,
     toy_runs_worker,
+    train_step,
 )
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "grow_groups",
     "random_footprints",
     "reference_train",
+    "replicated_engine",
     "run_threads",
     "run_toy_rank",
     "spawn_ranks",
@@ -46,4 +49,5 @@ __all__ = [
     "toy_outcome_worker",
     "toy_result",
     "toy_runs_worker",
+    "train_step",
 ]

@@ -26,14 +26,22 @@ from odin_ns.optim import selective_adam_update_
 from odin_ns.runtime import (
     ALL_PEERS,
     Arrival,
+    P2PTransport,
     ParamGroupState,
     PeerFailure,
-    PrimitiveSyncEngine,
-    ReadRecorder,
+    RunLedger,
     SyncConfig,
     SyncError,
 )
-from odin_ns.runtime.liveness import Liveness, MemoryBoard, MemoryLiveness
+from odin_ns.runtime.liveness import (
+    Liveness,
+    MemoryBoard,
+    MemoryLiveness,
+    PeerSilence,
+    StoreLiveness,
+)
+from odin_ns.runtime.sharded import EVERY_RANK, ShardedEngine, ShardLayout
+from odin_ns.runtime.step_signal import StepSignal
 
 
 class ListPlan:
@@ -49,6 +57,7 @@ class ListPlan:
         num_steps, world = len(self._fp), len(self._fp[0])
         if any(len(step) != world for step in self._fp):
             raise ValueError("every step needs one footprint per rank")
+        self.num_steps = num_steps
         self.views = np.arange(num_steps * world, dtype=np.int64).reshape(num_steps, world, 1)
         self.message_rows = np.array(
             [[len(f) for f in step] for step in self._fp], dtype=np.int64
@@ -212,7 +221,7 @@ def reference_train(
     """Synchronous single-process reference: the same sum in rank order, selective Adam.
 
     With ``reads`` ((rank, global step) -> [M] int64 versions of the rows of
-    ``step_footprint`` that rank read, e.g. from ``ReadRecorder.read_records``), each
+    ``step_footprint`` that rank read, e.g. from ``ToyRank.reads``), each
     rank's gradient is computed from the rows at those versions instead of the current
     ones: the reference for runs with delayed reads.
 
@@ -282,15 +291,87 @@ class ToyRun:
     stall_at: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (step, s)
     busy_at: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (step, s)
     weak: tuple[int, int] | None = None  # rows with WEAK_SCALE x gradient (toy_grads)
-    record: bool = False  # attach a ReadRecorder (reads and decisions)
+    record: bool = False  # keep every step's read versions (``ToyRank.reads``)
+
+
+class ReadRecord(NamedTuple):
+    """What one step read: its rows, the step each had applied, the step quality-first
+    reads it at (``ShardedEngine.read_versions``)."""
+
+    step: int
+    rows: np.ndarray
+    version: Tensor
+    required: Tensor
+
+
+def read_record(engine: ShardedEngine, t: int) -> ReadRecord:
+    """What local step t reads, after its ``before_step``."""
+    rows, have, need = engine.read_versions(t)
+    return ReadRecord(engine.offset + t, rows, torch.from_numpy(have), torch.from_numpy(need))
 
 
 class ToyRank(NamedTuple):
     """One rank's outcome of ``run_toy_rank``."""
 
     groups: list[ParamGroupState]
-    engine: PrimitiveSyncEngine
-    recorder: ReadRecorder | None
+    engine: ShardedEngine  # the last phase's
+    ledger: RunLedger  # every phase's steps and decisions
+    reads: list[ReadRecord]  # with ``ToyRun.record``, else empty
+
+
+def replicated_engine(
+    groups: Sequence[ParamGroupState],
+    plan: Any,
+    rank: int,
+    world_size: int,
+    config: SyncConfig | None = None,
+    transport=None,
+    step_offset: int = 0,
+    versions: Tensor | None = None,
+    silence: PeerSilence | None = None,
+    step_signal=None,
+    ledger: RunLedger | None = None,
+) -> ShardedEngine:
+    """The engine of one replicated phase: every rank owns every row (``EVERY_RANK``);
+    ``versions`` default all -1."""
+    config = config if config is not None else SyncConfig()
+    n = groups[0].param.shape[0]
+    layout = ShardLayout(np.full(n, EVERY_RANK), rank, np.empty(0, dtype=np.int64))
+    return ShardedEngine(
+        groups,
+        layout,
+        plan,
+        rank,
+        world_size,
+        transport,
+        None,
+        step_offset=step_offset,
+        versions=versions if versions is not None else torch.full((n,), -1, dtype=torch.int64),
+        timeout_s=config.timeout_s,
+        silence=silence,
+        max_inflight_bytes=config.max_inflight_bytes,
+        sync=config,
+        step_signal=step_signal,
+        ledger=ledger,
+    )
+
+
+def train_step(
+    engine: ShardedEngine,
+    groups: Sequence[ParamGroupState],
+    t: int,
+    weak: tuple[int, int] | None = None,
+    reads: list | None = None,
+) -> None:
+    """``before_step``, the toy backward of rank ``engine.rank``'s view at local step t,
+    ``after_backward``; the step's ``ReadRecord`` appended to ``reads`` if given."""
+    engine.before_step(t)
+    if reads is not None:
+        reads.append(read_record(engine, t))
+    plan = engine.plan
+    grads, visible = toy_grads(groups, plan.views[t, engine.rank, 0],
+                               plan.step_footprint(t, engine.rank), weak)  # fmt: skip
+    engine.after_backward(t, [grads[g.name] for g in groups], visible)
 
 
 def run_toy_rank(
@@ -298,46 +379,49 @@ def run_toy_rank(
     world_size: int,
     run: ToyRun,
     transport=None,
-    process_group=None,
     liveness: Liveness | None = None,
+    step_signal=None,
     keep: list | None = None,
 ) -> ToyRank:
-    """One rank's loop: apply_until_readable, toy forward/backward on the footprint,
-    publish, apply_arrived; drain + rebind between phases; drain at the end.
+    """One rank's replicated loop: before_step, toy forward/backward on the read set,
+    after_backward; drain and a new engine between phases; drain at the end.
 
-    ``stall_at``: a silent sleep before publishing (a stuck rank); ``busy_at``: a sleep
-    after publishing inside ``engine.busy`` (rank-0-only work, announced). ``keep``: the
-    engine is appended to it once built (to read its metrics after a failure)."""
-    groups = toy_groups(run.num_rows, run.seed)
-    rng = np.random.default_rng(run.seed * 100 + rank)
-    first = run.phases[0]
-    recorder = ReadRecorder() if run.record else None
-    engine = PrimitiveSyncEngine(
-        groups,
-        first.plan,
-        rank,
-        world_size,
-        run.config,
-        process_group=process_group,
-        step_offset=first.step_offset,
-        transport=transport,
-        observer=recorder,
-        liveness=liveness,
-    )
+    Without ``transport`` the rank is a gloo process (``spawn_ranks``): a ``P2PTransport``
+    on the default group, ``StoreLiveness`` and (barrier) a ``StepSignal`` of its own.
+    ``stall_at``: a silent sleep before backward (a stuck rank); ``busy_at``: a sleep after
+    the step inside ``liveness.busy`` (rank-0-only work, announced). ``keep``: the run's
+    ledger is appended to it (to read its metrics after a failure)."""
+    cfg = run.config
+    spawned = transport is None and world_size > 1
+    if spawned:
+        transport = P2PTransport(rank, world_size, None, cfg.idle_timeout_s)
+        liveness = StoreLiveness(rank, world_size, cfg.beat_s)
+        if cfg.mode == "barrier":
+            step_signal = StepSignal(dist.new_group(backend="gloo"))
+    silence = PeerSilence(liveness, world_size, cfg.beat_s, cfg.timeout_s)
+    ledger = RunLedger()
     if keep is not None:
-        keep.append(engine)
+        keep.append(ledger)
+    groups = toy_groups(run.num_rows, run.seed)
+    versions = torch.full((run.num_rows,), -1, dtype=torch.int64)
+    rng = np.random.default_rng(run.seed * 100 + rank)
+    reads: list[ReadRecord] = []
+    engine = None
     for i, ph in enumerate(run.phases):
         if i > 0:
-            engine.drain_and_apply_all()
-            versions = None
+            engine.drain()
             if ph.grow:
                 groups = grow_groups(groups, ph.grow, seed=i)
-                fresh = torch.full((ph.grow,), -1, dtype=torch.int64)
-                versions = torch.cat([engine.versions, fresh])
-            engine.rebind(groups, ph.plan, ph.step_offset, versions)
+                versions = torch.cat([versions, torch.full((ph.grow,), -1, dtype=torch.int64)])
+        engine = replicated_engine(
+            groups, ph.plan, rank, world_size, cfg, transport, ph.step_offset, versions,
+            silence, step_signal, ledger,
+        )  # fmt: skip
         for t in range(ph.plan.views.shape[0]):
             step = ph.step_offset + t
-            engine.apply_until_readable(step)
+            engine.before_step(t)
+            if run.record:
+                reads.append(read_record(engine, t))
             if run.die_at.get(rank) == step:
                 os._exit(1)
             if rank in run.stall_at and run.stall_at[rank][0] == step:
@@ -347,58 +431,79 @@ def run_toy_rank(
             pause = run.sleep_s.get(rank, 0.0) + run.jitter_s * float(rng.random())
             if pause:
                 time.sleep(pause)
-            engine.publish(step, grads, visible)
-            engine.apply_arrived()
+            engine.after_backward(t, [grads[g.name] for g in groups], visible)
             if rank in run.busy_at and run.busy_at[rank][0] == step:
-                with engine.busy("toy busy section"):
+                with liveness.busy("toy busy section"):
                     time.sleep(run.busy_at[rank][1])
-    engine.drain_and_apply_all()
-    return ToyRank(groups, engine, recorder)
+    engine.drain()
+    if spawned:  # its threads end with the run
+        transport.close()
+        liveness.close()
+    return ToyRank(groups, engine, ledger, reads)
 
 
-def toy_result(res: ToyRank) -> dict:
+def toy_result(res: ToyRank, config: SyncConfig) -> dict:
     """Picklable outcome of a toy run."""
-    groups, engine, recorder = res
-    records = recorder.read_records if recorder is not None else []
+    groups, engine, ledger, reads = res
     return {
         "params": {g.name: g.param.clone() for g in groups},
         "exp_avg": {g.name: g.exp_avg.clone() for g in groups},
         "versions": engine.versions.clone(),
-        "summary": engine.summary(),
-        "steps": engine.step_metrics(),
-        "admissions": engine.admission_log(),
-        "reads": [(r.step, r.rows, r.version, r.required) for r in records],
+        "summary": ledger.summary(config),
+        "steps": ledger.step_metrics(),
+        "admissions": ledger.admission_log(),
+        "reads": [tuple(r) for r in reads],
     }
 
 
 def toy_outcome_worker(rank: int, world_size: int, run: ToyRun) -> dict:
-    """Spawned-process entry: one toy run; its engine summary and step metrics also when it
-    fails (``error``: the failure's first line, None on success)."""
+    """Spawned-process entry: one toy run; its summary and step metrics also when it fails
+    (``error``: the failure's first line, None on success)."""
     keep: list = []
     error = None
     try:
         run_toy_rank(rank, world_size, run, keep=keep)
     except SyncError as err:
         error = f"{type(err).__name__}: {err}"
-    engine = keep[0] if keep else None
-    out = {
+    ledger = keep[0] if keep else None
+    return {
         "error": error,
-        "summary": engine.summary() if engine is not None else None,
-        "steps": engine.step_metrics() if engine is not None else [],
+        "summary": ledger.summary(run.config) if ledger is not None else None,
+        "steps": ledger.step_metrics() if ledger is not None else [],
     }
-    if error is None and engine is not None:
-        engine.close()
-    return out
 
 
 def toy_runs_worker(rank: int, world_size: int, runs: Sequence[ToyRun]) -> list[dict]:
     """Spawned-process entry: several toy runs in a row on the default process group."""
-    out = []
-    for run in runs:
-        res = run_toy_rank(rank, world_size, run)
-        res.engine.close()
-        out.append(toy_result(res))
-    return out
+    return [toy_result(run_toy_rank(rank, world_size, run), run.config) for run in runs]
+
+
+class LoopbackSignal:
+    """Barrier mode's global step signal between rank threads (``runtime.step_signal``'s
+    protocol): every rank's last finished step, shared."""
+
+    def __init__(self, world_size: int):
+        self.lock = threading.Lock()
+        self.done = [-1] * world_size
+
+    def port(self, rank: int) -> _SignalPort:
+        return _SignalPort(self, rank)
+
+
+class _SignalPort:
+    def __init__(self, hub: LoopbackSignal, rank: int):
+        self.hub, self.rank = hub, rank
+
+    def finished(self, step: int) -> None:
+        with self.hub.lock:
+            self.hub.done[self.rank] = step
+
+    def everyone_finished(self, step: int) -> bool:
+        with self.hub.lock:
+            return min(self.hub.done) >= step
+
+    def settled(self) -> bool:
+        return True
 
 
 # ---------------------------------------------------------- loopback transport
@@ -518,6 +623,7 @@ def run_threads(world_size: int, run: ToyRun, hub=None) -> list[ToyRank]:
     ``transport(rank)``, called on the rank's thread, gives its transport; default a
     ``LoopbackHub``)."""
     hub = hub if hub is not None else LoopbackHub(world_size)
+    signal = LoopbackSignal(world_size) if run.config.mode == "barrier" else None
     board = MemoryBoard()
     results: list[Any] = [None] * world_size
     errors: list[BaseException] = []
@@ -525,7 +631,14 @@ def run_threads(world_size: int, run: ToyRun, hub=None) -> list[ToyRank]:
     def target(r: int) -> None:
         live = MemoryLiveness(board, r, run.config.beat_s)
         try:
-            results[r] = run_toy_rank(r, world_size, run, transport=hub.transport(r), liveness=live)
+            results[r] = run_toy_rank(
+                r,
+                world_size,
+                run,
+                transport=hub.transport(r),
+                liveness=live,
+                step_signal=None if signal is None else signal.port(r),
+            )
         except BaseException as exc:  # reported to the caller below
             errors.append(exc)
 
