@@ -27,10 +27,7 @@ def test_each_layout_implements_every_method_with_its_parameters(layout):
         declared = inspect.signature(getattr(TrainingSession, name)).parameters
         implemented = inspect.signature(getattr(layout, name)).parameters
         assert list(implemented) == list(declared), (layout.__name__, name)
-    # nothing is left to the shared base's "not implemented" (busy, rendezvous and the
-    # engine's summary are the base's own: one liveness and one ledger for both layouts)
-    for name in (
-        "drain", "replica_hash", "_publish", "_statistics_rows", "_step_fields",
-        "_apply_structural_change",
-    ):  # fmt: skip
+    # nothing is left to the shared base's "not implemented" (the step, busy, rendezvous
+    # and the engine's summary are the base's own: one engine, liveness and ledger)
+    for name in ("drain", "replica_hash", "_start_phase", "_apply_structural_change"):
         assert getattr(layout, name) is not getattr(SessionFlow, name), (layout.__name__, name)

@@ -16,12 +16,13 @@ import time
 import numpy as np
 import pytest
 import torch
+from harness.memory_liveness import MemoryBoard, MemoryLiveness
 from harness.toy import spawn_ranks
 
 from odin_ns.distributed.sharded_eval import gather_eval_copy, select_copy_rows
 from odin_ns.model import GAUSSIAN_GROUPS
 from odin_ns.runtime.errors import SyncTimeout
-from odin_ns.runtime.liveness import MemoryBoard, MemoryLiveness, PeerSilence, Rendezvous
+from odin_ns.runtime.liveness import PeerSilence, Rendezvous
 
 SHAPES = {"means": (3,), "scales": (3,), "quats": (4,), "features_dc": (3,),
           "features_rest": (15, 3), "opacities": (1,)}  # fmt: skip

@@ -34,7 +34,7 @@ from nerfstudio.engine.optimizers import Optimizers
 from odin_ns.distributed.densify import MCMCDensifier, make_densifier
 from odin_ns.distributed.optimizer_binding import bind_param_groups, set_step_counts
 from odin_ns.distributed.phase import PhaseController, geometry_keys, row_sources
-from odin_ns.distributed.session_api import CheckpointState, StepReads
+from odin_ns.distributed.session_api import CheckpointState
 from odin_ns.distributed.session_flow import SessionFlow
 from odin_ns.model import GAUSSIAN_GROUPS
 from odin_ns.runtime.sharded import EVERY_RANK, ShardedEngine, ShardLayout
@@ -85,32 +85,6 @@ class ReplicatedSession(SessionFlow):
         self.engine: ShardedEngine | None = None
         self.versions: torch.Tensor | None = None  # [N] int64 last applied step per row
         self._start_from_rank0()
-
-    # ------------------------------------------------------------------ the step
-    def before_step(self, step: int) -> StepReads:
-        """Start a phase if one is due, then wait until this step's read set is current
-        (applying peer updates as they arrive). Returns the rows the step draws and the
-        seconds spent waiting."""
-        if self.phases.due(step):
-            self._start_phase(step)
-        assert self.engine is not None
-        t = step - self.engine.offset
-        wait_s = self.engine.before_step(t)
-        self._rows = torch.from_numpy(self.engine.steps[t].reads).to(self.model.means.device)
-        if self.noise is not None:  # MCMC: the read set carries every earlier step's noise
-            self.noise.catch_up(self.engine.current_reads(t), step - 1)
-        return StepReads(self._rows, wait_s)
-
-    def _publish(
-        self, step: int, grads: dict[str, torch.Tensor | None], visible: torch.Tensor
-    ) -> None:
-        self.engine.after_backward(step - self.engine.offset, list(grads.values()), visible)
-
-    def _statistics_rows(self) -> tuple[torch.Tensor, int]:
-        return self._rows, self.model.num_points  # replicas index every row globally
-
-    def _step_fields(self, metrics) -> dict:
-        return {"bytes_sent": metrics.bytes_sent, "bytes_recv": metrics.bytes_recv}
 
     # ------------------------------------------------------------------ phases
     def _start_phase(self, step: int) -> None:

@@ -9,9 +9,9 @@ requests, the plan check, the rank's view stream), the step log, the viewer paus
 resume state, the gathers and the end of the run, and the order of a step after backward.
 Both train on one engine (``runtime.sharded.ShardedEngine``, over an ownership map: every
 rank owns every row in the replicated layout) and share its liveness: busy notices, the
-peers' silence and the rendezvous before every collective. A layout supplies ``_publish``,
-``_statistics_rows``, ``_step_fields``, ``_apply_structural_change``, ``_summary_extra``,
-``drain`` and ``replica_hash``.
+peers' silence and the rendezvous before every collective. The step itself (``before_step``,
+``after_backward``) is written once, here. A layout supplies ``_start_phase``,
+``_apply_structural_change``, ``_summary_extra``, ``drain`` and ``replica_hash``.
 """
 
 from __future__ import annotations
@@ -26,12 +26,14 @@ import torch.distributed as dist
 from nerfstudio.engine.optimizers import Optimizers
 from nerfstudio.utils.rich_utils import CONSOLE
 
+from odin_ns.distributed.mcmc_noise import MCMCNoise
 from odin_ns.distributed.phase import PhaseController, PhaseRecord
-from odin_ns.distributed.session_api import StepTiming
+from odin_ns.distributed.session_api import StepReads, StepTiming
 from odin_ns.distributed.telemetry import SyncTelemetry
 from odin_ns.model import GAUSSIAN_GROUPS, RenderedView, union_visible
-from odin_ns.runtime.ledger import RunLedger
+from odin_ns.runtime.ledger import RunLedger, StepMetrics
 from odin_ns.runtime.liveness import PeerSilence, Rendezvous, StoreLiveness, switch_held_section
+from odin_ns.runtime.sharded import ShardedEngine, ShardLayout
 from odin_ns.runtime.step_signal import StepSignal
 from odin_ns.runtime.transport import Transport
 from odin_ns.runtime.transport_choice import TransportChoice, choose_transport, open_transport
@@ -54,6 +56,8 @@ class SessionFlow:
 
     phases: PhaseController  # the layout's, built in its __init__
     group: dist.ProcessGroup | None  # the phase-start collectives' group
+    engine: ShardedEngine | None  # the phase's, bound by the layout's ``_start_phase``
+    noise: MCMCNoise | None = None  # MCMC's lazy position noise (replicated layout only)
 
     def __init__(
         self,
@@ -78,7 +82,8 @@ class SessionFlow:
         self._resumed_phase = resumed_phase
         self._paused = None  # the viewer pause's busy section, while paused
         self.ledger = RunLedger()  # every engine's steps and decisions, over the run
-        self._rows: torch.Tensor | None = None  # the step's reads, from before_step
+        self._rows: torch.Tensor | None = None  # the step's reads (local ids), from before_step
+        self._global_rows: torch.Tensor | None = None  # the same rows' global ids
         # Slow is not dead: a rank evaluating, writing a checkpoint or paused in the viewer
         # beats (``busy``); peers' waits and rendezvous last while it does.
         sync = config.sync
@@ -137,6 +142,25 @@ class SessionFlow:
         )
 
     # ------------------------------------------------------------------ the step
+    def before_step(self, step: int) -> StepReads:
+        """Start a phase if one is due, then wait until this step's reads (owned or cached
+        rows of the local table) are current, applying peers' updates as they arrive.
+        Returns the rows the step draws and the seconds spent waiting."""
+        if self.phases.due(step):
+            self._start_phase(step)
+        assert self.engine is not None
+        t = step - self.engine.offset
+        wait_s = self.engine.before_step(t)
+        st = self.engine.steps[t]
+        device = self.model.means.device
+        self._rows = torch.from_numpy(st.reads).to(device)
+        # the densifier's statistics are over global ids (the replicated layout's are local)
+        same = st.reads_global is st.reads
+        self._global_rows = self._rows if same else torch.from_numpy(st.reads_global).to(device)
+        if self.noise is not None:  # MCMC: the read set carries every earlier step's noise
+            self.noise.catch_up(self.engine.current_reads(t), step - 1)
+        return StepReads(self._rows, wait_s)
+
     def after_backward(self, step: int, views: Sequence[RenderedView], timing: StepTiming) -> None:
         """Publish this rank's gradient rows (the layout's engine applies what arrived),
         accumulate each view's densification statistics, make the structural change at
@@ -144,16 +168,15 @@ class SessionFlow:
         assert self.engine is not None and self._rows is not None
         visible = union_visible(views)
         metrics = self.engine.metrics[-1]  # this step's; a refine may replace the engine
-        self._publish(step, self._gradients(step), visible)
-        rows, num_rows = self._statistics_rows()
+        layout = self.engine.layout  # the table the step ran on
+        grads = self._gradients(step)  # (refused if not finite: nothing is sent)
+        self.engine.after_backward(step - self.engine.offset, list(grads.values()), visible)
         for view in views:
-            self.densifier.accumulate(step, view.info, rows, num_rows)
+            self.densifier.accumulate(step, view.info, self._global_rows, self.num_rows)
         dependency_rows = self._dependency_rows(step)  # this step's plan, before a re-plan
         if self.densifier.is_structural(step):
             self._apply_structural_change(step)
-        self._record_step(
-            step, views, timing, visible, dependency_rows, **self._step_fields(metrics)
-        )
+        self._record_step(step, views, timing, visible, dependency_rows, metrics, layout)
 
     def _gradients(self, step: int) -> dict[str, torch.Tensor | None]:
         """The Gaussian groups' gradients, refused (``FloatingPointError``) if any of the
@@ -181,10 +204,12 @@ class SessionFlow:
         timing: StepTiming,
         visible: torch.Tensor,
         dependency_rows: int,
-        **layout_fields,
+        metrics: StepMetrics,
+        layout: ShardLayout,
     ) -> None:
-        """Log the step (``SyncTelemetry``; the layout adds its fields) and refresh rank
-        0's live panels when their snapshot is due."""
+        """Log the step (``SyncTelemetry``; ``metrics``: the engine's record of it,
+        ``layout``: the table it ran on) and refresh rank 0's live panels when their
+        snapshot is due."""
         assert self._rows is not None
         self.telemetry.record_step(
             {
@@ -198,7 +223,14 @@ class SessionFlow:
                 "dependency_rows": dependency_rows,
                 "visible_rows": visible.sum(),
                 "pixels": sum(view.pixels for view in views),
-                **layout_fields,
+                "bytes_sent": metrics.bytes_sent,
+                "bytes_recv": metrics.bytes_recv,
+                "credit_wait_s": metrics.credit_wait_s,
+                "pushes_deferred": metrics.pushes_deferred,
+                "deferred_bytes_max": metrics.deferred_bytes_max,
+                "inflight_bytes_max": metrics.inflight_bytes_max,
+                "resident_rows": layout.num_local,
+                "owned_rows": layout.num_owned,
             }
         )
         if self.telemetry.snapshot_due(step, self.pipeline.panels, self.snapshot_every):
@@ -286,21 +318,17 @@ class SessionFlow:
             CONSOLE.log(f"Odin run summary written to {run_summary_path}")
 
     # ------------------------------------------------------------------ the layout's part
-    def _publish(
-        self, step: int, grads: dict[str, torch.Tensor | None], visible: torch.Tensor
-    ) -> None:
-        """Send the step's gradient rows and apply what has arrived."""
-        raise NotImplementedError
+    @property
+    def num_rows(self) -> int:
+        """N, the Gaussians of the whole model (the sharded layout: every rank's)."""
+        return self.model.num_points
 
-    def _statistics_rows(self) -> tuple[torch.Tensor, int]:
-        """(rows the step drew, as the densifier's statistics index them; their count N)."""
-        raise NotImplementedError
-
-    def _step_fields(self, metrics) -> dict:
-        """The layout's fields of the step log, from the engine's ``metrics`` of the step."""
+    def _start_phase(self, step: int) -> None:
+        """Drain, plan the phase starting at ``step`` (``_plan_phase``), bind its engine."""
         raise NotImplementedError
 
     def _apply_structural_change(self, step: int) -> None:
+        """A refine's (or reset's) change of the model at ``step``, after a drain."""
         raise NotImplementedError
 
     def _engine_counters(self) -> dict:

@@ -41,7 +41,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 from odin_ns.distributed.densify import ReplicatedDensifier, reset_opacities_in_place
 from odin_ns.distributed.optimizer_binding import learning_rate_at
 from odin_ns.distributed.phase import GaussianRows, PhaseController
-from odin_ns.distributed.session_api import CheckpointState, StepReads
+from odin_ns.distributed.session_api import CheckpointState
 from odin_ns.distributed.session_flow import SessionFlow
 from odin_ns.distributed.sharded_checkpoint import merge_owned_rows, range_owner, remove_row_files
 from odin_ns.distributed.sharded_densify import (
@@ -204,41 +204,6 @@ class ShardedSession(SessionFlow):
         self.moments = (rows.exp_avg, rows.exp_avg_sq)
         for name in GAUSSIAN_GROUPS:
             self.optimizers.optimizers[name].state.clear()  # moments live in the session
-
-    # ------------------------------------------------------------------ the step
-    def before_step(self, step: int) -> StepReads:
-        """Start a phase if one is due; wait until the step's reads (owned or cached rows
-        of the local table) are current. Returns them and the seconds waited."""
-        if self.phases.due(step):
-            self._start_phase(step)
-        assert self.engine is not None
-        t = step - self.phases.start_step
-        wait_s = self.engine.before_step(t)
-        st = self.engine.steps[t]
-        self._rows = torch.from_numpy(st.reads).to(self.model.means.device)
-        self._global_rows = torch.from_numpy(st.reads_global).to(self.model.means.device)
-        return StepReads(self._rows, wait_s)
-
-    def _publish(
-        self, step: int, grads: dict[str, torch.Tensor | None], visible: torch.Tensor
-    ) -> None:
-        """Send the step's gradient rows to their owners, apply what arrived."""
-        self.engine.after_backward(step - self.phases.start_step, list(grads.values()), visible)
-
-    def _statistics_rows(self) -> tuple[torch.Tensor, int]:
-        return self._global_rows, self.num_rows  # the statistics are over global ids
-
-    def _step_fields(self, metrics) -> dict:
-        return {
-            "bytes_sent": metrics.bytes_sent,
-            "bytes_recv": metrics.bytes_recv,
-            "credit_wait_s": metrics.credit_wait_s,
-            "pushes_deferred": metrics.pushes_deferred,
-            "deferred_bytes_max": metrics.deferred_bytes_max,
-            "inflight_bytes_max": metrics.inflight_bytes_max,
-            "resident_rows": self.model.num_points,
-            "owned_rows": self.layout.num_owned,
-        }
 
     # ------------------------------------------------------------------ phases
     def _owned_rows(self) -> OwnedRows:

@@ -13,8 +13,8 @@ gloo's own timeout (``--distributed-timeout-s``) with no notion of "busy".
 
 The channel is the ``torch.distributed`` key-value store (``StoreLiveness``: TCPStore under
 torchrun, FileStore in tests): counters only (``add``), never a blocking ``get``, nothing
-posted that would have to be cancelled, independent of the publication sockets. Tests use
-``MemoryLiveness`` (threads in one process).
+posted that would have to be cancelled, independent of the publication sockets. Tests'
+ranks in threads use ``tests/harness``'s ``MemoryLiveness``.
 """
 
 from __future__ import annotations
@@ -211,10 +211,11 @@ class Rendezvous:
         return time.perf_counter() - start
 
 
-class _Beater:
-    """The beat thread: beats while ``depth > 0``; ``beat()`` does one beat."""
+class Beater:
+    """A ``Liveness``'s beat thread: calls ``beat()`` every ``period_s`` while some busy
+    section is open (``enter`` / ``leave`` nest)."""
 
-    def __init__(self, beat, period_s: float, name: str):
+    def __init__(self, beat: Callable[[], object], period_s: float, name: str):
         self._beat = beat
         self._period = period_s
         self._cond = threading.Condition()
@@ -280,7 +281,7 @@ class StoreLiveness:
         self.world_size = world_size
         self.store = store if store is not None else dist.distributed_c10d._get_default_store()
         self.prefix = f"odin/live/{namespace if namespace is not None else next(_instances)}/"
-        self._beater = _Beater(self._beat, beat_s, name=f"odin-beat-{rank}")
+        self._beater = Beater(self._beat, beat_s, name=f"odin-beat-{rank}")
         self._reason = ""
 
     def _key(self, what: str, rank: int) -> str:
@@ -327,60 +328,9 @@ class StoreLiveness:
         self._beater.close()
 
 
-class MemoryLiveness:
-    """``Liveness`` of ranks that are threads of one process (a shared ``MemoryBoard``)."""
-
-    def __init__(self, board: MemoryBoard, rank: int, beat_s: float):
-        self.board = board
-        self.rank = rank
-        self._beater = _Beater(lambda: board.add("beats", rank), beat_s, f"odin-beat-{rank}")
-
-    @contextmanager
-    def busy(self, reason: str) -> Iterator[None]:
-        self.board.reasons[self.rank] = reason
-        self._beater.enter()
-        try:
-            yield
-        finally:
-            self._beater.leave()
-
-    def beats(self, peer: int) -> int | None:
-        return self.board.get("beats", peer)
-
-    def reason(self, peer: int) -> str:
-        return self.board.reasons.get(peer, "")
-
-    def arrive(self) -> None:
-        self.board.add("arrived", self.rank)
-
-    def arrived(self, peer: int) -> int | None:
-        return self.board.get("arrived", peer)
-
-    def close(self) -> None:
-        self._beater.close()
-
-
-class MemoryBoard:
-    """Counters shared by ``MemoryLiveness`` ends."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._counts: dict[tuple[str, int], int] = {}
-        self.reasons: dict[int, str] = {}
-
-    def add(self, what: str, rank: int) -> None:
-        with self._lock:
-            self._counts[(what, rank)] = self._counts.get((what, rank), 0) + 1
-
-    def get(self, what: str, rank: int) -> int:
-        with self._lock:
-            return self._counts.get((what, rank), 0)
-
-
 __all__ = [
+    "Beater",
     "Liveness",
-    "MemoryBoard",
-    "MemoryLiveness",
     "PeerSilence",
     "Rendezvous",
     "StoreLiveness",

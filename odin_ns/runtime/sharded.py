@@ -115,6 +115,7 @@ class ShardLayout:
     owned: np.ndarray = field(init=False)  # [O] int64 sorted global ids
     gids: np.ndarray = field(init=False)  # [L] int64 global id of each local row
     local_of: np.ndarray = field(init=False)  # [N] int64 local id of each global row, -1: none
+    identity: bool = field(init=False)  # local ids are global ids (every row owned)
 
     def __post_init__(self):
         self.owned = np.flatnonzero(owned_by(self.owner, self.rank)).astype(np.int64)
@@ -124,6 +125,7 @@ class ShardLayout:
         self.gids = np.concatenate([self.owned, self.cache])
         self.local_of = np.full(self.owner.size, -1, dtype=np.int64)
         self.local_of[self.gids] = np.arange(self.gids.size)
+        self.identity = self.gids.size == self.owner.size and self.cache.size == 0
 
     @property
     def num_owned(self) -> int:
@@ -258,7 +260,9 @@ def step_tables(plan, layout: ShardLayout, num_ranks: int):
         owner_u = owner[ids]  # [U]
         owns = owned_by(owner_u, me)  # [U]
         mine = at[me]
-        reads_local = layout.local(ids[mine])  # (raises if the table lacks a read row)
+        reads_global = ids[mine]
+        # (raises if the table lacks a read row; the replicated layout: the same array)
+        reads_local = reads_global if layout.identity else layout.local(reads_global)
         own_of = owner_u[mine]
         prev_me = prev[mine]
         # rows every rank owns: their gradients go to every peer, as one shared id list
@@ -299,7 +303,7 @@ def step_tables(plan, layout: ShardLayout, num_ranks: int):
         steps.append(
             Step(
                 reads=reads_local,
-                reads_global=ids[mine],
+                reads_global=reads_global,
                 grad_out=grad_out,
                 own_rows=local[mine[mine_owned]],
                 union=local[owns],
@@ -501,8 +505,11 @@ class ShardedEngine:
     # ------------------------------------------------------------ progress
     def _poll(self, timeout: float = 0.0) -> int:
         """Take in every arrived gradient (filed in the log) and push (written to the
-        table); waits up to ``timeout`` seconds for a push if no gradient came. Returns how
-        many arrived."""
+        table); waits up to ``timeout`` seconds for a push if no gradient came (without a
+        push transport, for a gradient: a waiting rank sleeps until something arrives
+        rather than spin). Returns how many arrived."""
+        if self.push_tx is None:
+            return self._take(self.grads_tx, GRAD, timeout)
         got = self._take(self.grads_tx, GRAD, 0.0)
         return got + self._take(self.push_tx, PUSH, timeout if got == 0 else 0.0)
 

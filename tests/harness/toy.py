@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from harness.memory_liveness import MemoryBoard, MemoryLiveness
 from odin_ns.optim import selective_adam_update_
 from odin_ns.runtime import (
     ALL_PEERS,
@@ -33,13 +34,7 @@ from odin_ns.runtime import (
     SyncConfig,
     SyncError,
 )
-from odin_ns.runtime.liveness import (
-    Liveness,
-    MemoryBoard,
-    MemoryLiveness,
-    PeerSilence,
-    StoreLiveness,
-)
+from odin_ns.runtime.liveness import Liveness, PeerSilence, StoreLiveness
 from odin_ns.runtime.sharded import EVERY_RANK, ShardedEngine, ShardLayout
 from odin_ns.runtime.step_signal import StepSignal
 
