@@ -643,8 +643,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--layouts",
         default="replicated,sharded",
-        help="interleaved too; owners: the replicated layout on the sharded engine (every "
-        "rank owns every row)",
+        help="interleaved too: replicated (every rank owns every row), sharded (locality)",
     )
     parser.add_argument("--steps", type=int, default=100, help="measured steady-state steps")
     parser.add_argument("--warmup", type=int, default=5)

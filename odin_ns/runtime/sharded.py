@@ -65,7 +65,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -176,6 +176,18 @@ class Push:
     prev: np.ndarray  # [len(rows)] local step of each row's last write before ``step``
 
 
+@dataclass
+class StepPath:
+    """What the step path reads of one step, made once, when the step is first needed:
+    its id lists on the parameters' device (a list shared by several uses uploaded once)
+    and the test of its owned reads."""
+
+    reads: Tensor  # [M] local ids of the read set
+    own_rows: Tensor  # owned local ids of the reads
+    grad_rows: dict[int, Tensor]  # owner -> local ids whose gradient rows go there
+    own_test: VersionTest  # the owned reads against their last update before the step
+
+
 class VersionTest:
     """Whether owned local ``rows`` have applied the global steps they ``need`` ([K] each),
     asked again and again while a step or a push waits. A row that has its step keeps it
@@ -206,74 +218,102 @@ class VersionTest:
         return False
 
 
-class OwnedWrites:
-    """The plan as an owner's ``UpdateLog`` reads it: at local step s, writer q's
-    "footprint" is the owned local ids of the rows q reads (and writes) that this rank owns
-    ([M_q] sorted; the order of q's gradient message), from the step tables' union,
-    positions and writer counts (``step_union``: nothing is searched or counted again)."""
+class PhaseSteps:
+    """One rank's step tables of a phase (``Step`` per local step), made in step order as
+    the engine first asks for a step, and forgotten once the step has run
+    (``forget_through``): host memory of the steps in flight, not of the phase (a 100-step
+    replicated phase at 1M Gaussians and R = 64 would hold about 3 GB). Also the plan as
+    the owner's ``UpdateLog`` reads it (``step_union``: at local step s, writer q's
+    "footprint" is the owned local ids of the rows q reads that this rank owns, [M_q] sorted,
+    the order of q's gradient message; nothing is searched or counted again).
 
-    def __init__(self, steps: Sequence[Step], num_ranks: int):
-        empty = torch.zeros(0, dtype=torch.int64)
-        # per step, as host tensors sharing the tables' memory (made once per phase)
-        self._unions = [
-            (
-                torch.from_numpy(st.union),
-                [
-                    torch.from_numpy(st.positions[q]) if q in st.positions else empty
-                    for q in range(num_ranks)
-                ],
-                torch.from_numpy(st.writers),
-            )
-            for st in steps
-        ]
+    Args:
+        steps: the tables in step order (``step_rows``, or a list made ahead).
+        num_steps: how many there are.
+        num_ranks: R.
+    """
+
+    def __init__(self, steps: Iterator[Step], num_steps: int, num_ranks: int):
+        self._steps = steps
+        self._made: dict[int, Step] = {}
+        self._next = 0  # the next step to make
+        self.num_steps = num_steps
+        self.num_ranks = num_ranks
+
+    def __len__(self) -> int:
+        return self.num_steps
+
+    def __getitem__(self, t: int) -> Step:
+        if not 0 <= t < self.num_steps:
+            raise IndexError(f"local step {t} outside the phase's {self.num_steps} steps")
+        while self._next <= t:
+            self._made[self._next] = next(self._steps)
+            self._next += 1
+        step = self._made.get(t)
+        if step is None:
+            raise RuntimeError(f"local step {t} has run: its tables are forgotten")
+        return step
+
+    def forget_through(self, t: int) -> None:
+        """Steps <= t have run: drop their tables."""
+        for s in [s for s in self._made if s <= t]:
+            del self._made[s]
 
     def step_union(self, s: int) -> tuple[Tensor, list[Tensor], Tensor]:
         """(owned local ids [U] written at local step s, per writer its positions in them,
-        [U] int32 writers per row)."""
-        return self._unions[s]
+        [U] int32 writers per row), host tensors sharing the tables' memory."""
+        st = self[s]
+        empty = torch.zeros(0, dtype=torch.int64)
+        positions = [
+            torch.from_numpy(st.positions[q]) if q in st.positions else empty
+            for q in range(self.num_ranks)
+        ]
+        return torch.from_numpy(st.union), positions, torch.from_numpy(st.writers)
 
 
-def step_tables(plan, layout: ShardLayout, num_ranks: int):
-    """(steps, pushes_out, pushes_in) of rank ``layout.rank`` for the phase's plan.
+def step_rows(
+    plan, layout: ShardLayout, num_ranks: int, num_steps: int | None = None
+) -> Iterator[tuple[Step, list[Push], list[Push]]]:
+    """Per local step of the phase's plan, in order: (rank ``layout.rank``'s ``Step``, the
+    pushes it makes (one per reader), the pushes it receives (one per owner)).
 
-    ``pushes_out[q]`` / ``pushes_in[o]``: lists sorted by (ready, step), the order the
-    owner sends them in. A row read at t by r is pushed iff some rank wrote it in the phase
-    before t (its previous write ``prev >= 0``); else the phase start's cache fill holds it.
-
-    Per step, the update log's host kernel ``step_record`` gives the union of every rank's
-    reads, each read's positions in it and each row's previous write; every table is a
-    gather from those (no search or sort of ids per step).
+    A row read at t by r is pushed iff some rank wrote it in the phase before t (its previous
+    write ``prev >= 0``); else the phase start's cache fill holds it. Per step, the update
+    log's host kernel ``step_record`` gives the union of every rank's reads, each read's
+    positions in it and each row's previous write; every table is a gather from those (no
+    search or sort of ids per step). In a layout where local ids are global ids
+    (``ShardLayout.identity``) the tables share the union's and the reads' arrays.
     """
     me, owner, local_of = layout.rank, layout.owner, layout.local_of
+    identity = layout.identity
     record = ops.host_op("step_record") or step_record_reference
     last = torch.full((owner.size,), -1, dtype=torch.int64)  # last write (local step) per row
-    steps: list[Step] = []
-    out: dict[int, list[Push]] = {q: [] for q in range(num_ranks) if q != me}
-    inn: dict[int, list[Push]] = {q: [] for q in range(num_ranks) if q != me}
-    for t in range(plan.num_steps):
+    peers = [q for q in range(num_ranks) if q != me]
+    for t in range(plan.num_steps if num_steps is None else num_steps):
         reads = [torch.from_numpy(np.asarray(plan.step_footprint(t, q), dtype=np.int64))
                  for q in range(num_ranks)]  # fmt: skip
         ids, writers, positions, prev = record(reads, last, t)  # the union [U], sorted
         ids, writers, prev = ids.numpy(), writers.numpy(), prev.numpy()
         at = [p.numpy() for p in positions]  # per rank, its reads' positions in the union
-        local = local_of[ids]  # [U] local ids (-1: a row this rank does not hold)
+        local = ids if identity else local_of[ids]  # [U] local ids (-1: a row not held)
         owner_u = owner[ids]  # [U]
         owns = owned_by(owner_u, me)  # [U]
         mine = at[me]
         reads_global = ids[mine]
         # (raises if the table lacks a read row; the replicated layout: the same array)
-        reads_local = reads_global if layout.identity else layout.local(reads_global)
+        reads_local = reads_global if identity else layout.local(reads_global)
         own_of = owner_u[mine]
         prev_me = prev[mine]
         # rows every rank owns: their gradients go to every peer, as one shared id list
         every = own_of == EVERY_RANK
-        to_all = local[mine[every]]
-        grad_out = {}
-        push_in = {}
+        grad_out, push_in = {}, {}
+        pushes_out: list[Push] = []
+        pushes_in: list[Push] = []
         if every.all():  # (replicated training: every row) nothing to sort out per owner
-            grad_out = dict.fromkeys(inn, to_all) if to_all.size else {}
+            grad_out = dict.fromkeys(peers, reads_local) if reads_local.size else {}
         else:
-            for o in inn:
+            to_all = local[mine[every]]
+            for o in peers:
                 alone = own_of == o
                 if alone.any():
                     grad_out[o] = local[mine[alone | every]]
@@ -283,36 +323,53 @@ def step_tables(plan, layout: ShardLayout, num_ranks: int):
                 if sel.any():
                     rows = local[mine[sel]]
                     push_in[o] = rows
-                    inn[o].append(Push(int(prev_me[sel].max()), t, o, rows, prev_me[sel]))
+                    pushes_in.append(Push(int(prev_me[sel].max()), t, o, rows, prev_me[sel]))
         if owns.all():  # every row of the step is this rank's: positions as recorded
             positions = {q: p for q, p in enumerate(at) if p.size}
+            union = local
+            mine_owned = slice(None)
         else:
             writers = writers[owns]
             renumber = np.cumsum(owns) - 1  # union position -> position among owned rows
             parts = {q: p[owns[p]] for q, p in enumerate(at)}
             positions = {q: renumber[p] for q, p in parts.items() if p.size}
+            union = local[owns]
+            mine_owned = owns[mine]
         only_mine = owner_u == me  # rows this rank alone owns: pushed to their readers
         if only_mine.any():
-            for q in out:
+            for q in peers:
                 sel = only_mine[at[q]] & (prev[at[q]] >= 0)
                 if sel.any():
                     rows_q = at[q][sel]
                     prev_q = prev[rows_q]
-                    out[q].append(Push(int(prev_q.max()), t, q, local[rows_q], prev_q))
-        mine_owned = owns[mine]
-        steps.append(
-            Step(
-                reads=reads_local,
-                reads_global=reads_global,
-                grad_out=grad_out,
-                own_rows=local[mine[mine_owned]],
-                union=local[owns],
-                positions=positions,
-                writers=writers,
-                own_prev=prev_me[mine_owned],
-                push_in=push_in,
-            )
+                    pushes_out.append(Push(int(prev_q.max()), t, q, local[rows_q], prev_q))
+        step = Step(
+            reads=reads_local,
+            reads_global=reads_global,
+            grad_out=grad_out,
+            own_rows=reads_local if identity else local[mine[mine_owned]],
+            union=union,
+            positions=positions,
+            writers=writers,
+            own_prev=prev_me[mine_owned],
+            push_in=push_in,
         )
+        yield step, pushes_out, pushes_in
+
+
+def step_tables(plan, layout: ShardLayout, num_ranks: int, num_steps: int | None = None):
+    """(steps, pushes_out, pushes_in) of rank ``layout.rank`` for the phase's plan, all made
+    now (``step_rows``): ``pushes_out[q]`` / ``pushes_in[o]`` are lists sorted by (ready,
+    step), the order the owner sends them in."""
+    steps: list[Step] = []
+    out: dict[int, list[Push]] = {q: [] for q in range(num_ranks) if q != layout.rank}
+    inn: dict[int, list[Push]] = {q: [] for q in range(num_ranks) if q != layout.rank}
+    for step, pushes_out, pushes_in in step_rows(plan, layout, num_ranks, num_steps):
+        steps.append(step)
+        for push in pushes_out:
+            out[push.peer].append(push)
+        for push in pushes_in:
+            inn[push.peer].append(push)
     for lists in (out, inn):
         for q in lists:
             lists[q].sort(key=lambda p: (p.ready, p.step))
@@ -394,19 +451,23 @@ class ShardedEngine:
             )
         # pushed rows: parameters (and throughput-first: the rows' evidence)
         self.pwidth = sum(self.dims) + (self.admission is not None)
-        self.steps, self.out, self.inn = step_tables(plan, layout, world_size)
-        if stop is not None:
-            self.steps = self.steps[: max(0, stop)]
-            for lists in (self.out, self.inn):
-                for q in lists:
-                    lists[q] = [p for p in lists[q] if p.step < len(self.steps)]
-        self.num_steps = len(self.steps)
+        num_steps = plan.num_steps if stop is None else min(plan.num_steps, max(0, stop))
+        if world_size == 1 or bool((layout.owner == EVERY_RANK).all()):
+            # nothing is pushed: each step's tables are made when the step is first needed
+            steps = (step for step, _, _ in step_rows(plan, layout, world_size, num_steps))
+            self.out = {q: [] for q in range(world_size) if q != rank}
+            self.inn = {q: [] for q in range(world_size) if q != rank}
+        else:  # the pushes' order needs every step's tables now
+            made, self.out, self.inn = step_tables(plan, layout, world_size, num_steps)
+            steps = iter(made)
+        self.steps = PhaseSteps(steps, num_steps, world_size)
+        self.num_steps = num_steps
         # the owned rows' pending updates, applied per row in version order
         o = layout.num_owned
         owned = [dataclasses.replace(g, param=g.param.data[:o]) for g in self.groups]
         self.log = UpdateLog(
             owned,  # the table's owned prefix (views: applied in place)
-            OwnedWrites(self.steps, world_size),
+            self.steps,
             world_size,
             step_offset,
             versions if versions.device.type == "cpu" else versions.cpu(),
@@ -429,35 +490,26 @@ class ShardedEngine:
 
     def _prepare_step_path(self) -> None:
         """What the step path would otherwise rebuild at every message, made once per phase
-        from the step tables (the plan knows it all): every id list on the parameters'
+        from the push lists (the plan knows it all): every push's id list on the parameters'
         device (uploaded once, not per message), each outgoing push's rows that wait for an
         update with the version they need, per owner how many pushes to post by each step,
-        and the table's per-group [L, d] views."""
+        and the table's per-group [L, d] views. A step's own id lists are made when the step
+        is first needed (``_path``)."""
         device, num_local = self.device, self.layout.num_local
-
-        def on_device(rows: np.ndarray) -> Tensor:
-            return upload(torch.from_numpy(rows), device)
-
         self._table = [
             g.param.data.view(num_local, d) for g, d in zip(self.groups, self.dims, strict=True)
         ]
-        self._grad_rows = []  # per step, owner -> device ids (one tensor per shared id list)
-        for st in self.steps:
-            uploaded = {id(r): on_device(r) for r in st.grad_out.values()}
-            self._grad_rows.append({o: uploaded[id(r)] for o, r in st.grad_out.items()})
-        self._own_rows = [on_device(st.own_rows) for st in self.steps]
-        self._reads = [on_device(st.reads) for st in self.steps]
+        self._paths: dict[int, StepPath] = {}  # the steps in flight
         # first step whose visible rows left its read set (-1: none), kept on the device
         # where reading it would synchronize the step (``_check_visible``)
         self._first_outside = torch.full((), -1, dtype=torch.int64, device=device)
-        self._push_rows_out = {q: [on_device(p.rows) for p in ps] for q, ps in self.out.items()}
-        self._push_rows_in = {o: [on_device(p.rows) for p in ps] for o, ps in self.inn.items()}
-        # per outgoing push and per step's own reads: the owned rows that have an update
-        # before the read, with the global step each must have applied
+        self._push_rows_out = {q: [self._upload(p.rows) for p in ps] for q, ps in self.out.items()}
+        self._push_rows_in = {o: [self._upload(p.rows) for p in ps] for o, ps in self.inn.items()}
+        # per outgoing push: the owned rows that have an update before the read, with the
+        # global step each must have applied
         self._push_tests = {
             q: [self._version_test(p.rows, p.prev) for p in ps] for q, ps in self.out.items()
         }
-        self._own_tests = [self._version_test(st.own_rows, st.own_prev) for st in self.steps]
         # per owner, [T]: how many of its pushes are read at local steps <= t
         self._posted_by = {}
         for o, ps in self.inn.items():
@@ -465,6 +517,24 @@ class ShardedEngine:
             for k, p in enumerate(ps):
                 upto[p.step] = k + 1
             self._posted_by[o] = np.maximum.accumulate(upto)
+
+    def _upload(self, rows: np.ndarray) -> Tensor:
+        return upload(torch.from_numpy(rows), self.device)
+
+    def _path(self, t: int) -> StepPath:
+        """Local step t's ``StepPath`` (made on first use, forgotten once the step ran)."""
+        path = self._paths.get(t)
+        if path is None:
+            st = self.steps[t]
+            lists = [st.reads, st.own_rows, *st.grad_out.values()]
+            on_device = {id(rows): self._upload(rows) for rows in lists}  # shared lists once
+            path = self._paths[t] = StepPath(
+                reads=on_device[id(st.reads)],
+                own_rows=on_device[id(st.own_rows)],
+                grad_rows={o: on_device[id(rows)] for o, rows in st.grad_out.items()},
+                own_test=self._version_test(st.own_rows, st.own_prev),
+            )
+        return path
 
     def _version_test(self, rows: np.ndarray, prev: np.ndarray) -> VersionTest:
         """The test of owned local ``rows`` against their last planned update before a read
@@ -547,7 +617,7 @@ class ShardedEngine:
     def lagging_owned_reads(self, t: int) -> tuple[np.ndarray, int | None]:
         """Local step t's owned reads whose last planned update before t is not applied yet
         ([K] local ids), and the oldest local step of an update they lack (None: K = 0)."""
-        test = self._own_tests[t]
+        test = self._path(t).own_test
         rows = test.rows[test.lacking(self._versions)]
         if rows.size == 0:
             return rows, None
@@ -657,7 +727,7 @@ class ShardedEngine:
         """What local step t still needs before it reads (quality-first and barrier): the
         oldest gradient its owned reads lack, a push of its cached reads, or (barrier)
         every rank's step t - 1; None when nothing."""
-        if not self._own_tests[t].current(self._versions):
+        if not self._path(t).own_test.current(self._versions):
             return self.log.first_missing(t)
         if self.dense and self.log.oldest_unapplied(t) is not None:
             return self.log.first_missing(t)  # ddp: the sum of every earlier step, applied
@@ -706,7 +776,7 @@ class ShardedEngine:
         out = []
         rows, s = self.lagging_owned_reads(t)
         if rows.size:
-            own = self._own_tests[t]
+            own = self._path(t).own_test
             lagging = VersionTest(rows, own.need[np.searchsorted(own.rows, rows)])
             out.append(
                 PendingSource(
@@ -783,12 +853,15 @@ class ShardedEngine:
             self.step_signal.finished(self.offset + t)
         self._poll()
         self._apply_ready()
+        self.steps.forget_through(t)  # (the update log keeps what it still needs)
+        for s in [s for s in self._paths if s <= t]:
+            del self._paths[s]
 
     def _check_visible(self, t: int, visible: Tensor) -> None:
         """Refuse a step whose visible rows leave its read set (a rank reads and writes
         only the rows the plan gave it). On the host at once; on an accelerator the count
         stays on the device until the drain (reading it here would synchronize the step)."""
-        reads = self._reads[t]
+        reads = self._path(t).reads
         outside = torch.count_nonzero(visible) - torch.count_nonzero(visible.index_select(0, reads))
         if self.device.type == "cpu":
             if int(outside):
@@ -807,7 +880,7 @@ class ShardedEngine:
         """ddp: the step's dense [N, W] buffer (every row; only the read rows carry this
         rank's part: a gradient on a row the rank did not draw is no rank's update in any
         mode), summed over every rank by one all-reduce and filed whole."""
-        reads = self._reads[t]
+        reads = self._path(t).reads
         buf = torch.zeros(self.layout.num_local, self.width, device=self.device)
         buf[reads] = ops.pack_rows(reads, columns)
         if self.grads_tx is None:
@@ -822,7 +895,7 @@ class ShardedEngine:
         own rows in the log."""
         st = self.steps[t]
         packed: dict[int, Tensor] = {}  # one pack per id list (rows every rank owns: shared)
-        for o, rows in self._grad_rows[t].items():
+        for o, rows in self._path(t).grad_rows.items():
             buf = packed.get(id(rows))
             if buf is None:
                 buf = packed[id(rows)] = ops.pack_rows(rows, columns)
@@ -843,7 +916,7 @@ class ShardedEngine:
             self.ledger.current.bytes_sent += nbytes
             self._note_inflight(self.grads_tx, o)
         if st.own_rows.size:
-            own = ops.pack_rows(self._own_rows[t], columns)
+            own = ops.pack_rows(self._path(t).own_rows, columns)
             self.log.add(t, self.rank, own)
         elif t > self.log.created:  # the step's record exists (drain and admission read it)
             self.log.record(t)  # (a step already retired: every row applied, nothing to do)
