@@ -194,7 +194,7 @@ class OdinTrainer(Trainer):
         """``--pipeline.max-rows-per-rank`` in replicated training (every rank holds the
         whole model); the sharded session checks its resident rows at each phase start."""
         cap = int(self.config.pipeline.max_rows_per_rank)
-        if not self.sharded:
+        if cap != 0 and not self.sharded:  # 0: no bound (a negative cap is refused)
             check_row_cap(self.pipeline.model.num_points, cap, when)
 
     @property

@@ -225,6 +225,7 @@ class UpdateLog:
         self.world_size = world_size
         self.step_offset = step_offset
         self.device = self.groups[0].param.device
+        self.width = sum(g.row_dim for g in self.groups) + 1  # W: columns, then visible
         self.versions = versions  # [N] int64 host: last applied global step per primitive
         self.versions_data = versions if self.device == HOST else versions.to(self.device)
         self._last_write = versions.clone()  # [N] last planned write of the created steps
@@ -319,8 +320,7 @@ class UpdateLog:
 
     def _apply(self, rec: PendingStep, ready: Tensor) -> None:
         ready_data = upload(ready, self.device)
-        width = sum(g.row_dim for g in self.groups) + 1
-        acc = torch.zeros(rec.ids.shape[0], width, dtype=torch.float32, device=self.device)
+        acc = torch.zeros(rec.ids.shape[0], self.width, dtype=torch.float32, device=self.device)
         for part in rec.parts:  # fixed rank order: bitwise identical sums
             if part is not None:
                 ops.accumulate_ready_rows(acc, ready_data, part[0], part[1])
