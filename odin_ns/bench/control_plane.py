@@ -40,6 +40,9 @@ Measured per step, R values interleaved step by step:
   a CUDA kernel costs the host, and the control plane is real: the host's time per step
   beside a GPU, without the CPU's cost of allocating and freeing large row buffers that
   ``host_ms`` carries;
+- ``tables_mb_per_step``: host memory of one step's tables (``sharded.Step``), median
+  over the measured steps: what a rank holds per step in flight (a layout with pushes
+  holds every step of the phase from its start);
 - ``split``: cProfile's own time per function of ``odin_ns`` over a few separate steps
   (shares of the profiled total; cProfile slows Python code, so shares, not milliseconds),
   and ``control_lines``: the integer / boolean operations' ms per step by source line.
@@ -200,6 +203,16 @@ def odin_plan(F: sp.csr_matrix, ranks: int, steps: int, seed: int):
     return build_plan(F, ranks, steps, seed=seed, strategy="odin")
 
 
+def step_table_bytes(step) -> int:
+    """Host bytes of one ``sharded.Step``'s arrays (an array two tables share, once)."""
+    arrays = {}
+    for value in vars(step).values():
+        for a in value.values() if isinstance(value, dict) else (value,):
+            if isinstance(a, np.ndarray):
+                arrays[id(a)] = a.nbytes
+    return sum(arrays.values())
+
+
 class ShardedRankUnderTest:
     """Rank 0 of a run: its owned rows and this phase's cache; readers' gradient rows and
     owners' pushes arrive from injected peers at once. ``every_rank_owns``: every rank owns
@@ -261,11 +274,14 @@ class ShardedRankUnderTest:
         ]
         self.visible = torch.zeros(layout.num_local, dtype=torch.bool, device=device)
         self.step = 0
+        self.table_bytes: list[int] = []  # host bytes of each step's tables
 
     def prepare_step(self) -> None:
         """The model's part, not measured: this step's local rows are the visible ones."""
         self.visible.zero_()
-        rows = torch.from_numpy(self.engine.steps[self.step].reads).to(self.visible.device)
+        st = self.engine.steps[self.step]
+        self.table_bytes.append(step_table_bytes(st))
+        rows = torch.from_numpy(st.reads).to(self.visible.device)
         self.visible[rows] = True
 
     def run_step(self) -> None:
@@ -562,6 +578,7 @@ def measure(args) -> dict:
         result[f"host_ms_per_step_{key}_p90"] = float(np.percentile(rec["host"], 90))
         plan_steps = int(np.asarray(tested[key].plan.views).shape[0])
         result[f"bind_ms_per_plan_step_{key}"] = 1e3 * tested[key].bind_s / plan_steps
+        result[f"tables_mb_per_step_{key}"] = float(np.median(tested[key].table_bytes)) / 1e6
         result[f"ops_per_step_{key}"] = float(np.median(rec["ops"]))
         result[f"any_tensor_syncs_per_step_{key}_max"] = int(max(rec["syncs"]))
         result[f"any_tensor_syncs_per_step_{key}_median"] = float(np.median(rec["syncs"]))

@@ -452,7 +452,8 @@ class ShardedEngine:
         # pushed rows: parameters (and throughput-first: the rows' evidence)
         self.pwidth = sum(self.dims) + (self.admission is not None)
         num_steps = plan.num_steps if stop is None else min(plan.num_steps, max(0, stop))
-        if world_size == 1 or bool((layout.owner == EVERY_RANK).all()):
+        lazy = world_size == 1 or bool((layout.owner == EVERY_RANK).all())
+        if lazy:
             # nothing is pushed: each step's tables are made when the step is first needed
             steps = (step for step, _, _ in step_rows(plan, layout, world_size, num_steps))
             self.out = {q: [] for q in range(world_size) if q != rank}
@@ -460,6 +461,7 @@ class ShardedEngine:
         else:  # the pushes' order needs every step's tables now
             made, self.out, self.inn = step_tables(plan, layout, world_size, num_steps)
             steps = iter(made)
+        self._tables_made = not lazy
         self.steps = PhaseSteps(steps, num_steps, world_size)
         self.num_steps = num_steps
         # the owned rows' pending updates, applied per row in version order
@@ -493,16 +495,17 @@ class ShardedEngine:
         from the push lists (the plan knows it all): every push's id list on the parameters'
         device (uploaded once, not per message), each outgoing push's rows that wait for an
         update with the version they need, per owner how many pushes to post by each step,
-        and the table's per-group [L, d] views. A step's own id lists are made when the step
-        is first needed (``_path``)."""
+        and the table's per-group [L, d] views. A step's own id lists (``_path``) are made
+        here too where every step's tables are (a layout with pushes), else when the step is
+        first needed."""
         device, num_local = self.device, self.layout.num_local
         self._table = [
             g.param.data.view(num_local, d) for g, d in zip(self.groups, self.dims, strict=True)
         ]
         self._paths: dict[int, StepPath] = {}  # the steps in flight
-        # first step whose visible rows left its read set (-1: none), kept on the device
+        # visible rows outside their step's read set, summed over the phase on the device
         # where reading it would synchronize the step (``_check_visible``)
-        self._first_outside = torch.full((), -1, dtype=torch.int64, device=device)
+        self._outside = torch.zeros((), dtype=torch.int64, device=device)
         self._push_rows_out = {q: [self._upload(p.rows) for p in ps] for q, ps in self.out.items()}
         self._push_rows_in = {o: [self._upload(p.rows) for p in ps] for o, ps in self.inn.items()}
         # per outgoing push: the owned rows that have an update before the read, with the
@@ -517,6 +520,9 @@ class ShardedEngine:
             for k, p in enumerate(ps):
                 upto[p.step] = k + 1
             self._posted_by[o] = np.maximum.accumulate(upto)
+        if self._tables_made:  # every step's tables exist: their paths too, off the steps
+            for t in range(self.num_steps):
+                self._path(t)
 
     def _upload(self, rows: np.ndarray) -> Tensor:
         return upload(torch.from_numpy(rows), self.device)
@@ -860,20 +866,21 @@ class ShardedEngine:
     def _check_visible(self, t: int, visible: Tensor) -> None:
         """Refuse a step whose visible rows leave its read set (a rank reads and writes
         only the rows the plan gave it). On the host at once; on an accelerator the count
-        stays on the device until the drain (reading it here would synchronize the step)."""
+        is added up on the device and read at the drain (reading it here would synchronize
+        the step): two reductions and two in-place adds a step."""
         reads = self._path(t).reads
-        outside = torch.count_nonzero(visible) - torch.count_nonzero(visible.index_select(0, reads))
         if self.device.type == "cpu":
+            outside = torch.count_nonzero(visible) - torch.count_nonzero(visible[reads])
             if int(outside):
-                self._raise_outside(self.offset + t)
+                self._raise_outside(f"step {self.offset + t}")
             return
-        first = self._first_outside
-        self._first_outside = torch.where((outside != 0) & (first < 0), self.offset + t, first)
+        self._outside.add_(visible.sum(dtype=torch.int64))
+        self._outside.sub_(visible.index_select(0, reads).sum(dtype=torch.int64))
 
-    def _raise_outside(self, step: int) -> None:
+    def _raise_outside(self, where: str) -> None:
         raise ValueError(
-            f"step {step}: visible rows outside the step's read set; a rank may only read "
-            "and write the rows its plan gives it"
+            f"{where}: visible rows outside the step's read set; a rank may only read and "
+            "write the rows its plan gives it"
         )
 
     def _all_reduce(self, t: int, columns: list[Tensor]) -> None:
@@ -932,9 +939,8 @@ class ShardedEngine:
         if self.readable != self.done:
             raise ValueError("drain() between before_step() and after_backward() of a step")
         tic = time.perf_counter()
-        first_outside = int(self._first_outside)  # ``_check_visible``'s deferred count
-        if first_outside >= 0:
-            self._raise_outside(first_outside)
+        if self.device.type != "cpu" and int(self._outside):  # ``_check_visible``'s count
+            self._raise_outside(f"a step in {self.offset}..{self.offset + self.done}")
         last = self.done
         self._post(last)
         for q, pushes in self.inn.items():  # pushes already sent for later steps land too
