@@ -34,7 +34,7 @@ whether a build was running beside it, and the run goes on):
 6. ``gsplat_speed``: gsplat forward and forward + backward at 0.1M, 1M and 3M Gaussians on
    one 1280x720 view (median of 5, CUDA events).
 7. ``control_plane``: ``odin_ns.bench.control_plane`` on CUDA, after the builds: rank 0's
-   replicated engine at 1M Gaussians, R = 8 (peers injected), 10 warm-up and 30 measured
+   engine in the replicated layout at 1M Gaussians, R = 8 (peers injected), 10 warm-up and 30 measured
    steps: host and wall ms per step and the stream synchronizations per step (torch's sync
    debug mode).
 8. ``single_process``: ``ns-train odin-splatfacto`` on the gsplat backend, steps/s and

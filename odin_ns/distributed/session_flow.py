@@ -1,12 +1,12 @@
 """The step flow both layouts share: ``SessionFlow``, the base of the two sessions.
 
 ``ReplicatedSession`` (``session``) and ``ShardedSession`` (``sharded_session``) differ in
-where a Gaussian lives and so in how a step publishes, how a phase binds its rows, how a
-structural change runs and how the whole model reaches a checkpoint or an evaluation.
-What they share lives here, once: the start from rank 0's model, the refusal to publish a
-non-finite gradient, the phase plan and its exchange (footprints, plan, telemetry, panel
-requests, the plan check, the rank's view stream), the step log, the viewer pause, the
-resume state, the gathers and the end of the run, and the order of a step after backward.
+where a Gaussian lives and so in how a phase binds its rows (the ownership map the engine
+runs over), how a structural change runs and how the whole model reaches a checkpoint or an
+evaluation. What they share lives here, once: the step, the start from rank 0's model, the
+refusal to publish a non-finite gradient, the phase plan and its exchange (footprints,
+plan, telemetry, panel requests, the plan check, the rank's view stream), the step log, the
+viewer pause, the resume state, the gathers and the end of the run.
 Both train on one engine (``runtime.sharded.ShardedEngine``, over an ownership map: every
 rank owns every row in the replicated layout) and share its liveness: busy notices, the
 peers' silence and the rendezvous before every collective. The step itself (``before_step``,

@@ -1,8 +1,7 @@
 """What one rank's engine did over a run: a record per step and every admission decision.
 
-Both layouts' engines write into one ``RunLedger``, which their session owns and hands to
-every engine it binds (the replicated engine rebinds per phase; the sharded session makes
-an engine per phase). So a run's totals, the live panels' counters and the admission log
+The engine writes into one ``RunLedger``, which the session owns and hands to every phase's
+engine, in both layouts. So a run's totals, the live panels' counters and the admission log
 are read from one object, in one shape, whatever the layout; nothing is merged over phases.
 """
 

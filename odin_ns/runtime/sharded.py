@@ -228,7 +228,7 @@ class PhaseSteps:
     the order of q's gradient message; nothing is searched or counted again).
 
     Args:
-        steps: the tables in step order (``step_rows``, or a list made ahead).
+        steps: the tables in step order (``step_rows``'s, or an iterator over a list).
         num_steps: how many there are.
         num_ranks: R.
     """
