@@ -231,21 +231,22 @@ class ShardedRankUnderTest:
         every_rank_owns: bool = False,
     ):
         from odin_ns.runtime.sharded import (
-            EVERY_RANK,
             ShardedEngine,
             ShardLayout,
             cache_of,
             phase_read_sets,
+            replicated_layout,
         )
         from odin_ns.schedule.ownership import assign_ownership
 
         self.plan = plan if plan is not None else odin_plan(F, ranks, steps, seed)
         if every_rank_owns:
-            owner = np.full(F.shape[1], EVERY_RANK, dtype=np.int64)
+            layout = replicated_layout(F.shape[1], 0)
         else:
             owner = assign_ownership(self.plan, "locality", seed)
-        reads = phase_read_sets(self.plan, ranks)[0]
-        self.layout = layout = ShardLayout(owner, 0, cache_of(owner, 0, reads))
+            reads = phase_read_sets(self.plan, ranks)[0]
+            layout = ShardLayout(owner, 0, cache_of(owner, 0, reads))
+        self.layout = layout
         owned = layout.num_owned
         self.groups = [
             ParamGroupState(

@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from nerfstudio.engine.optimizers import Optimizers
@@ -37,7 +36,7 @@ from odin_ns.distributed.phase import PhaseController, geometry_keys, row_source
 from odin_ns.distributed.session_api import CheckpointState
 from odin_ns.distributed.session_flow import SessionFlow
 from odin_ns.model import GAUSSIAN_GROUPS
-from odin_ns.runtime.sharded import EVERY_RANK, ShardedEngine, ShardLayout
+from odin_ns.runtime.sharded import ShardedEngine, replicated_layout
 
 
 def runtime_process_group():
@@ -50,12 +49,6 @@ def runtime_process_group():
     if dist.get_backend() == "gloo":
         return None
     return dist.new_group(backend="gloo")
-
-
-def replicated_layout(num_rows: int, rank: int) -> ShardLayout:
-    """The ownership map of replicated training: every rank owns each of ``num_rows`` rows
-    and caches none."""
-    return ShardLayout(np.full(num_rows, EVERY_RANK), rank, np.empty(0, dtype=np.int64))
 
 
 class ReplicatedSession(SessionFlow):

@@ -151,12 +151,8 @@ class SessionFlow:
         assert self.engine is not None
         t = step - self.engine.offset
         wait_s = self.engine.before_step(t)
-        st = self.engine.steps[t]
-        device = self.model.means.device
-        self._rows = torch.from_numpy(st.reads).to(device)
-        # the densifier's statistics are over global ids (the replicated layout's are local)
-        same = st.reads_global is st.reads
-        self._global_rows = self._rows if same else torch.from_numpy(st.reads_global).to(device)
+        # the rows the model draws (local ids), and the densifier's statistics' (global ids)
+        self._rows, self._global_rows = self.engine.step_reads(t)
         if self.noise is not None:  # MCMC: the read set carries every earlier step's noise
             self.noise.catch_up(self.engine.current_reads(t), step - 1)
         return StepReads(self._rows, wait_s)

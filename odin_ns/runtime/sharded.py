@@ -143,6 +143,12 @@ class ShardLayout:
         return local
 
 
+def replicated_layout(num_rows: int, rank: int) -> ShardLayout:
+    """The ownership map of replicated training: every rank owns each of ``num_rows`` rows
+    (``EVERY_RANK``) and caches none."""
+    return ShardLayout(np.full(num_rows, EVERY_RANK), rank, np.empty(0, dtype=np.int64))
+
+
 def phase_read_sets(plan, num_ranks: int) -> list[np.ndarray]:
     """Per rank, [K_r] sorted global ids its planned steps of the phase read."""
     F = plan.footprints
@@ -183,8 +189,11 @@ class StepPath:
     and the test of its owned reads."""
 
     reads: Tensor  # [M] local ids of the read set
+    reads_global: Tensor  # [M] their global ids (the same tensor where they are the same)
     own_rows: Tensor  # owned local ids of the reads
-    grad_rows: dict[int, Tensor]  # owner -> local ids whose gradient rows go there
+    # (local ids, the owners their gradient rows go to): one entry per distinct id list,
+    # packed once however many owners it goes to (rows every rank owns: to every peer)
+    grad_sends: list[tuple[Tensor, list[int]]]
     own_test: VersionTest  # the owned reads against their last update before the step
 
 
@@ -442,7 +451,7 @@ class ShardedEngine:
         self.dims = [g.row_dim for g in self.groups]
         self.width = sum(self.dims) + 1  # gradient rows: groups' columns, then visible flag
         self.dense = sync is not None and sync.mode == "ddp"
-        if self.dense and layout.num_owned != layout.owner.size:
+        if self.dense and not layout.identity:
             raise ValueError("ddp (a dense all-reduce) needs every rank to own every row")
         self.admission = None
         if sync is not None and sync.mode == "throughput-first":
@@ -532,12 +541,16 @@ class ShardedEngine:
         path = self._paths.get(t)
         if path is None:
             st = self.steps[t]
-            lists = [st.reads, st.own_rows, *st.grad_out.values()]
+            lists = [st.reads, st.reads_global, st.own_rows, *st.grad_out.values()]
             on_device = {id(rows): self._upload(rows) for rows in lists}  # shared lists once
+            sends: dict[int, tuple[Tensor, list[int]]] = {}
+            for o, rows in st.grad_out.items():
+                sends.setdefault(id(rows), (on_device[id(rows)], []))[1].append(o)
             path = self._paths[t] = StepPath(
                 reads=on_device[id(st.reads)],
+                reads_global=on_device[id(st.reads_global)],
                 own_rows=on_device[id(st.own_rows)],
-                grad_rows={o: on_device[id(rows)] for o, rows in st.grad_out.items()},
+                grad_sends=list(sends.values()),
                 own_test=self._version_test(st.own_rows, st.own_prev),
             )
         return path
@@ -901,32 +914,43 @@ class ShardedEngine:
         """Send the step's gradient rows to their owners (credits permitting), file the
         own rows in the log."""
         st = self.steps[t]
-        packed: dict[int, Tensor] = {}  # one pack per id list (rows every rank owns: shared)
-        for o, rows in self._path(t).grad_rows.items():
-            buf = packed.get(id(rows))
-            if buf is None:
-                buf = packed[id(rows)] = ops.pack_rows(rows, columns)
+        for rows, owners in self._path(t).grad_sends:
+            buf = ops.pack_rows(rows, columns)
             nbytes = buf.numel() * buf.element_size()
-            if not self._has_credits(self.grads_tx, o, nbytes):
-                tic = time.perf_counter()
-                try:
-                    self._wait(
-                        lambda o=o, n=nbytes: (
-                            None if self._has_credits(self.grads_tx, o, n) else (o, self.offset + t)
-                        ),
-                        f"after_backward({self.offset + t}) waiting for credits to rank {o} "
-                        f"(max_inflight_bytes {self.max_inflight_bytes})",
-                    )
-                finally:  # counted also when it times out
-                    self.ledger.credit_waited(time.perf_counter() - tic)
-            self.grads_tx.send(o, self._key(GRAD, t), self._tag(GRAD, t), buf)
-            self.ledger.current.bytes_sent += nbytes
-            self._note_inflight(self.grads_tx, o)
+            for o in owners:
+                self._send_gradient(t, o, buf, nbytes)
         if st.own_rows.size:
             own = ops.pack_rows(self._path(t).own_rows, columns)
             self.log.add(t, self.rank, own)
         elif t > self.log.created:  # the step's record exists (drain and admission read it)
             self.log.record(t)  # (a step already retired: every row applied, nothing to do)
+
+    def _send_gradient(self, t: int, o: int, buf: Tensor, nbytes: int) -> None:
+        """Send local step t's packed gradient rows ``buf`` to owner ``o`` once it has
+        credits (receiving, applying and pushing meanwhile)."""
+        if not self._has_credits(self.grads_tx, o, nbytes):
+            tic = time.perf_counter()
+            try:
+                self._wait(
+                    lambda: (
+                        None
+                        if self._has_credits(self.grads_tx, o, nbytes)
+                        else (o, self.offset + t)
+                    ),
+                    f"after_backward({self.offset + t}) waiting for credits to rank {o} "
+                    f"(max_inflight_bytes {self.max_inflight_bytes})",
+                )
+            finally:  # counted also when it times out
+                self.ledger.credit_waited(time.perf_counter() - tic)
+        self.grads_tx.send(o, self._key(GRAD, t), self._tag(GRAD, t), buf)
+        self.ledger.current.bytes_sent += nbytes
+        self._note_inflight(self.grads_tx, o)
+
+    def step_reads(self, t: int) -> tuple[Tensor, Tensor]:
+        """Local step t's reads on the parameters' device: (local ids, global ids), uploaded
+        once for the step path (the same tensor where local ids are global ids)."""
+        path = self._path(t)
+        return path.reads, path.reads_global
 
     def poll(self) -> None:
         """Non-blocking: take in what has arrived, apply what is ready, send the pushes that
@@ -1039,5 +1063,6 @@ __all__ = [
     "cache_of",
     "owned_by",
     "phase_read_sets",
+    "replicated_layout",
     "step_tables",
 ]

@@ -35,7 +35,7 @@ from odin_ns.runtime import (
     SyncError,
 )
 from odin_ns.runtime.liveness import Liveness, PeerSilence, StoreLiveness
-from odin_ns.runtime.sharded import EVERY_RANK, ShardedEngine, ShardLayout
+from odin_ns.runtime.sharded import ShardedEngine, replicated_layout
 from odin_ns.runtime.step_signal import StepSignal
 
 
@@ -331,10 +331,9 @@ def replicated_engine(
     ``versions`` default all -1."""
     config = config if config is not None else SyncConfig()
     n = groups[0].param.shape[0]
-    layout = ShardLayout(np.full(n, EVERY_RANK), rank, np.empty(0, dtype=np.int64))
     return ShardedEngine(
         groups,
-        layout,
+        replicated_layout(n, rank),
         plan,
         rank,
         world_size,
