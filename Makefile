@@ -115,6 +115,12 @@ bench: venv
 	$(PY) -m odin_ns.bench.sync --data ../shared/data/fox --downscale-factor 8 $(TAU_RUN) \
 		--jitter-ms 48 --out bench/sync_fox_tau04_jitter48.json \
 		-- --pipeline.datamanager.camera-res-scale-factor 0.5 --pipeline.sync.tau 0.4
+	# the plan's step order: low-conflict (default) vs shuffled, half-step delays and PSNR
+	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 200 --repeats 4 --control \
+		--modes barrier,quality-first,quality-first-shuffled --jitter-ms 24 --no-eval \
+		--out bench/sync_step_order_street_jitter24.json
+	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 6 --paired-seeds \
+		--modes barrier,quality-first-shuffled --out bench/sync_step_order_street_paired_seeds.json
 	$(PY) -m odin_ns.bench.shard --ranks 2 3 4 --rounds 2 --out bench/shard.json
 	$(PY) -m odin_ns.bench.shard --data ../shared/data/fox --downscale-factor 8 --ranks 2 3 4 \
 		--rounds 1 --out bench/shard_fox.json

@@ -57,6 +57,9 @@ class OdinPipelineConfig(VanillaPipelineConfig):
     saves over the phase exceed the migration bytes; always / never: every phase / never."""
     plan_strategy: Literal["odin", "random"] = "odin"
     """AOT plan: low-conflict spatial streams (odin) or a random deal (baseline)."""
+    plan_step_order: Literal["low-conflict", "shuffled"] = "low-conflict"
+    """odin plan: order each epoch's steps so that a rank's view overlaps few views its peers
+    trained just before (fewer quality-first waits when a peer runs late), or shuffle them."""
     footprint_margin_px: float = 16.0
     """Pixels added around each projected 3-sigma footprint when planning."""
     max_phase_steps: int = 100

@@ -222,6 +222,9 @@ DISTRIBUTED = {
     "--pipeline.model.mcmc-min-opacity": "0.029",
     "--steps-per-save": "2",
     "--save-only-latest-checkpoint": "False",
+    # Shuffled steps: the phase of steps 3-4 then reads a peer's previous step (the
+    # low-conflict order avoids that), so the dependency check below has rows to compare.
+    "--pipeline.plan-step-order": "shuffled",
 }
 DISTRIBUTED_STEPS = 6
 REFINE_STEPS = [2, 4]
@@ -333,7 +336,7 @@ def _plan_from_checkpoint(run_dir: Path, step: int, num_steps: int):
     from nerfstudio.utils.eval_utils import eval_setup
 
     from odin_ns.distributed.phase import local_footprints
-    from odin_ns.schedule import build_plan
+    from odin_ns.schedule import PlanOptions, build_plan
 
     def at_step(config):
         config.load_step = step
@@ -357,6 +360,7 @@ def _plan_from_checkpoint(run_dir: Path, step: int, num_steps: int):
         strategy=config.pipeline.plan_strategy,
         epoch=resume["epoch"],
         pending=None if pending is None else np.asarray(pending, dtype=np.int64),
+        options=PlanOptions(step_order=config.pipeline.plan_step_order),
     )
 
 

@@ -35,7 +35,10 @@ noise adds none. ``--control`` adds an A/A control: barrier trained a second tim
 round (``barrier-again``, rotated like the modes); its same-round ratio to barrier,
 ``throughput_ratio_again_vs_barrier``, is the spread this machine puts on the ratio of two
 runs that do bitwise the same work (``max_param_diff_again_vs_barrier``: 0). Writes JSON,
-a PNG of round 0's timelines, ``<out>_ratios.png`` and ``<out>_psnr.png``.
+a PNG of round 0's timelines, ``<out>_ratios.png`` and ``<out>_psnr.png``. Modes beyond
+the engine's: ``throughput-first-impact`` (the impact admission rule) and
+``quality-first-shuffled`` (quality-first on a plan whose epochs' steps are shuffled, not
+ordered low-conflict: what the step order buys).
 """
 
 from __future__ import annotations
@@ -67,8 +70,13 @@ CONTROL = "barrier-again"  # --control: barrier once more per round (the A/A con
 SHORT[CONTROL] = "again"
 IMPACT = "throughput-first-impact"  # throughput-first with the impact admission rule
 SHORT[IMPACT] = "tfi"
-TRAIN_MODE = {CONTROL: "barrier", IMPACT: "throughput-first"}  # the engine mode trained
-MODE_FLAGS = {IMPACT: ("--pipeline.sync.admission", "impact")}  # and its other flags
+SHUFFLED = "quality-first-shuffled"  # quality-first on a plan whose steps are shuffled
+SHORT[SHUFFLED] = "qfs"
+TRAIN_MODE = {CONTROL: "barrier", IMPACT: "throughput-first", SHUFFLED: "quality-first"}
+MODE_FLAGS = {  # the engine mode trained (above) and its other flags
+    IMPACT: ("--pipeline.sync.admission", "impact"),
+    SHUFFLED: ("--pipeline.plan-step-order", "shuffled"),
+}
 BASES = ("barrier", "ddp")  # ratios are reported against these
 CONSOLE = Console()
 

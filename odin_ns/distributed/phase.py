@@ -26,7 +26,7 @@ from torch import Tensor
 from odin_ns.cuda import ops
 from odin_ns.distributed.densify import next_phase_end
 from odin_ns.model import OdinSplatfactoModel, get_viewmat
-from odin_ns.schedule import Plan, build_plan, compute_footprints, plan_conflict
+from odin_ns.schedule import Plan, PlanOptions, build_plan, compute_footprints, plan_conflict
 from odin_ns.schedule.footprint import jacobian_bound
 
 
@@ -437,6 +437,7 @@ class PhaseController:
         rank, world_size: this rank and R.
         seed: plan seed (the data manager's sampling seed): identical on every rank.
         strategy: "odin" (low-conflict spatial streams) or "random" (baseline deal).
+        options: the odin strategy's knobs (``PlanOptions``; default: its defaults).
         max_phase_steps: re-plan at least this often.
         margin_px: pixels added around each projected footprint.
         reuse_shift_px: at a re-plan, a Gaussian keeps the footprint computed earlier if
@@ -462,6 +463,7 @@ class PhaseController:
         reuse_shift_px: float = 0.0,
         group=None,
         views_per_rank: int = 1,
+        options: PlanOptions | None = None,
     ):
         if views_per_rank < 1:
             raise ValueError(f"views_per_rank must be >= 1, got {views_per_rank}")
@@ -474,6 +476,7 @@ class PhaseController:
         self.reuse_shift_px = float(reuse_shift_px)
         self.group = group
         self.views_per_rank = int(views_per_rank)
+        self.options = options
         self._reference: FootprintReference | None = None
         self._sources: np.ndarray | None = None  # [N] rows' sources after a structural step
         self.computed_rows = -1  # Gaussians whose footprints the last phase start computed
@@ -684,6 +687,7 @@ class PhaseController:
             views_per_rank=self.views_per_rank,
             seed=self.seed,
             strategy=self.strategy,
+            options=self.options,
             **resume,
         )
         plan_s = time.perf_counter() - tic

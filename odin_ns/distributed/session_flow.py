@@ -37,6 +37,7 @@ from odin_ns.runtime.sharded import ShardedEngine, ShardLayout
 from odin_ns.runtime.step_signal import StepSignal
 from odin_ns.runtime.transport import Transport
 from odin_ns.runtime.transport_choice import TransportChoice, choose_transport, open_transport
+from odin_ns.schedule import PlanOptions
 
 
 class SessionFlow:
@@ -139,6 +140,7 @@ class SessionFlow:
             reuse_shift_px=config.footprint_reuse_shift_px,
             group=group,
             views_per_rank=int(config.views_per_rank),
+            options=PlanOptions(step_order=config.plan_step_order),
         )
 
     # ------------------------------------------------------------------ the step
