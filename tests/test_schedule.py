@@ -26,6 +26,7 @@ from odin_ns.schedule import (
     locality_graph,
     partition_views,
     plan_conflict,
+    previous_step_reads,
 )
 from odin_ns.schedule.locality import view_overlaps, view_overlaps_reference
 
@@ -529,12 +530,6 @@ def test_low_conflict_order_equals_its_reference(num_ranks, views_per_rank):
         np.testing.assert_array_equal(got, want)
 
 
-def lag1_waits(plan) -> int:
-    """(t, r) pairs that depend on a peer's previous step."""
-    t = np.arange(plan.num_steps)[:, None, None]
-    return int(((plan.dependency == t - 1) & (plan.dependency >= 0)).any(axis=2).sum())
-
-
 def far_seen_street(num_views: int, seed: int) -> sp.csr_matrix:
     """Footprints of a street: each view sees its stretch (shared with its neighbours) and
     a few of 20 large Gaussians seen from afar, which make views far apart overlap."""
@@ -544,6 +539,27 @@ def far_seen_street(num_views: int, seed: int) -> sp.csr_matrix:
         dense[i, 10 * i : 10 * i + 30] = True
     dense[:, 10 * num_views + 20 :] = rng.random((num_views, 20)) < 0.1
     return sp.csr_matrix(dense)
+
+
+def lag1_waits(plan) -> float:
+    """(t, r) pairs that read a primitive a peer wrote at t - 1."""
+    return float(previous_step_reads(plan).sum() * plan.num_ranks)
+
+
+@pytest.mark.parametrize("num_ranks, views_per_rank", [(2, 1), (3, 2)])
+def test_previous_step_reads_equals_brute_force(num_ranks, views_per_rank):
+    F = far_seen_street(48, 3)
+    plan = build_plan(F, num_ranks, 20, views_per_rank)
+    got = previous_step_reads(plan)
+    assert got[0] == 0.0
+    for t in range(1, plan.num_steps):
+        reads = [set(plan.step_footprint(t, r).tolist()) for r in range(num_ranks)]
+        wrote = [set(plan.step_footprint(t - 1, q).tolist()) for q in range(num_ranks)]
+        hit = [
+            any(reads[r] & wrote[q] for q in range(num_ranks) if q != r) for r in range(num_ranks)
+        ]
+        assert got[t] == np.mean(hit)
+    assert 0 < got.mean() < 1  # the case has both
 
 
 @pytest.mark.parametrize("num_ranks", [2, 3])

@@ -73,6 +73,7 @@ def synthetic_snapshot(step: int, tau: float = 0.2, k: int = 4) -> dict:
             "num_steps": 25,
             "views_per_rank": 1,
             "predicted_conflict": 0.0375,
+            "predicted_previous_step_reads": 0.25,
             "rebuilt_at_step": 25 * (step // 25),
         },
         "tau": tau,
@@ -346,6 +347,8 @@ def expected_lines(snap: dict) -> list[str]:
     lines.append(", ".join(f"{k}: {hist[k]}" for k in sorted(hist, key=int)))
     lines.append(f"phase\t{snap['plan']['phase']}")
     lines.append(f"predicted conflict\t{snap['plan']['predicted_conflict']:.3f}")
+    previous = snap["plan"]["predicted_previous_step_reads"]
+    lines.append(f"reads of a peer's last step\t{previous:.3f}")
     lines.append(f"rebuilt at step\t{snap['plan']['rebuilt_at_step']}")
     return lines
 

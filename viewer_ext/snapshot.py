@@ -26,7 +26,8 @@ SNAPSHOT_KEYS = (
     "staleness_hist",  # {"0": int, "1": int, ...} (throughput-first)
     "admitted",  # int: delayed reads admitted
     "fallbacks",  # {"overlap", "evidence", "staleness", "phase": int}
-    "plan",  # {"phase", "start_step", "num_steps", "views_per_rank", "predicted_conflict", "rebuilt_at_step"}
+    "plan",  # {"phase", "start_step", "num_steps", "views_per_rank", "predicted_conflict",
+    # "predicted_previous_step_reads", "rebuilt_at_step"}
     "tau",  # float: admission threshold in use
     "staleness_window",  # int: K in use
 )

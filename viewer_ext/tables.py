@@ -23,6 +23,7 @@ PLAN_ROWS = (
     ("phase", "phase"),
     ("views_per_rank", "views per rank"),
     ("predicted_conflict", "predicted conflict"),
+    ("predicted_previous_step_reads", "reads of a peer's last step"),
     ("rebuilt_at_step", "rebuilt at step"),
     ("start_step", "start step"),
     ("num_steps", "steps in phase"),
@@ -128,7 +129,7 @@ def plan_markdown(snapshot: dict) -> str:
     rows = []
     for key, label in PLAN_ROWS:
         value = plan.get(key)
-        if key == "predicted_conflict":
+        if key in ("predicted_conflict", "predicted_previous_step_reads"):
             rows.append((label, fmt_num(value, 3)))
         else:
             rows.append((label, fmt_int(value)))

@@ -34,7 +34,14 @@ import torch
 
 from odin_ns.bench.report import save_figure, write_json
 from odin_ns.bench.simulate import simulate
-from odin_ns.schedule import Plan, build_plan, compute_footprints, load_imbalance, plan_conflict
+from odin_ns.schedule import (
+    Plan,
+    build_plan,
+    compute_footprints,
+    load_imbalance,
+    plan_conflict,
+    previous_step_reads,
+)
 
 
 @dataclass
@@ -308,6 +315,13 @@ def run_one(scene: Scene, ranks: int, steps: int | None, seed: int, window: int,
         "conflict_odin": float(conflict["odin"].mean()),
         "conflict_random": float(conflict["random"].mean()),
         "conflict_ratio": float(conflict["odin"].mean() / max(conflict["random"].mean(), 1e-12)),
+        # share of (step, rank) pairs that read a primitive a peer wrote one step before
+        **{
+            f"previous_step_reads_{s}": float(previous_step_reads(p)[1:].mean())
+            if steps > 1
+            else 0.0
+            for s, p in plans.items()
+        },  # fmt: skip
         "imbalance_odin_max": float(imbalance["odin"].max()),
         "imbalance_odin_mean": float(imbalance["odin"].mean()),
         "imbalance_random_mean": float(imbalance["random"].mean()),

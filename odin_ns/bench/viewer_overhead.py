@@ -80,6 +80,7 @@ def synthetic_snapshot(step: int, world_size: int, window: int) -> dict:
             "num_steps": 100,
             "views_per_rank": 1,
             "predicted_conflict": 0.03,
+            "predicted_previous_step_reads": 0.25,
             "rebuilt_at_step": 100 * (step // 100),
         },
         "tau": 0.2,

@@ -26,7 +26,14 @@ from torch import Tensor
 from odin_ns.cuda import ops
 from odin_ns.distributed.densify import next_phase_end
 from odin_ns.model import OdinSplatfactoModel, get_viewmat
-from odin_ns.schedule import Plan, PlanOptions, build_plan, compute_footprints, plan_conflict
+from odin_ns.schedule import (
+    Plan,
+    PlanOptions,
+    build_plan,
+    compute_footprints,
+    plan_conflict,
+    previous_step_reads,
+)
 from odin_ns.schedule.footprint import jacobian_bound
 
 
@@ -43,6 +50,8 @@ class PhaseRecord:
     mean_footprint_rows: float
     views_per_rank: int
     predicted_conflict: float
+    # share of (step, rank) pairs whose reads share a primitive with a peer's previous step
+    predicted_previous_step_reads: float = 0.0
     footprints_reused: bool = False
     footprint_rows_computed: int = -1  # N (recomputed), the new rows only (carried), 0 (reused)
     phase_start_s: float = 0.0  # the whole phase start: drain, exchange, footprints, plan, bind
@@ -52,7 +61,7 @@ class PhaseRecord:
     footprint_compute_s: float = 0.0  # compute_footprints of this rank's share of the rows
     gather_s: float = 0.0  # the footprint all-gathers (waits for the slowest rank's share)
     reference_s: float = 0.0  # footprint_reference (the slacks) and the hold checks
-    stats_s: float = 0.0  # the record's predicted conflict (plan_conflict)
+    stats_s: float = 0.0  # the record's plan statistics (conflict, previous-step reads)
     exchange_s: float = 0.0  # telemetry exchange and plan-hash check (one all-gather)
     bind_s: float = 0.0  # plan views to the data manager, optimizer groups, engine rebind
 
@@ -693,6 +702,7 @@ class PhaseController:
         plan_s = time.perf_counter() - tic
         with self.timer.section("stats"):
             conflict = float(np.mean(plan_conflict(plan))) if num_steps > 1 else 0.0
+            previous = float(np.mean(previous_step_reads(plan)[1:])) if num_steps > 1 else 0.0
         times = self.timer.seconds
         record = PhaseRecord(
             phase=self.index,
@@ -704,6 +714,7 @@ class PhaseController:
             mean_footprint_rows=float(np.mean(plan.message_rows)),
             views_per_rank=plan.views_per_rank,
             predicted_conflict=conflict,
+            predicted_previous_step_reads=previous,
             footprints_reused=self.reused > reused_before,
             footprint_rows_computed=computed_rows,
             footprint_compute_s=times.get("footprint_compute", 0.0),

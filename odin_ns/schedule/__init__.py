@@ -15,7 +15,13 @@ from odin_ns.schedule.plan import (
     dependency_table,
     locality_ratio,
 )
-from odin_ns.schedule.stats import conflict_rows, load_imbalance, plan_conflict, step_costs
+from odin_ns.schedule.stats import (
+    conflict_rows,
+    load_imbalance,
+    plan_conflict,
+    previous_step_reads,
+    step_costs,
+)
 
 __all__ = [
     "Plan",
@@ -29,5 +35,6 @@ __all__ = [
     "locality_ratio",
     "partition_views",
     "plan_conflict",
+    "previous_step_reads",
     "step_costs",
 ]

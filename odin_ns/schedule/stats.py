@@ -1,4 +1,5 @@
-"""Plan statistics: cross-rank conflict and per-step load balance."""
+"""Plan statistics: cross-rank conflict, reads of a peer's previous step, per-step load
+balance."""
 
 from __future__ import annotations
 
@@ -25,6 +26,16 @@ def plan_conflict(plan: Plan, window: int = CONFLICT_WINDOW) -> np.ndarray:
     rows = conflict_rows(plan, window).sum(axis=1)
     total = plan.message_rows.sum(axis=1)
     return rows / np.maximum(total, 1)
+
+
+def previous_step_reads(plan: Plan) -> np.ndarray:
+    """[T] float64: share of step t's ranks whose read set shares a primitive with what a
+    peer wrote at step t - 1 (0 at t = 0): the steps that a peer running one step late
+    holds up under quality-first, what a low-conflict step order lowers
+    (``PlanOptions.step_order``). Rows do not count here: one shared row is a wait."""
+    t = np.arange(plan.num_steps)[:, None, None]
+    reads = ((plan.dependency == t - 1) & (plan.dependency >= 0)).any(axis=2)  # [T, R]
+    return reads.mean(axis=1) if plan.num_ranks else np.zeros(plan.num_steps)
 
 
 def step_costs(plan: Plan, view_costs: np.ndarray) -> np.ndarray:
