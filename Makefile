@@ -122,6 +122,9 @@ bench: venv
 	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 200 --repeats 4 --control \
 		--modes barrier,quality-first,quality-first-shuffled --jitter-ms 24 --no-eval \
 		--out bench/sync_step_order_street_sharded_jitter24.json -- --pipeline.parallel sharded
+	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 3 --steps 300 --repeats 4 --control \
+		--modes barrier,quality-first,quality-first-shuffled --jitter-ms 107 --no-eval \
+		--work-dir outputs/bench_sync/street3_order --out bench/sync_step_order_street_3ranks_jitter107.json
 	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 6 --paired-seeds \
 		--modes barrier,quality-first-shuffled --out bench/sync_step_order_street_paired_seeds.json
 	$(PY) -m odin_ns.bench.shard --ranks 2 3 4 --rounds 2 --out bench/shard.json
