@@ -125,6 +125,9 @@ bench: venv
 	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 3 --steps 300 --repeats 4 --control \
 		--modes barrier,quality-first,quality-first-shuffled --jitter-ms 107 --no-eval \
 		--work-dir outputs/bench_sync/street3_order --out bench/sync_step_order_street_3ranks_jitter107.json
+	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 200 --repeats 5 --control \
+		--modes barrier,quality-first,throughput-first,throughput-first-impact --jitter-ms 24 \
+		--no-eval --work-dir outputs/bench_sync/street_tf_order --out bench/sync_tf_ordered_street_jitter24.json
 	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 6 --paired-seeds \
 		--modes barrier,quality-first-shuffled --out bench/sync_step_order_street_paired_seeds.json
 	$(PY) -m odin_ns.bench.shard --ranks 2 3 4 --rounds 2 --out bench/shard.json
