@@ -129,6 +129,9 @@ bench: venv
 		--modes barrier,quality-first,throughput-first,throughput-first-impact --jitter-ms 24 \
 		--no-eval --work-dir outputs/bench_sync/street_tf_order --out bench/sync_tf_ordered_street_jitter24.json
 	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 6 --paired-seeds \
+		--modes barrier,throughput-first,throughput-first-impact \
+		--work-dir outputs/bench_sync/street_tf_order_psnr --out bench/sync_tf_ordered_street_paired_seeds.json
+	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 6 --paired-seeds \
 		--modes barrier,quality-first-shuffled --out bench/sync_step_order_street_paired_seeds.json
 	$(PY) -m odin_ns.bench.shard --ranks 2 3 4 --rounds 2 --out bench/shard.json
 	$(PY) -m odin_ns.bench.shard --data ../shared/data/fox --downscale-factor 8 --ranks 2 3 4 \
