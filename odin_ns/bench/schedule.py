@@ -321,7 +321,7 @@ def run_one(scene: Scene, ranks: int, steps: int | None, seed: int, window: int,
             if steps > 1
             else 0.0
             for s, p in plans.items()
-        },  # fmt: skip
+        },
         "imbalance_odin_max": float(imbalance["odin"].max()),
         "imbalance_odin_mean": float(imbalance["odin"].mean()),
         "imbalance_random_mean": float(imbalance["random"].mean()),

@@ -242,10 +242,23 @@ def _odin_epoch(
     return out
 
 
+def view_conflicts(
+    overlaps: sp.csr_matrix, group_of: np.ndarray
+) -> tuple[sp.csr_matrix, np.ndarray]:
+    """What ``low_conflict_order`` reads of a plan's views, made once per plan: ([V, V] bool
+    CSR, true where two views share a primitive; [V] float64, how many views of other groups
+    each view shares one with), from ``overlaps`` ([V, V], nonzero where they share one) and
+    ``group_of`` ([V] each view's locality group)."""
+    hit = overlaps.tocsr().astype(bool)
+    coo = hit.tocoo()
+    cross = group_of[coo.row] != group_of[coo.col]
+    return hit, np.bincount(coo.row[cross], minlength=hit.shape[0]).astype(np.float64)
+
+
 def low_conflict_order(
     slots: np.ndarray,  # int64 [S, R, B]: one epoch's steps, in random order
-    overlaps: sp.csr_matrix,  # [V, V]: nonzero where two views share a primitive
-    group_of: np.ndarray,  # int64 [V]: each view's locality group
+    hit: sp.csr_matrix,  # [V, V] bool: two views share a primitive (``view_conflicts``)
+    view_degree: np.ndarray,  # [V]: views of other groups each shares one with (same)
     history: np.ndarray,  # int64 [H, R, B]: the steps planned just before (oldest first)
     steps: int,  # how many leading steps to order (the plan's remaining length)
     rng: np.random.Generator,
@@ -271,10 +284,6 @@ def low_conflict_order(
     num, R, B = slots.shape
     if num == 0 or R == 1:
         return slots
-    hit = overlaps.tocsr().astype(bool)
-    coo = hit.tocoo()
-    cross = group_of[coo.row] != group_of[coo.col]
-    view_degree = np.bincount(coo.row[cross], minlength=hit.shape[0]).astype(np.float64)
     degree = view_degree[slots].sum(axis=(1, 2))
     hardness = degree * rng.random(num) / (degree.max() + 1.0)
     reads = np.zeros((hit.shape[0], R), dtype=bool)  # [V, R]: view overlaps rank q's view
@@ -582,6 +591,8 @@ def build_plan(
     # 5,000-view city (simulated, 8 ranks: 95% vs 97% of barrier's wait hidden).
     order_steps = strategy == "odin" and assignment == "locality" and num_steps > 0
     order_steps = order_steps and opts.step_order == "low-conflict" and overlaps is not None
+    if order_steps:
+        hit, view_degree = view_conflicts(overlaps, group_of)
     chunks: list[np.ndarray] = []
     chunk_epoch: list[np.ndarray] = []
     total, e = 0, epoch
@@ -601,7 +612,7 @@ def build_plan(
         if order_steps:
             history = chunks[-1][-HISTORY_STEPS:] if chunks else slots[:0]
             slots = low_conflict_order(
-                slots, overlaps, group_of, history, num_steps - total, rng, opts.lag_weight
+                slots, hit, view_degree, history, num_steps - total, rng, opts.lag_weight
             )
         chunks.append(slots)
         chunk_epoch.append(np.full(slots.shape[0], e, dtype=np.int64))

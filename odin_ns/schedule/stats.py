@@ -35,7 +35,7 @@ def previous_step_reads(plan: Plan) -> np.ndarray:
     (``PlanOptions.step_order``). Rows do not count here: one shared row is a wait."""
     t = np.arange(plan.num_steps)[:, None, None]
     reads = ((plan.dependency == t - 1) & (plan.dependency >= 0)).any(axis=2)  # [T, R]
-    return reads.mean(axis=1) if plan.num_ranks else np.zeros(plan.num_steps)
+    return reads.mean(axis=1)
 
 
 def step_costs(plan: Plan, view_costs: np.ndarray) -> np.ndarray:
