@@ -359,9 +359,6 @@ def test_apply_ready_rows_default_cpu_kernels_and_cached_load(odin_ops):
 def _bad_cases(gen) -> list[tuple[str, dict, str]]:
     """(op, inputs, message) triples, each input set wrong in one way."""
     out = []
-    rm = cases.make_inputs("ready_mask", 10, gen)
-    out.append(("ready_mask", {**rm, "arrived": rm["arrived"].long()}, "int32"))
-    out.append(("ready_mask", {**rm, "applied": rm["applied"][:5]}, "shape"))
     out.append(("pack_rows", {"ids": torch.arange(4), "columns": []}, "empty"))
     acc_in = cases.make_inputs("accumulate_ready_rows", 50, gen, fraction=0.5)
     out.append(("accumulate_ready_rows", {**acc_in, "contrib": acc_in["contrib"][:, :7]}, "shape"))
@@ -428,10 +425,10 @@ def test_failed_build_falls_back_to_reference(gen, monkeypatch):
 
 def test_missing_or_stale_op_falls_back_per_op(odin_ops, gen, monkeypatch):
     """An op the library lacks, or registers with another signature, runs its reference."""
-    monkeypatch.setattr(ops, "has_kernel", lambda name, device_type: name != "ready_mask")
+    monkeypatch.setattr(ops, "has_kernel", lambda name, device_type: name != "pack_rows")
     ops._compiled.cache_clear()
     try:
-        assert ops.implementation("ready_mask", "cpu") is reference.ready_mask
+        assert ops.implementation("pack_rows", "cpu") is reference.pack_rows
         assert ops.implementation("validate_reads", "cpu") is odin_ops.validate_reads
     finally:
         ops._compiled.cache_clear()

@@ -34,9 +34,8 @@ from odin_ns.runtime import MODES, SyncConfig
 from odin_ns.runtime.sharded import ShardedEngine, ShardLayout
 from odin_ns.runtime.update_log import (
     add_arrivals_reference,
-    commit_rows_reference,
-    ready_rows_reference,
     step_record_reference,
+    take_ready_reference,
 )
 
 
@@ -140,14 +139,16 @@ def test_bad_input_is_rejected():
 def test_step_kernels_equal_their_twins():
     """The update log's per-step host kernels equal their torch twins bit for bit:
     ``step_record`` (union, positions, previous writes; row tables reused across calls, and
-    ``last_write`` advanced in place), ``add_arrivals``, ``ready_rows`` (in order or
-    checking versions) and ``commit_rows``; empty footprints and refused calls included."""
-    record, arrivals, ready_rows, commit_rows = (
-        ops.host_op(name) for name in ("step_record", "add_arrivals", "ready_rows", "commit_rows")
+    ``last_write`` advanced in place), ``add_arrivals`` (the rows each arrival completes) and
+    ``take_ready`` (in order, or checking versions against the planned previous writes);
+    empty footprints and refused calls included."""
+    record, arrivals, take_ready = (
+        ops.host_op(name) for name in ("step_record", "add_arrivals", "take_ready")
     )
     if record is None:
         pytest.skip("the CPU library is not built (python -m odin_ns.cuda build)")
     rng = np.random.default_rng(3)
+    held = []  # candidates the version test held back, per world
     for world in (1, 2, 5, 8):
         sizes = rng.integers(0, 120, world)
         sizes[rng.integers(world)] = 0
@@ -160,33 +161,49 @@ def test_step_kernels_equal_their_twins():
         assert all(torch.equal(a, b) for a, b in zip(got[2], want[2], strict=True))
         ids, expected, positions, prev = got
         u = ids.numel()
-        arrived = torch.from_numpy(rng.integers(0, world + 1, u)).int().minimum(expected)
-        got_arrived, want_arrived = arrived.clone(), arrived.clone()
+        got_arrived = torch.zeros(u, dtype=torch.int32)
+        want_arrived = got_arrived.clone()
+        complete = []
         for pos in positions:
-            arrivals(got_arrived, pos)
-            add_arrivals_reference(want_arrived, pos)
-        assert torch.equal(got_arrived, want_arrived)
-        applied = torch.from_numpy(rng.random(u) < 0.2)
+            a, b = (
+                arrivals(got_arrived, expected, pos),
+                add_arrivals_reference(want_arrived, expected, pos),
+            )
+            assert torch.equal(a, b) and torch.equal(got_arrived, want_arrived)
+            complete.append(a)
+        complete = torch.cat(complete)  # every row, once: each completes with its last writer
+        assert torch.equal(complete.sort().values, torch.arange(u))
+        applied = torch.zeros(u, dtype=torch.bool)
+        applied[complete[: u // 5]] = True
+        candidates = complete[u // 5 :]
         versions = torch.from_numpy(rng.integers(-1, 12, 500))
+        local_prev = torch.where(prev >= 0, prev - 3, torch.full_like(prev, -1))  # offset 3
         for in_order in (True, False):
-            args = (arrived, expected, applied, ids, prev, versions, in_order)
-            (mask, n), (mask_want, n_want) = ready_rows(*args), ready_rows_reference(*args)
-            assert torch.equal(mask, mask_want) and n == n_want
-        done, done_want = applied.clone(), applied.clone()
-        v, v_want = versions.clone(), versions.clone()
-        assert commit_rows(done, v, ids, mask, 11) == commit_rows_reference(
-            done_want, v_want, ids, mask, 11
-        )
-        assert torch.equal(done, done_want) and torch.equal(v, v_want)
-    assert commit_rows(torch.zeros(1, dtype=torch.bool), v, ids[:1], torch.ones(1).bool(), 3)
+            done, done_want = applied.clone(), applied.clone()
+            v, v_want = versions.clone(), versions.clone()
+            a = take_ready(candidates, done, ids, local_prev, 3, v, 11, in_order)
+            b = take_ready_reference(
+                candidates, done_want, ids, local_prev, 3, v_want, 11, in_order
+            )
+            assert torch.equal(a[0], b[0]) and a[1] == b[1] and torch.equal(a[2], b[2])
+            assert torch.equal(done, done_want) and torch.equal(v, v_want)
+            assert a[1] + a[2].numel() == candidates.numel()
+            if in_order:
+                assert a[2].numel() == 0
+            else:
+                held.append(0 < a[2].numel() < candidates.numel())
+    assert any(held)  # the version test held some rows back, not all
+    with pytest.raises(RuntimeError, match="already applied"):
+        take_ready(candidates, torch.ones(u, dtype=torch.bool), ids, local_prev, 3, v, 12, True)
     last = torch.zeros(500, dtype=torch.int64)
     with pytest.raises(ValueError, match="out of range"):
         record([torch.tensor([3, 500])], last, 1)
     assert not last.any()  # refused before anything was written
     with pytest.raises(ValueError, match="out of range"):
-        arrivals(torch.zeros(3, dtype=torch.int32), torch.tensor([0, 3]))
+        arrivals(torch.zeros(3, dtype=torch.int32), torch.ones(3, dtype=torch.int32),
+                 torch.tensor([0, 3]))  # fmt: skip
     with pytest.raises(ValueError, match="versions must be torch.int64"):
-        ready_rows(arrived, expected, applied, ids, prev, versions.int(), False)
+        take_ready(candidates, applied, ids, local_prev, 3, versions.int(), 11, False)
     # the tables it keeps between calls are left clear: a smaller step after a larger one,
     # and a refused call in between, give the twin's answer
     small = [torch.tensor([7, 9]), torch.tensor([2, 9])]

@@ -15,7 +15,6 @@ step the engine calls:
 
 - ``pack_rows(footprint_r, columns)`` once (the six gradient groups and the visible column);
 - ``accumulate_ready_rows(acc, ready, positions_r, contrib_r)`` once per rank, in rank order;
-- ``ready_mask(arrived, expected, applied, blocked)`` over the union;
 - ``apply_ready_rows(...)`` once over the union (six splatfacto groups);
 - ``validate_reads(footprint_r, versions, required)`` once;
 - ``footprint_cull``: the calls ``compute_footprints`` makes on the scene (recorded).
@@ -140,10 +139,6 @@ def engine_calls(w: dict[str, Any], gen: torch.Generator) -> dict[str, Callable[
     contribs = [cases.publication(f.numel(), gen) for f in fps]
     acc = torch.zeros(U, cases.WIDTH)
     ready = torch.rand(U, generator=gen) < 0.95
-    expected = torch.randint(1, RANKS + 1, (U,), generator=gen, dtype=torch.int32)
-    arrived = torch.where(torch.rand(U, generator=gen) < 0.95, expected, expected - 1)
-    applied = torch.zeros(U, dtype=torch.bool)
-    blocked = torch.rand(U, generator=gen) < 0.02
     summed = cases.publication(U, gen, writers=RANKS)
     versions = torch.randint(0, 50, (N,), generator=gen)
     required = torch.randint(0, 50, (fps[0].numel(),), generator=gen)
@@ -166,7 +161,6 @@ def engine_calls(w: dict[str, Any], gen: torch.Generator) -> dict[str, Callable[
         "footprint_cull": cull,
         "pack_rows": lambda lib: lib.pack_rows(fps[0], columns),
         "accumulate_ready_rows": accumulate,
-        "ready_mask": lambda lib: lib.ready_mask(arrived, expected, applied, blocked),
         "apply_ready_rows": lambda lib: lib.apply_ready_rows(
             **state, ids=union, acc=summed, ready=ready, **hyper, step=1000, versions=versions
         ),

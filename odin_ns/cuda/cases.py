@@ -40,7 +40,6 @@ INPLACE_OUTPUTS: dict[str, tuple[str, ...]] = {
 OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
     "footprint_cull": ("indptr", "indices"),
     "pack_rows": ("buffer",),
-    "ready_mask": ("ready",),
     "validate_reads": ("stale_ids",),
 }
 # Ops whose id list may repeat ids (defined behaviour), and that list's argument name.
@@ -132,13 +131,6 @@ def make_inputs(
             ready=torch.rand(n, generator=gen) < 0.8,
             positions=positions,
             contrib=publication(len(positions), gen),
-        )
-    if op == "ready_mask":
-        return dict(
-            arrived=torch.randint(0, 3, (n,), generator=gen, dtype=torch.int32),
-            expected=torch.randint(1, 3, (n,), generator=gen, dtype=torch.int32),
-            applied=torch.rand(n, generator=gen) < 0.1,
-            blocked=torch.rand(n, generator=gen) < 0.1,
         )
     if op == "apply_ready_rows":
         # n primitives; the step's union holds ``fraction`` of them.

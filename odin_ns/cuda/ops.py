@@ -29,7 +29,6 @@ OPS = (
     "pack_rows",
     "scatter_rows",
     "accumulate_ready_rows",
-    "ready_mask",
     "apply_ready_rows",
     "validate_reads",
 )
@@ -37,10 +36,10 @@ _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA", "meta": "Meta"}
 # Host kernels of phase starts and of the update log's steps; their twins:
 # schedule.plan.dependency_pass_reference, schedule.locality.view_overlaps_reference,
 # distributed.phase.footprint_slack_reference, runtime.update_log.step_record_reference,
-# add_arrivals_reference, ready_rows_reference and commit_rows_reference.
+# add_arrivals_reference and take_ready_reference.
 HOST_OPS = (
     "plan_dependencies", "view_overlaps", "footprint_slack",
-    "step_record", "add_arrivals", "ready_rows", "commit_rows",
+    "step_record", "add_arrivals", "take_ready",
 )  # fmt: skip
 
 
@@ -94,15 +93,11 @@ def _register_meta_kernels() -> None:
         width = sum(math.prod(c.shape[1:]) for c in columns)
         return ids.new_empty((ids.shape[0], width), dtype=torch.float32)
 
-    def ready_mask(arrived, expected, applied, blocked):
-        return arrived.new_empty(arrived.shape, dtype=torch.bool)
-
     def in_place(*args):
         return None
 
     for name, fn in (
         ("pack_rows", pack_rows),
-        ("ready_mask", ready_mask),
         ("scatter_rows", in_place),
         ("accumulate_ready_rows", in_place),
         ("apply_ready_rows", in_place),
@@ -237,11 +232,6 @@ def accumulate_ready_rows(acc: Tensor, ready: Tensor, positions: Tensor, contrib
     acc [U, W] float32, ready [U] bool, positions [M] int64, contrib [M, W] float32.
     """
     implementation("accumulate_ready_rows", acc.device)(acc, ready, positions, contrib)
-
-
-def ready_mask(arrived: Tensor, expected: Tensor, applied: Tensor, blocked: Tensor) -> Tensor:
-    """[U] bool: (arrived == expected) & ~applied & ~blocked (int32, int32, bool, bool)."""
-    return implementation("ready_mask", arrived.device)(arrived, expected, applied, blocked)
 
 
 @torch.no_grad()

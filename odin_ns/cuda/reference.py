@@ -242,28 +242,6 @@ def accumulate_ready_rows(
     acc.index_add_(0, positions[keep], contrib[keep])
 
 
-def ready_mask(
-    arrived: Tensor,  # [U] int32 writers whose publication has arrived
-    expected: Tensor,  # [U] int32 writers the plan says the row has
-    applied: Tensor,  # [U] bool already applied
-    blocked: Tensor,  # [U] bool an earlier update of the primitive is still unapplied
-) -> Tensor:
-    """[U] bool: (arrived == expected) & ~applied & ~blocked, the rows to apply now."""
-    op = "ready_mask"
-    _check(arrived.dim() == 1, op, f"arrived must have shape [U], got {list(arrived.shape)}")
-    U = arrived.shape[0]
-    for name, t, dtype in (
-        ("arrived", arrived, torch.int32),
-        ("expected", expected, torch.int32),
-        ("applied", applied, torch.bool),
-        ("blocked", blocked, torch.bool),
-    ):
-        _check(list(t.shape) == [U], op, f"{name} must have shape [{U}], got {list(t.shape)}")
-        _check(t.dtype == dtype, op, f"{name} must be {dtype}, got {t.dtype}")
-    _check_same_device(op, arrived.device, expected=expected, applied=applied, blocked=blocked)
-    return (arrived == expected) & ~applied & ~blocked
-
-
 def check_apply_inputs(
     params: Sequence[Tensor],
     exp_avgs: Sequence[Tensor],

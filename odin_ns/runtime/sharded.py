@@ -166,6 +166,7 @@ class Step:
     union: np.ndarray  # [U] sorted owned local ids anyone writes at this step
     positions: dict[int, np.ndarray]  # writer q -> [M_q] positions in union (global order)
     writers: np.ndarray  # [U] int32 how many ranks write each union row
+    union_prev: np.ndarray  # [U] int64 last planned write before t of each union row (-1: none)
     own_prev: np.ndarray  # [len(own_rows)] last planned write before t of each own read
     push_in: dict[int, np.ndarray]  # owner -> local cache ids refreshed by its push
 
@@ -268,16 +269,22 @@ class PhaseSteps:
         for s in [s for s in self._made if s <= t]:
             del self._made[s]
 
-    def step_union(self, s: int) -> tuple[Tensor, list[Tensor], Tensor]:
+    def step_union(self, s: int) -> tuple[Tensor, list[Tensor], Tensor, Tensor]:
         """(owned local ids [U] written at local step s, per writer its positions in them,
-        [U] int32 writers per row), host tensors sharing the tables' memory."""
+        [U] int32 writers per row, [U] int64 each row's last planned write before s as a
+        local step, -1: none in the phase), host tensors sharing the tables' memory."""
         st = self[s]
         empty = torch.zeros(0, dtype=torch.int64)
         positions = [
             torch.from_numpy(st.positions[q]) if q in st.positions else empty
             for q in range(self.num_ranks)
         ]
-        return torch.from_numpy(st.union), positions, torch.from_numpy(st.writers)
+        return (
+            torch.from_numpy(st.union),
+            positions,
+            torch.from_numpy(st.writers),
+            torch.from_numpy(st.union_prev),
+        )
 
 
 def step_rows(
@@ -335,14 +342,14 @@ def step_rows(
                     pushes_in.append(Push(int(prev_me[sel].max()), t, o, rows, prev_me[sel]))
         if owns.all():  # every row of the step is this rank's: positions as recorded
             positions = {q: p for q, p in enumerate(at) if p.size}
-            union = local
+            union, union_prev = local, prev
             mine_owned = slice(None)
         else:
             writers = writers[owns]
             renumber = np.cumsum(owns) - 1  # union position -> position among owned rows
             parts = {q: p[owns[p]] for q, p in enumerate(at)}
             positions = {q: renumber[p] for q, p in parts.items() if p.size}
-            union = local[owns]
+            union, union_prev = local[owns], prev[owns]
             mine_owned = owns[mine]
         only_mine = owner_u == me  # rows this rank alone owns: pushed to their readers
         if only_mine.any():
@@ -360,6 +367,7 @@ def step_rows(
             union=union,
             positions=positions,
             writers=writers,
+            union_prev=union_prev,
             own_prev=prev_me[mine_owned],
             push_in=push_in,
         )

@@ -10,11 +10,15 @@ result bitwise identical in every mode and on every rank.
 Two planes:
 - control plane (host CPU tensors, decided only by the plan and by which publications have
   arrived): union ids, per-rank positions, expected / arrived writer counts, applied flags,
-  the planned previous write of every row, the version vector ``versions``;
+  the planned previous write of every row (from the step's tables), the version vector
+  ``versions``;
 - data plane (the parameters' device): contributions, accumulators, parameters, moments,
   and a device mirror of ``versions`` that the apply op keeps.
 
-So deciding what is ready never reads the device; apply runs by mask.
+So deciding what is ready never reads the device; apply runs by mask. The control plane's
+work follows what arrives, not the step's size: an arrival counts its rows and hands on
+those whose last writer it was (``add_arrivals``); an apply looks only at those rows
+(``take_ready``), so a step of U rows costs O(U) once, however many times the engine asks.
 
 An optional ``ApplyHook`` sees every applied row set around its Adam update (the MCMC
 strategy's lazy position noise, ``odin_ns.distributed.mcmc_noise``); with the default
@@ -73,52 +77,55 @@ def step_record_reference(
     return ids, counts.to(torch.int32), positions, prev
 
 
-def add_arrivals_reference(arrived: Tensor, positions: Tensor) -> None:
-    """``arrived[positions] += 1`` in place: [U] int32, [M] int64 distinct positions (one
-    publication's rows), host. The torch twin of the host kernel
-    ``torch.ops.odin.add_arrivals``."""
+def add_arrivals_reference(arrived: Tensor, expected: Tensor, positions: Tensor) -> Tensor:
+    """``arrived[positions] += 1`` in place ([U] int32; ``positions``: [M] int64 distinct,
+    one publication's rows), then the positions whose count reached ``expected`` ([U]
+    int32): [K] int64, in ``positions``' order. Host tensors. The torch twin of the host
+    kernel ``torch.ops.odin.add_arrivals``."""
     arrived.index_add_(0, positions, torch.ones(1, dtype=torch.int32).expand(len(positions)))
+    return positions[arrived[positions] == expected[positions]]
 
 
-def ready_rows_reference(
-    arrived: Tensor,
-    expected: Tensor,
+def take_ready_reference(
+    candidates: Tensor,
     applied: Tensor,
     ids: Tensor,
     prev: Tensor,
+    offset: int,
     versions: Tensor,
+    step: int,
     in_order: bool,
-) -> tuple[Tensor, int]:
-    """(ready [U] bool, its count): a pending step's rows whose writers have all arrived,
-    not yet applied, whose previous planned write is applied (``versions[ids] >= prev``;
-    taken as true when ``in_order``: every earlier step is applied). [U] int32 arrived and
-    expected, [U] bool applied, [U] int64 ids and prev, [N] int64 versions, all host. The
-    torch twin of the host kernel ``torch.ops.odin.ready_rows``."""
+) -> tuple[Tensor, int, Tensor]:
+    """Of a pending step's rows whose writers have all arrived (``candidates``: [K] int64
+    distinct positions, none applied), those whose previous planned write is applied:
+    ``prev`` [U] int64 local step of it (-1: none in the phase), applied when
+    ``versions[ids] >= prev + offset``; taken as true when ``in_order`` (every earlier step
+    is applied). Those rows are marked in ``applied`` ([U] bool) and get
+    ``versions[ids] = step`` ([N] int64), in place. Returns (ready [U] bool, their count,
+    the candidates held back, [K'] int64 in increasing order). Host tensors. The torch twin of the host
+    kernel ``torch.ops.odin.take_ready``."""
+    if candidates.numel() and bool(applied[candidates].any()):
+        raise RuntimeError("take_ready: a candidate is already applied")
     if in_order:
-        blocked = torch.zeros_like(applied)
+        ok = torch.ones(candidates.shape, dtype=torch.bool)
     else:
-        blocked = versions.index_select(0, ids) < prev
-    ready = ops.ready_mask(arrived, expected, applied, blocked)
-    return ready, int(ready.sum())
-
-
-def commit_rows_reference(
-    applied: Tensor, versions: Tensor, ids: Tensor, ready: Tensor, step: int
-) -> bool:
-    """Rows ``ready`` ([U] bool) of a step now applied: ``applied |= ready`` and
-    ``versions[ids[ready]] = step`` in place; whether every row of the step is applied. The
-    torch twin of the host kernel ``torch.ops.odin.commit_rows``."""
-    applied |= ready
-    versions.index_fill_(0, ids[ready], step)
-    return bool(applied.all())
+        need = prev[candidates]
+        ok = (need < 0) | (versions[ids[candidates]] >= need + offset)
+    take = candidates[ok]
+    ready = torch.zeros(ids.shape, dtype=torch.bool)
+    ready[take] = True
+    applied[take] = True
+    versions[ids[take]] = step
+    return ready, int(take.numel()), candidates[~ok].sort().values
 
 
 class StepWrites(Protocol):
     """Who writes which rows at each local step (the engine's step tables)."""
 
-    def step_union(self, s: int) -> tuple[Tensor, list[Tensor], Tensor]:
+    def step_union(self, s: int) -> tuple[Tensor, list[Tensor], Tensor, Tensor]:
         """(ids [U] int64 sorted unique rows written at local step s, per writer its [M_q]
-        int64 positions in ids, [U] int32 writers per row), host tensors."""
+        int64 positions in ids, [U] int32 writers per row, [U] int64 each row's last planned
+        write before s as a local step, -1 if none in the phase), host tensors."""
 
 
 @dataclass(frozen=True)
@@ -127,15 +134,13 @@ class StepKernels:
     CPU library is built, else their torch twins (same results). Resolved once per log."""
 
     add_arrivals: Callable = add_arrivals_reference
-    ready_rows: Callable = ready_rows_reference
-    commit_rows: Callable = commit_rows_reference
+    take_ready: Callable = take_ready_reference
 
     @classmethod
     def resolve(cls) -> StepKernels:
         return cls(
             ops.host_op("add_arrivals") or add_arrivals_reference,
-            ops.host_op("ready_rows") or ready_rows_reference,
-            ops.host_op("commit_rows") or commit_rows_reference,
+            ops.host_op("take_ready") or take_ready_reference,
         )
 
 
@@ -145,9 +150,8 @@ class PendingStep:
     Args:
         step: global step.
         union: (ids [U] sorted unique, per writer q the [M_q] positions of its rows in ids,
-            [U] int32 writers per id), host tensors (``StepWrites.step_union``).
-        last_write: [N] int64 host, per row the last planned write before ``step`` (or its
-            version at bind time); read for ``prev``, then set to ``step`` on the step's rows.
+            [U] int32 writers per id, [U] int64 previous planned write per id as a local
+            step, -1: none in the phase), host tensors (``StepWrites.step_union``).
         device: the parameters' device.
         kernels: the per-step host kernels (``StepKernels.resolve()``).
     """
@@ -155,19 +159,20 @@ class PendingStep:
     def __init__(
         self,
         step: int,
-        union: tuple[Tensor, list[Tensor], Tensor],
-        last_write: Tensor,
+        union: tuple[Tensor, list[Tensor], Tensor, Tensor],
         device,
         kernels: StepKernels,
     ):
         self.step = step
         self.kernels = kernels
-        ids, positions, counts = union
+        ids, positions, counts, prev = union
         self.ids = ids  # [U] int64 (host)
-        self.prev = advance_last_write(last_write, ids, step)  # [U] planned previous write
+        self.prev = prev  # [U] int64 planned previous write (local step, -1: none)
         self.expected = counts  # [U] int32 writers per row
         self.arrived = torch.zeros_like(self.expected)  # [U] int32
         self.applied = torch.zeros(ids.shape, dtype=torch.bool)  # [U]
+        self.unapplied = ids.numel()  # rows not applied yet
+        self.complete: list[Tensor] = []  # positions whose writers all arrived, not applied
         self.positions = positions  # per rank [M_q] int64 positions into U
         self.device = device
         self.ids_data = upload(ids, device)  # [U] on the parameters' device
@@ -181,7 +186,9 @@ class PendingStep:
         """Rank q's contribution: [M_q, W] float32 on the parameters' device."""
         self.parts[q] = (upload(self.positions[q], self.device), rows)
         self.received[q] = True
-        self.kernels.add_arrivals(self.arrived, self.positions[q])
+        complete = self.kernels.add_arrivals(self.arrived, self.expected, self.positions[q])
+        if complete.numel():
+            self.complete.append(complete)
 
     def add_sum(self, dense: Tensor) -> None:
         """Every writer's contribution already summed: [N, W] float32 (device), row p = p."""
@@ -190,6 +197,21 @@ class PendingStep:
         self.parts += [None] * (len(self.received) - 1)
         self.received = [True] * len(self.received)
         self.arrived.copy_(self.expected)
+        self.complete = [(~self.applied).nonzero().squeeze(1)]
+
+    def take_ready(self, versions: Tensor, offset: int, in_order: bool) -> tuple[Tensor, int]:
+        """(ready [U] bool, count): of the complete rows, those whose previous planned write
+        is applied (all of them when ``in_order``: every earlier step is), now marked applied
+        with ``versions`` ([N] int64 host, global steps; ``offset``: the global step of local
+        step 0) set to this step; the others stay complete for a later look."""
+        candidates = self.complete[0] if len(self.complete) == 1 else torch.cat(self.complete)
+        ready, n, held = self.kernels.take_ready(
+            candidates, self.applied, self.ids, self.prev, offset, versions, self.step, in_order
+        )
+        self.complete = [held] if held.numel() else []
+        self.unapplied -= n
+        self.done = self.unapplied == 0
+        return ready, n
 
 
 class UpdateLog:
@@ -228,7 +250,6 @@ class UpdateLog:
         self.width = sum(g.row_dim for g in self.groups) + 1  # W: columns, then visible
         self.versions = versions  # [N] int64 host: last applied global step per primitive
         self.versions_data = versions if self.device == HOST else versions.to(self.device)
-        self._last_write = versions.clone()  # [N] last planned write of the created steps
         self.kernels = StepKernels.resolve()
         self.pending: dict[int, PendingStep] = {}
         self.created = -1  # records exist (or existed) for local steps <= this
@@ -246,7 +267,6 @@ class UpdateLog:
             self.pending[s] = PendingStep(
                 self.step_offset + s,
                 self.writes.step_union(s),
-                self._last_write,
                 self.device,
                 self.kernels,
             )
@@ -293,25 +313,22 @@ class UpdateLog:
 
     def apply_ready(self) -> int:
         """Apply every ready row of every pending step in step order (so per primitive in
-        version order); retire steps fully applied and received. Returns rows applied."""
+        version order; a row's version is set as it is taken, before its update is written,
+        which nothing between reads); retire steps fully applied and received. Returns rows
+        applied."""
         if not self.dirty:
             return 0
         self.dirty = False
-        ready_rows, commit_rows = self.kernels.ready_rows, self.kernels.commit_rows
         total = 0
         earlier_done = True  # every step before s fully applied (retired steps are)
         for s in list(self.pending):
             rec = self.pending[s]
-            if not rec.done:
-                ready, n = ready_rows(  # host, no device read
-                    rec.arrived, rec.expected, rec.applied, rec.ids, rec.prev, self.versions,
-                    earlier_done,  # then every row's previous planned write is applied
-                )  # fmt: skip
-                if n:  # else nothing changes, and the step is still not done
+            if rec.complete:  # rows whose writers all arrived, not applied yet
+                ready, n = rec.take_ready(self.versions, self.step_offset, earlier_done)
+                if n:
                     self._apply(rec, ready)
                     total += n
-                    if commit_rows(rec.applied, self.versions, rec.ids, ready, rec.step):
-                        rec.done = True
+                    if rec.done:
                         rec.parts = [None] * self.world_size
             earlier_done = earlier_done and rec.done
             if rec.done and all(rec.received):

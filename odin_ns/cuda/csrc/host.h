@@ -235,25 +235,6 @@ inline void check_accumulate_inputs(const at::Tensor& acc, const at::Tensor& rea
   check_ids(positions, U, op, "positions");
 }
 
-inline void check_ready_inputs(const at::Tensor& arrived, const at::Tensor& expected,
-                               const at::Tensor& applied, const at::Tensor& blocked) {
-  const char* op = "ready_mask";
-  TORCH_CHECK_VALUE(arrived.dim() == 1, op, ": arrived must have shape [U], got ",
-                    arrived.sizes());
-  const int64_t U = arrived.size(0);
-  check_shape_1d(expected, U, op, "expected");
-  check_shape_1d(applied, U, op, "applied");
-  check_shape_1d(blocked, U, op, "blocked");
-  check_dtype(arrived, at::kInt, op, "arrived");
-  check_dtype(expected, at::kInt, op, "expected");
-  check_dtype(applied, at::kBool, op, "applied");
-  check_dtype(blocked, at::kBool, op, "blocked");
-  const auto device = arrived.device();
-  check_device(expected, device, op, "expected");
-  check_device(applied, device, op, "applied");
-  check_device(blocked, device, op, "blocked");
-}
-
 // Row size d_g = prod(shape[1:]) of each parameter group of apply_ready_rows, after checking
 // every argument (mirrors reference.check_apply_inputs, same messages).
 inline std::vector<int64_t> check_apply_inputs(

@@ -161,15 +161,6 @@ __global__ void accumulate_ready_rows_kernel(float* acc, const bool* ready,
   }
 }
 
-__global__ void ready_mask_kernel(const int32_t* arrived, const int32_t* expected,
-                                  const bool* applied, const bool* blocked, bool* ready,
-                                  int64_t U) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < U;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    ready[i] = (arrived[i] == expected[i]) && !applied[i] && !blocked[i];
-  }
-}
-
 template <typename T, bool kFma>
 __global__ void apply_ready_group_kernel(T* param, T* exp_avg, T* exp_avg_sq,
                                          const int64_t* ids, const float* acc,
@@ -258,13 +249,6 @@ cudaError_t accumulate_ready_rows(float* acc, const bool* ready, const int64_t* 
                                   cudaStream_t stream) {
   accumulate_ready_rows_kernel<<<grid_for(M * W), kThreads, 0, stream>>>(acc, ready, positions,
                                                                          contrib, M, W);
-  return cudaGetLastError();
-}
-
-cudaError_t ready_mask(const int32_t* arrived, const int32_t* expected, const bool* applied,
-                       const bool* blocked, bool* ready, int64_t U, cudaStream_t stream) {
-  ready_mask_kernel<<<grid_for(U), kThreads, 0, stream>>>(arrived, expected, applied, blocked,
-                                                           ready, U);
   return cudaGetLastError();
 }
 

@@ -47,9 +47,6 @@ cudaError_t accumulate_ready_rows(float* acc, const bool* ready, const int64_t* 
                                   const float* contrib, int64_t M, int64_t W,
                                   cudaStream_t stream);
 
-cudaError_t ready_mask(const int32_t* arrived, const int32_t* expected, const bool* applied,
-                       const bool* blocked, bool* ready, int64_t U, cudaStream_t stream);
-
 // apply_ready_rows, one parameter group: selective Adam of row ids[i] for every ready i whose
 // visible flag acc[i, W - 1] > 0, gradient acc[i, off:off + d].
 cudaError_t apply_ready_group(float* param, float* exp_avg, float* exp_avg_sq,

@@ -300,40 +300,6 @@ void accumulate_ready_rows_cpu(const at::Tensor& acc, const at::Tensor& ready_in
   }
 }
 
-// ---- ready_mask -------------------------------------------------------------------------
-
-// ready[i] = (arrived[i] == expected[i]) & !(applied[i] | blocked[i]), i in [begin, end).
-void ready_rows(const int32_t* __restrict a, const int32_t* __restrict e,
-                const uint8_t* __restrict ap, const uint8_t* __restrict bl,
-                uint8_t* __restrict r, int64_t begin, int64_t end) {
-  for (int64_t i = begin; i < end; ++i) {
-    r[i] = static_cast<uint8_t>(a[i] == e[i]) & static_cast<uint8_t>((ap[i] | bl[i]) ^ 1u);
-  }
-}
-
-at::Tensor ready_mask_cpu(const at::Tensor& arrived_in, const at::Tensor& expected_in,
-                          const at::Tensor& applied_in, const at::Tensor& blocked_in) {
-  check_ready_inputs(arrived_in, expected_in, applied_in, blocked_in);
-  const auto arrived = arrived_in.contiguous();
-  const auto expected = expected_in.contiguous();
-  const auto applied = applied_in.contiguous();
-  const auto blocked = blocked_in.contiguous();
-  const int64_t U = arrived.size(0);
-  auto ready = at::empty({U}, at::kBool);
-  const int32_t* a = arrived.data_ptr<int32_t>();
-  const int32_t* e = expected.data_ptr<int32_t>();
-  // bool storage is one byte holding 0 or 1: byte arithmetic vectorizes.
-  const uint8_t* ap = reinterpret_cast<const uint8_t*>(applied.data_ptr<bool>());
-  const uint8_t* bl = reinterpret_cast<const uint8_t*>(blocked.data_ptr<bool>());
-  uint8_t* r = reinterpret_cast<uint8_t*>(ready.data_ptr<bool>());
-  // Memory-bound and vectorized: one thread up to 4M rows (waking a second one costs more
-  // than it saves on a shared CPU).
-  at::parallel_for(0, U, 1 << 22, [&](int64_t begin, int64_t end) {
-    ready_rows(a, e, ap, bl, r, begin, end);
-  });
-  return ready;
-}
-
 // ---- apply_ready_rows -------------------------------------------------------------------
 
 // Moments of group rows rows[0..n) (param row ids[rows[k]], gradient acc[rows[k], off:off+d]);
@@ -535,7 +501,6 @@ TORCH_LIBRARY(odin, m) {
   m.def(
       "accumulate_ready_rows(Tensor(a!) acc, Tensor ready, Tensor positions, Tensor contrib)"
       " -> ()");
-  m.def("ready_mask(Tensor arrived, Tensor expected, Tensor applied, Tensor blocked) -> Tensor");
   m.def(
       "apply_ready_rows(Tensor(a!)[] params, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
       "Tensor ids, Tensor acc, Tensor ready, float[] lrs, float[] betas, float[] eps, "
@@ -548,7 +513,6 @@ TORCH_LIBRARY_IMPL(odin, CPU, m) {
   m.impl("pack_rows", &pack_rows_cpu);
   m.impl("scatter_rows", &scatter_rows_cpu);
   m.impl("accumulate_ready_rows", &accumulate_ready_rows_cpu);
-  m.impl("ready_mask", &ready_mask_cpu);
   m.impl("apply_ready_rows", &apply_ready_rows_cpu);
   m.impl("validate_reads", &validate_reads_cpu);
 }

@@ -160,26 +160,6 @@ void accumulate_ready_rows_cuda(const at::Tensor& acc, const at::Tensor& ready_i
                "accumulate_ready_rows");
 }
 
-at::Tensor ready_mask_cuda(const at::Tensor& arrived_in, const at::Tensor& expected_in,
-                           const at::Tensor& applied_in, const at::Tensor& blocked_in) {
-  check_ready_inputs(arrived_in, expected_in, applied_in, blocked_in);
-  const c10::cuda::CUDAGuard guard(arrived_in.device());
-  const auto stream = c10::cuda::getCurrentCUDAStream();
-  const auto arrived = arrived_in.contiguous();
-  const auto expected = expected_in.contiguous();
-  const auto applied = applied_in.contiguous();
-  const auto blocked = blocked_in.contiguous();
-  const int64_t U = arrived.size(0);
-  auto ready = at::empty({U}, arrived.options().dtype(at::kBool));
-  if (U > 0) {
-    check_launch(cuda::ready_mask(arrived.data_ptr<int32_t>(), expected.data_ptr<int32_t>(),
-                                  applied.data_ptr<bool>(), blocked.data_ptr<bool>(),
-                                  ready.data_ptr<bool>(), U, stream),
-                 "ready_mask");
-  }
-  return ready;
-}
-
 void apply_ready_rows_cuda(at::TensorList params, at::TensorList exp_avgs,
                            at::TensorList exp_avg_sqs, const at::Tensor& ids_in,
                            const at::Tensor& acc_in, const at::Tensor& ready_in,
@@ -268,7 +248,6 @@ TORCH_LIBRARY_IMPL(odin, CUDA, m) {
   m.impl("pack_rows", &pack_rows_cuda);
   m.impl("scatter_rows", &scatter_rows_cuda);
   m.impl("accumulate_ready_rows", &accumulate_ready_rows_cuda);
-  m.impl("ready_mask", &ready_mask_cuda);
   m.impl("apply_ready_rows", &apply_ready_rows_cuda);
   m.impl("validate_reads", &validate_reads_cuda);
 }

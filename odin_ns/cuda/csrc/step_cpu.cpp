@@ -2,15 +2,18 @@
 //
 // - step_record: the union of a step's footprints, each footprint's positions in it, and
 //   every union row's planned previous write, read from and then advanced in last_write;
-// - add_arrivals: one more writer arrived for each of a publication's rows;
-// - ready_rows: which rows of a pending step to apply now, and how many;
-// - commit_rows: mark rows applied and set their versions; whether the step is all applied.
+// - add_arrivals: one more writer arrived for each of a publication's rows; the rows whose
+//   writers are now all in;
+// - take_ready: of those rows, the ones whose previous planned write is applied: marked
+//   applied, their versions set, and the step's ready mask.
 //
 // Their specifications are the torch twins update_log.step_record_reference,
-// add_arrivals_reference, ready_rows_reference and commit_rows_reference, checked equal in
-// tests/test_runtime.py. Each replaces several torch operations per step (a unique and a
-// searchsorted, a gather and a fill; a compare, a reduction, a boolean-mask index and a fill),
-// one pass over the union's rows instead of one per operation and no temporaries.
+// add_arrivals_reference and take_ready_reference, checked equal in tests/test_runtime.py.
+// Each replaces several torch operations per step (a unique and a searchsorted, a gather and
+// a fill; an index_add, a compare and a boolean-mask index; a gather, a compare, a fill and a
+// scatter), one pass instead of one per operation and no temporaries. add_arrivals and
+// take_ready touch only the rows that arrived or completed, never the whole step: an apply
+// costs what it applies, however often the engine looks.
 //
 // step_record marks the footprints' rows in a bit table and reads positions back as ranks
 // (a popcount directory): O(sum M + N / 64), its tables small enough to stay in the cache.
@@ -166,64 +169,74 @@ int64_t check_ids_and_versions(const at::Tensor& ids, const at::Tensor& versions
   return U;
 }
 
-std::tuple<at::Tensor, int64_t> ready_rows_cpu(const at::Tensor& arrived,
-                                               const at::Tensor& expected,
-                                               const at::Tensor& applied, const at::Tensor& ids,
-                                               const at::Tensor& prev, const at::Tensor& versions,
-                                               bool in_order) {
-  const char* op = "ready_rows";
-  const int64_t U = check_ids_and_versions(ids, versions, !in_order, op);
-  check_step_rows(arrived, U, at::kInt, op, "arrived");
-  check_step_rows(expected, U, at::kInt, op, "expected");
-  check_step_rows(applied, U, at::kBool, op, "applied");
-  check_step_rows(prev, U, at::kLong, op, "prev");
-  at::Tensor ready = at::empty({U}, at::kBool);
-  const int32_t* got = arrived.data_ptr<int32_t>();
-  const int32_t* want = expected.data_ptr<int32_t>();
-  const bool* done = applied.data_ptr<bool>();
-  const int64_t* id = ids.data_ptr<int64_t>();
-  const int64_t* before = prev.data_ptr<int64_t>();
-  const int64_t* version = versions.data_ptr<int64_t>();
-  bool* out = ready.data_ptr<bool>();
-  int64_t n = 0;
-  for (int64_t i = 0; i < U; ++i) {
-    const bool r = got[i] == want[i] && !done[i] && (in_order || version[id[i]] >= before[i]);
-    out[i] = r;
-    n += r;
-  }
-  return {ready, n};
-}
-
-void add_arrivals_cpu(const at::Tensor& arrived, const at::Tensor& positions) {
+at::Tensor add_arrivals_cpu(const at::Tensor& arrived, const at::Tensor& expected,
+                            const at::Tensor& positions) {
   const char* op = "add_arrivals";
   check_step_rows(arrived, -1, at::kInt, op, "arrived");
+  check_step_rows(expected, arrived.size(0), at::kInt, op, "expected");
   check_step_rows(positions, -1, at::kLong, op, "positions");
   check_ids(positions, arrived.size(0), op, "positions");
   int32_t* count = arrived.data_ptr<int32_t>();
+  const int32_t* want = expected.data_ptr<int32_t>();
   const int64_t* at = positions.data_ptr<int64_t>();
   const int64_t m = positions.size(0);
-  for (int64_t i = 0; i < m; ++i) ++count[at[i]];
+  at::Tensor complete = at::empty({m}, at::kLong);
+  int64_t* out = complete.data_ptr<int64_t>();
+  int64_t k = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t p = at[i];
+    out[k] = p;  // kept when its last writer just arrived (no branch to mispredict)
+    k += ++count[p] == want[p];
+  }
+  return complete.narrow(0, 0, k);
 }
 
-bool commit_rows_cpu(const at::Tensor& applied, const at::Tensor& versions, const at::Tensor& ids,
-                     const at::Tensor& ready, int64_t step) {
-  const char* op = "commit_rows";
-  const int64_t U = check_ids_and_versions(ids, versions, true, op);
+std::tuple<at::Tensor, int64_t, at::Tensor> take_ready_cpu(
+    const at::Tensor& candidates, const at::Tensor& applied, const at::Tensor& ids,
+    const at::Tensor& prev, int64_t offset, const at::Tensor& versions, int64_t step,
+    bool in_order) {
+  const char* op = "take_ready";
+  const int64_t U = check_ids_and_versions(ids, versions, false, op);
   check_step_rows(applied, U, at::kBool, op, "applied");
-  check_step_rows(ready, U, at::kBool, op, "ready");
-  bool* done = applied.data_ptr<bool>();
-  int64_t* version = versions.data_ptr<int64_t>();
+  check_step_rows(prev, U, at::kLong, op, "prev");
+  check_step_rows(candidates, -1, at::kLong, op, "candidates");
+  check_ids(candidates, U, op, "candidates");
+  const int64_t K = candidates.size(0);
+  const int64_t* cand = candidates.data_ptr<int64_t>();
   const int64_t* id = ids.data_ptr<int64_t>();
-  const bool* now = ready.data_ptr<bool>();
-  bool all = true;
-  for (int64_t i = 0; i < U; ++i) {
-    if (now[i]) {
-      done[i] = true;
-      version[id[i]] = step;
-    }
-    all = all && done[i];
+  const int64_t N = versions.size(0);
+  at::Tensor ready = at::zeros({U}, at::kBool);
+  at::Tensor blocked = at::empty({K}, at::kLong);
+  bool* out = ready.data_ptr<bool>();
+  bool* done = applied.data_ptr<bool>();
+  // The candidates come as the arrivals completed them (one sorted run per arrival); marked
+  // in the output first (U bytes, in the cache), then taken in one sweep in row order, so
+  // the rows' ids, previous writes and versions are read in address order: on a 270K-row
+  // step 2.4x faster than visiting the candidates as they come.
+  for (int64_t i = 0; i < K; ++i) {
+    TORCH_CHECK(!done[cand[i]], op, ": union row ", cand[i], " is already applied");
+    out[cand[i]] = true;
   }
-  return all;
+  int64_t* held = blocked.data_ptr<int64_t>();
+  const int64_t* before = prev.data_ptr<int64_t>();
+  int64_t* version = versions.data_ptr<int64_t>();
+  int64_t n = 0;
+  int64_t b = 0;
+  for (int64_t c = 0; c < U; ++c) {
+    if (!out[c]) continue;
+    const int64_t p = id[c];
+    // an invariant of the update log (union ids index versions), checked as the sweep goes
+    TORCH_CHECK(p >= 0 && p < N, op, ": union id ", p, " out of range [0, ", N, ")");
+    if (in_order || before[c] < 0 || version[p] >= before[c] + offset) {
+      done[c] = true;
+      version[p] = step;
+      ++n;
+    } else {
+      out[c] = false;
+      held[b++] = c;
+    }
+  }
+  return {ready, n, blocked.narrow(0, 0, b)};
 }
 
 }  // namespace
@@ -233,19 +246,16 @@ TORCH_LIBRARY_FRAGMENT(odin, m) {
       "step_record(Tensor[] footprints, Tensor(a!) last_write, int step) -> (Tensor, Tensor, "
       "Tensor[], Tensor)");
   m.def(
-      "ready_rows(Tensor arrived, Tensor expected, Tensor applied, Tensor ids, Tensor prev, "
-      "Tensor versions, bool in_order) -> (Tensor, int)");
-  m.def("add_arrivals(Tensor(a!) arrived, Tensor positions) -> ()");
+      "add_arrivals(Tensor(a!) arrived, Tensor expected, Tensor positions) -> Tensor");
   m.def(
-      "commit_rows(Tensor(a!) applied, Tensor(b!) versions, Tensor ids, Tensor ready, int step) "
-      "-> bool");
+      "take_ready(Tensor candidates, Tensor(a!) applied, Tensor ids, Tensor prev, int offset, "
+      "Tensor(b!) versions, int step, bool in_order) -> (Tensor, int, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(odin, CPU, m) {
   m.impl("step_record", &step_record_cpu);
-  m.impl("ready_rows", &ready_rows_cpu);
   m.impl("add_arrivals", &add_arrivals_cpu);
-  m.impl("commit_rows", &commit_rows_cpu);
+  m.impl("take_ready", &take_ready_cpu);
 }
 
 }  // namespace odin
