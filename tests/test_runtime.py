@@ -36,6 +36,7 @@ from odin_ns.runtime.update_log import (
     add_arrivals_reference,
     step_record_reference,
     take_ready_reference,
+    writer_groups_reference,
 )
 
 
@@ -139,11 +140,12 @@ def test_bad_input_is_rejected():
 def test_step_kernels_equal_their_twins():
     """The update log's per-step host kernels equal their torch twins bit for bit:
     ``step_record`` (union, positions, previous writes; row tables reused across calls, and
-    ``last_write`` advanced in place), ``add_arrivals`` (the rows each arrival completes) and
-    ``take_ready`` (in order, or checking versions against the planned previous writes);
-    empty footprints and refused calls included."""
-    record, arrivals, take_ready = (
-        ops.host_op(name) for name in ("step_record", "add_arrivals", "take_ready")
+    ``last_write`` advanced in place), ``writer_groups`` (the rows grouped by their writers),
+    ``add_arrivals`` (the rows each arrival completes) and ``take_ready`` (in order, or
+    checking versions against the planned previous writes); empty footprints and refused
+    calls included."""
+    record, group, arrivals, take_ready = (
+        ops.host_op(name) for name in ("step_record", "writer_groups", "add_arrivals", "take_ready")
     )
     if record is None:
         pytest.skip("the CPU library is not built (python -m odin_ns.cuda build)")
@@ -161,18 +163,23 @@ def test_step_kernels_equal_their_twins():
         assert all(torch.equal(a, b) for a, b in zip(got[2], want[2], strict=True))
         ids, expected, positions, prev = got
         u = ids.numel()
-        got_arrived = torch.zeros(u, dtype=torch.int32)
-        want_arrived = got_arrived.clone()
+        groups, groups_want = group(positions, u), writer_groups_reference(positions, u)
+        assert all(
+            a.dtype == b.dtype and torch.equal(a, b)
+            for a, b in zip(groups, groups_want, strict=True)
+        )
+        group_ptr, group_rows, need, writer_ptr, writer_groups = groups
+        assert torch.equal(need.repeat_interleave(group_ptr.diff())[group_rows.argsort()], expected)
+        need_got, need_want = need.clone(), need.clone()
         complete = []
-        for pos in positions:
-            a, b = (
-                arrivals(got_arrived, expected, pos),
-                add_arrivals_reference(want_arrived, expected, pos),
-            )
-            assert torch.equal(a, b) and torch.equal(got_arrived, want_arrived)
+        for q in rng.permutation(world):  # writers arrive in any order
+            mine = writer_groups[writer_ptr[q] : writer_ptr[q + 1]]
+            a = arrivals(need_got, mine, group_ptr, group_rows)
+            b = add_arrivals_reference(need_want, mine, group_ptr, group_rows)
+            assert torch.equal(a, b) and torch.equal(need_got, need_want)
             complete.append(a)
         complete = torch.cat(complete)  # every row, once: each completes with its last writer
-        assert torch.equal(complete.sort().values, torch.arange(u))
+        assert torch.equal(complete.sort().values, torch.arange(u)) and not need_got.any()
         applied = torch.zeros(u, dtype=torch.bool)
         applied[complete[: u // 5]] = True
         candidates = complete[u // 5 :]
@@ -200,8 +207,11 @@ def test_step_kernels_equal_their_twins():
         record([torch.tensor([3, 500])], last, 1)
     assert not last.any()  # refused before anything was written
     with pytest.raises(ValueError, match="out of range"):
-        arrivals(torch.zeros(3, dtype=torch.int32), torch.ones(3, dtype=torch.int32),
-                 torch.tensor([0, 3]))  # fmt: skip
+        arrivals(need.clone(), torch.tensor([need.numel()]), group_ptr, group_rows)
+    with pytest.raises(ValueError, match="no writer left"):
+        arrivals(need_got, writer_groups[:1], group_ptr, group_rows)  # all arrived already
+    with pytest.raises(ValueError, match="no writer"):
+        group([torch.tensor([0, 2])], 3)  # row 1 has none
     with pytest.raises(ValueError, match="versions must be torch.int64"):
         take_ready(candidates, applied, ids, local_prev, 3, versions.int(), 11, False)
     # the tables it keeps between calls are left clear: a smaller step after a larger one,

@@ -79,7 +79,13 @@ from odin_ns.runtime.liveness import Awaited, PeerSilence, wait_until
 from odin_ns.runtime.sharded_admission import PendingSource, ShardedAdmission
 from odin_ns.runtime.step_signal import StepSignal
 from odin_ns.runtime.transport import ALL_PEERS, Transport, has_credits
-from odin_ns.runtime.update_log import ApplyHook, UpdateLog, step_record_reference
+from odin_ns.runtime.update_log import (
+    ApplyHook,
+    StepRows,
+    UpdateLog,
+    step_record_reference,
+    writer_groups_reference,
+)
 from odin_ns.runtime.uploads import upload
 
 GRAD, PUSH = 0, 1
@@ -165,8 +171,10 @@ class Step:
     own_rows: np.ndarray  # local ids (owned) of own reads, global order
     union: np.ndarray  # [U] sorted owned local ids anyone writes at this step
     positions: dict[int, np.ndarray]  # writer q -> [M_q] positions in union (global order)
-    writers: np.ndarray  # [U] int32 how many ranks write each union row
     union_prev: np.ndarray  # [U] int64 last planned write before t of each union row (-1: none)
+    # the union's rows grouped by their set of writers (``update_log.writer_groups_reference``):
+    # group_ptr [G + 1], group_rows [U], group_need [G], writer_ptr [R + 1], writer_groups [S]
+    groups: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     own_prev: np.ndarray  # [len(own_rows)] last planned write before t of each own read
     push_in: dict[int, np.ndarray]  # owner -> local cache ids refreshed by its push
 
@@ -269,21 +277,18 @@ class PhaseSteps:
         for s in [s for s in self._made if s <= t]:
             del self._made[s]
 
-    def step_union(self, s: int) -> tuple[Tensor, list[Tensor], Tensor, Tensor]:
-        """(owned local ids [U] written at local step s, per writer its positions in them,
-        [U] int32 writers per row, [U] int64 each row's last planned write before s as a
-        local step, -1: none in the phase), host tensors sharing the tables' memory."""
+    def step_union(self, s: int) -> StepRows:
+        """The owned rows written at local step s (local ids), host tensors sharing the
+        tables' memory."""
         st = self[s]
         empty = torch.zeros(0, dtype=torch.int64)
         positions = [
             torch.from_numpy(st.positions[q]) if q in st.positions else empty
             for q in range(self.num_ranks)
         ]
-        return (
-            torch.from_numpy(st.union),
-            positions,
-            torch.from_numpy(st.writers),
-            torch.from_numpy(st.union_prev),
+        groups = tuple(torch.from_numpy(a) for a in st.groups)
+        return StepRows(
+            torch.from_numpy(st.union), positions, torch.from_numpy(st.union_prev), groups
         )
 
 
@@ -303,13 +308,14 @@ def step_rows(
     me, owner, local_of = layout.rank, layout.owner, layout.local_of
     identity = layout.identity
     record = ops.host_op("step_record") or step_record_reference
+    group = ops.host_op("writer_groups") or writer_groups_reference
     last = torch.full((owner.size,), -1, dtype=torch.int64)  # last write (local step) per row
     peers = [q for q in range(num_ranks) if q != me]
     for t in range(plan.num_steps if num_steps is None else num_steps):
         reads = [torch.from_numpy(np.asarray(plan.step_footprint(t, q), dtype=np.int64))
                  for q in range(num_ranks)]  # fmt: skip
-        ids, writers, positions, prev = record(reads, last, t)  # the union [U], sorted
-        ids, writers, prev = ids.numpy(), writers.numpy(), prev.numpy()
+        ids, _, positions, prev = record(reads, last, t)  # the union [U], sorted
+        ids, prev = ids.numpy(), prev.numpy()
         at = [p.numpy() for p in positions]  # per rank, its reads' positions in the union
         local = ids if identity else local_of[ids]  # [U] local ids (-1: a row not held)
         owner_u = owner[ids]  # [U]
@@ -345,7 +351,6 @@ def step_rows(
             union, union_prev = local, prev
             mine_owned = slice(None)
         else:
-            writers = writers[owns]
             renumber = np.cumsum(owns) - 1  # union position -> position among owned rows
             parts = {q: p[owns[p]] for q, p in enumerate(at)}
             positions = {q: renumber[p] for q, p in parts.items() if p.size}
@@ -366,12 +371,21 @@ def step_rows(
             own_rows=reads_local if identity else local[mine[mine_owned]],
             union=union,
             positions=positions,
-            writers=writers,
             union_prev=union_prev,
+            groups=writer_sets(group, positions, union.size, num_ranks),
             own_prev=prev_me[mine_owned],
             push_in=push_in,
         )
         yield step, pushes_out, pushes_in
+
+
+def writer_sets(group, positions: dict[int, np.ndarray], num_rows: int, num_ranks: int):
+    """The step's ``num_rows`` union rows grouped by their set of writers (``group``: the
+    host kernel ``writer_groups`` or its twin; ``positions``: writer -> its rows), as numpy
+    arrays sharing the kernel's output."""
+    empty = torch.zeros(0, dtype=torch.int64)
+    parts = [torch.from_numpy(positions[q]) if q in positions else empty for q in range(num_ranks)]
+    return tuple(a.numpy() for a in group(parts, num_rows))
 
 
 def step_tables(plan, layout: ShardLayout, num_ranks: int, num_steps: int | None = None):

@@ -9,16 +9,18 @@ result bitwise identical in every mode and on every rank.
 
 Two planes:
 - control plane (host CPU tensors, decided only by the plan and by which publications have
-  arrived): union ids, per-rank positions, expected / arrived writer counts, applied flags,
-  the planned previous write of every row (from the step's tables), the version vector
-  ``versions``;
+  arrived): union ids, per-rank positions, the writers each group of rows still waits for,
+  applied flags, the planned previous write of every row (from the step's tables), the
+  version vector ``versions``;
 - data plane (the parameters' device): contributions, accumulators, parameters, moments,
   and a device mirror of ``versions`` that the apply op keeps.
 
 So deciding what is ready never reads the device; apply runs by mask. The control plane's
-work follows what arrives, not the step's size: an arrival counts its rows and hands on
-those whose last writer it was (``add_arrivals``); an apply looks only at those rows
-(``take_ready``), so a step of U rows costs O(U) once, however many times the engine asks.
+work follows what arrives, not the step's size: a step's rows are grouped by their set of
+writers when its tables are made (``writer_groups``); an arrival counts down its groups and
+hands on the rows of those it completed (``add_arrivals``); an apply looks only at those rows
+(``take_ready``). So a step of U rows costs O(U) once, however many rows its publications
+carry and however many times the engine asks.
 
 An optional ``ApplyHook`` sees every applied row set around its Adam update (the MCMC
 strategy's lazy position noise, ``odin_ns.distributed.mcmc_noise``); with the default
@@ -77,13 +79,54 @@ def step_record_reference(
     return ids, counts.to(torch.int32), positions, prev
 
 
-def add_arrivals_reference(arrived: Tensor, expected: Tensor, positions: Tensor) -> Tensor:
-    """``arrived[positions] += 1`` in place ([U] int32; ``positions``: [M] int64 distinct,
-    one publication's rows), then the positions whose count reached ``expected`` ([U]
-    int32): [K] int64, in ``positions``' order. Host tensors. The torch twin of the host
-    kernel ``torch.ops.odin.add_arrivals``."""
-    arrived.index_add_(0, positions, torch.ones(1, dtype=torch.int32).expand(len(positions)))
-    return positions[arrived[positions] == expected[positions]]
+def writer_groups_reference(
+    positions: Sequence[Tensor], num_rows: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """A step's U = ``num_rows`` rows grouped by their set of writers (``positions``: per
+    writer q its [M_q] int64 sorted distinct rows; every row has a writer). Returns
+    (group_ptr [G + 1] int64, group_rows [U] int64: group g's rows, increasing, at
+    ``group_ptr[g]:group_ptr[g + 1]``, groups in the order of their first row;
+    group_need [G] int32 writers per group; writer_ptr [R + 1] int64 and writer_groups
+    [S] int64: writer q's groups, increasing, at ``writer_ptr[q]:writer_ptr[q + 1]``). Host
+    tensors. The torch twin of the host kernel ``torch.ops.odin.writer_groups``."""
+    member = torch.zeros(num_rows, len(positions), dtype=torch.bool)
+    for q, pos in enumerate(positions):
+        member[pos, q] = True
+    if num_rows and not bool(member.any(dim=1).all()):
+        raise ValueError("writer_groups: a row has no writer")
+    sets, row_set = torch.unique(member, dim=0, return_inverse=True)
+    first = torch.full((sets.shape[0],), num_rows, dtype=torch.int64)
+    first.scatter_reduce_(0, row_set, torch.arange(num_rows), "amin")
+    order = torch.argsort(first)  # groups in the order of their first row
+    group_of_set = torch.empty_like(order)
+    group_of_set[order] = torch.arange(order.numel())
+    group = group_of_set[row_set]  # [U]
+    group_rows = torch.argsort(group, stable=True)
+    group_ptr = torch.zeros(order.numel() + 1, dtype=torch.int64)
+    group_ptr[1:] = torch.bincount(group, minlength=order.numel()).cumsum(0)
+    in_group = sets[order]  # [G, R]
+    need = in_group.sum(dim=1, dtype=torch.int32)
+    writer_groups = [in_group[:, q].nonzero().squeeze(1) for q in range(len(positions))]
+    writer_ptr = torch.zeros(len(positions) + 1, dtype=torch.int64)
+    writer_ptr[1:] = torch.tensor([g.numel() for g in writer_groups], dtype=torch.int64).cumsum(0)
+    flat = torch.cat(writer_groups) if writer_groups else torch.zeros(0, dtype=torch.int64)
+    return group_ptr, group_rows, need, writer_ptr, flat
+
+
+def add_arrivals_reference(
+    need: Tensor, groups: Tensor, group_ptr: Tensor, group_rows: Tensor
+) -> Tensor:
+    """One writer arrived: ``need[groups] -= 1`` in place ([G] int32 writers each group still
+    waits for; ``groups``: [K] int64 distinct, the writer's groups, each waiting), then the
+    rows of the groups that now wait for none ([K'] int64, group by group in ``groups``'
+    order; ``group_ptr`` / ``group_rows`` as ``writer_groups_reference``'s). Host tensors.
+    The torch twin of the host kernel ``torch.ops.odin.add_arrivals``."""
+    if bool((need[groups] <= 0).any()):
+        raise ValueError("add_arrivals: a group has no writer left to arrive")
+    need[groups] -= 1
+    done = groups[need[groups] == 0].tolist()
+    parts = [group_rows[group_ptr[g] : group_ptr[g + 1]] for g in done]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
 
 
 def take_ready_reference(
@@ -119,13 +162,29 @@ def take_ready_reference(
     return ready, int(take.numel()), candidates[~ok].sort().values
 
 
+@dataclass(frozen=True)
+class StepRows:
+    """One step's rows as the update log reads them (``StepWrites.step_union``), host tensors.
+
+    ids: [U] int64 sorted unique rows written at the step.
+    positions: per writer q, [M_q] int64 the positions of its rows in ids.
+    prev: [U] int64 each row's last planned write before the step, as a local step (-1:
+        none in the phase).
+    groups: the rows grouped by their set of writers (``writer_groups_reference``'s five
+        tensors: group_ptr, group_rows, group_need, writer_ptr, writer_groups).
+    """
+
+    ids: Tensor
+    positions: list[Tensor]
+    prev: Tensor
+    groups: tuple[Tensor, Tensor, Tensor, Tensor, Tensor]
+
+
 class StepWrites(Protocol):
     """Who writes which rows at each local step (the engine's step tables)."""
 
-    def step_union(self, s: int) -> tuple[Tensor, list[Tensor], Tensor, Tensor]:
-        """(ids [U] int64 sorted unique rows written at local step s, per writer its [M_q]
-        int64 positions in ids, [U] int32 writers per row, [U] int64 each row's last planned
-        write before s as a local step, -1 if none in the phase), host tensors."""
+    def step_union(self, s: int) -> StepRows:
+        """The rows written at local step s."""
 
 
 @dataclass(frozen=True)
@@ -149,44 +208,43 @@ class PendingStep:
 
     Args:
         step: global step.
-        union: (ids [U] sorted unique, per writer q the [M_q] positions of its rows in ids,
-            [U] int32 writers per id, [U] int64 previous planned write per id as a local
-            step, -1: none in the phase), host tensors (``StepWrites.step_union``).
+        rows: the step's rows (``StepWrites.step_union``).
         device: the parameters' device.
         kernels: the per-step host kernels (``StepKernels.resolve()``).
     """
 
-    def __init__(
-        self,
-        step: int,
-        union: tuple[Tensor, list[Tensor], Tensor, Tensor],
-        device,
-        kernels: StepKernels,
-    ):
+    def __init__(self, step: int, rows: StepRows, device, kernels: StepKernels):
         self.step = step
         self.kernels = kernels
-        ids, positions, counts, prev = union
-        self.ids = ids  # [U] int64 (host)
-        self.prev = prev  # [U] int64 planned previous write (local step, -1: none)
-        self.expected = counts  # [U] int32 writers per row
-        self.arrived = torch.zeros_like(self.expected)  # [U] int32
-        self.applied = torch.zeros(ids.shape, dtype=torch.bool)  # [U]
-        self.unapplied = ids.numel()  # rows not applied yet
+        self.ids = rows.ids  # [U] int64 (host)
+        self.prev = rows.prev  # [U] int64 planned previous write (local step, -1: none)
+        self.positions = rows.positions  # per rank [M_q] int64 positions into U
+        self.group_ptr, self.group_rows, need, writer_ptr, writer_groups = rows.groups
+        self.need = need.clone()  # [G] int32 writers each group of rows still waits for
+        self.groups_of = [writer_groups[writer_ptr[q] : writer_ptr[q + 1]]
+                          for q in range(len(self.positions))]  # fmt: skip
+        self.applied = torch.zeros(self.ids.shape, dtype=torch.bool)  # [U]
+        self.unapplied = self.ids.numel()  # rows not applied yet
         self.complete: list[Tensor] = []  # positions whose writers all arrived, not applied
-        self.positions = positions  # per rank [M_q] int64 positions into U
         self.device = device
-        self.ids_data = upload(ids, device)  # [U] on the parameters' device
+        self.ids_data = upload(self.ids, device)  # [U] on the parameters' device
         # per rank (positions on device [M_q], rows [M_q, W] on device), in rank order
-        self.parts: list[tuple[Tensor, Tensor] | None] = [None] * len(positions)
+        self.parts: list[tuple[Tensor, Tensor] | None] = [None] * len(self.positions)
+        # [U, W] float32 summed rows (device), made at the step's first apply and kept for
+        # its later ones: a row is summed once, when it is applied, so rows not applied yet
+        # are still zero
+        self.acc: Tensor | None = None
         # a writer with no row of the step sends nothing: its part counts as received
-        self.received = [pos.numel() == 0 for pos in positions]
-        self.done = ids.numel() == 0  # every row applied
+        self.received = [pos.numel() == 0 for pos in self.positions]
+        self.done = self.ids.numel() == 0  # every row applied
 
     def add(self, q: int, rows: Tensor) -> None:
         """Rank q's contribution: [M_q, W] float32 on the parameters' device."""
         self.parts[q] = (upload(self.positions[q], self.device), rows)
         self.received[q] = True
-        complete = self.kernels.add_arrivals(self.arrived, self.expected, self.positions[q])
+        complete = self.kernels.add_arrivals(
+            self.need, self.groups_of[q], self.group_ptr, self.group_rows
+        )
         if complete.numel():
             self.complete.append(complete)
 
@@ -196,7 +254,7 @@ class PendingStep:
         self.parts = [(torch.arange(u, device=self.device), dense.index_select(0, self.ids_data))]
         self.parts += [None] * (len(self.received) - 1)
         self.received = [True] * len(self.received)
-        self.arrived.copy_(self.expected)
+        self.need.zero_()
         self.complete = [(~self.applied).nonzero().squeeze(1)]
 
     def take_ready(self, versions: Tensor, offset: int, in_order: bool) -> tuple[Tensor, int]:
@@ -265,10 +323,7 @@ class UpdateLog:
         while self.created < t:
             s = self.created + 1
             self.pending[s] = PendingStep(
-                self.step_offset + s,
-                self.writes.step_union(s),
-                self.device,
-                self.kernels,
+                self.step_offset + s, self.writes.step_union(s), self.device, self.kernels
             )
             self.created = s
         rec = self.pending.get(t)
@@ -329,7 +384,7 @@ class UpdateLog:
                     self._apply(rec, ready)
                     total += n
                     if rec.done:
-                        rec.parts = [None] * self.world_size
+                        rec.parts, rec.acc = [None] * self.world_size, None
             earlier_done = earlier_done and rec.done
             if rec.done and all(rec.received):
                 del self.pending[s]
@@ -337,7 +392,11 @@ class UpdateLog:
 
     def _apply(self, rec: PendingStep, ready: Tensor) -> None:
         ready_data = upload(ready, self.device)
-        acc = torch.zeros(rec.ids.shape[0], self.width, dtype=torch.float32, device=self.device)
+        if rec.acc is None:
+            rec.acc = torch.zeros(
+                rec.ids.shape[0], self.width, dtype=torch.float32, device=self.device
+            )
+        acc = rec.acc
         for part in rec.parts:  # fixed rank order: bitwise identical sums
             if part is not None:
                 ops.accumulate_ready_rows(acc, ready_data, part[0], part[1])
@@ -364,4 +423,4 @@ class UpdateLog:
             self.observe_sum(rec.ids_data, acc, ready_data)
 
 
-__all__ = ["ApplyHook", "PendingStep", "StepKernels", "UpdateLog"]
+__all__ = ["ApplyHook", "PendingStep", "StepKernels", "StepRows", "UpdateLog"]

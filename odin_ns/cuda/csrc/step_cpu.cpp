@@ -2,18 +2,22 @@
 //
 // - step_record: the union of a step's footprints, each footprint's positions in it, and
 //   every union row's planned previous write, read from and then advanced in last_write;
-// - add_arrivals: one more writer arrived for each of a publication's rows; the rows whose
-//   writers are now all in;
+// - writer_groups: a step's rows grouped by their set of writers (made with the step's
+//   tables), and each writer's groups;
+// - add_arrivals: one more writer arrived for each of its groups; the rows of the groups
+//   whose writers are now all in;
 // - take_ready: of those rows, the ones whose previous planned write is applied: marked
 //   applied, their versions set, and the step's ready mask.
 //
 // Their specifications are the torch twins update_log.step_record_reference,
-// add_arrivals_reference and take_ready_reference, checked equal in tests/test_runtime.py.
+// writer_groups_reference, add_arrivals_reference and take_ready_reference, checked equal in tests/test_runtime.py.
 // Each replaces several torch operations per step (a unique and a searchsorted, a gather and
 // a fill; an index_add, a compare and a boolean-mask index; a gather, a compare, a fill and a
-// scatter), one pass instead of one per operation and no temporaries. add_arrivals and
-// take_ready touch only the rows that arrived or completed, never the whole step: an apply
-// costs what it applies, however often the engine looks.
+// scatter), one pass instead of one per operation and no temporaries. add_arrivals touches
+// an arrival's groups and the rows it completes, take_ready those rows, never the whole
+// step: an arrival costs the rows it completes (not the rows it carries: at R = 64 a step's
+// publications hold 6x its union), and an apply what it applies, however often the engine
+// looks.
 //
 // step_record marks the footprints' rows in a bit table and reads positions back as ranks
 // (a popcount directory): O(sum M + N / 64), its tables small enough to stay in the cache.
@@ -23,6 +27,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "host.h"
@@ -169,26 +174,121 @@ int64_t check_ids_and_versions(const at::Tensor& ids, const at::Tensor& versions
   return U;
 }
 
-at::Tensor add_arrivals_cpu(const at::Tensor& arrived, const at::Tensor& expected,
-                            const at::Tensor& positions) {
+// Rows with the same writers complete together, so the step's rows are grouped by their set
+// of writers once, when the step's tables are made: an arrival then counts down its groups,
+// not its rows. Groups are numbered in the order of their first row; a group's rows are
+// listed in increasing order; each writer's groups in increasing order.
+//
+// The sets are nodes of a trie built writer by writer (a row's node after writer q is the
+// child of its node before, by q), so any number of writers works; consecutive rows of one
+// writer usually share their node, so most rows skip the hash lookup.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> writer_groups_cpu(
+    at::TensorList positions, int64_t num_rows) {
+  const char* op = "writer_groups";
+  TORCH_CHECK_VALUE(num_rows >= 0, op, ": num_rows must be >= 0, got ", num_rows);
+  const auto R = static_cast<int64_t>(positions.size());
+  std::vector<at::Tensor> inputs;
+  inputs.reserve(R);
+  for (const auto& pos : positions) {
+    inputs.push_back(pos.contiguous());
+    check_footprint(inputs.back(), num_rows, op);  // sorted, unique, in [0, num_rows)
+  }
+  std::vector<int32_t> node_of(num_rows, 0);  // node 0: no writer yet
+  std::vector<int32_t> parent{-1};
+  std::vector<int32_t> writer{-1};  // the writer that leads from the parent to the node
+  std::vector<int32_t> depth{0};
+  std::unordered_map<int64_t, int32_t> child;
+  for (int64_t q = 0; q < R; ++q) {
+    const int64_t* in = inputs[q].data_ptr<int64_t>();
+    const int64_t m = inputs[q].numel();
+    int32_t from = -1;
+    int32_t to = -1;
+    for (int64_t i = 0; i < m; ++i) {
+      const int32_t n = node_of[in[i]];
+      if (n != from) {
+        const int64_t key = static_cast<int64_t>(n) * R + q;
+        const auto [it, added] = child.try_emplace(key, static_cast<int32_t>(parent.size()));
+        if (added) {
+          parent.push_back(n);
+          writer.push_back(static_cast<int32_t>(q));
+          depth.push_back(depth[n] + 1);
+        }
+        from = n;
+        to = it->second;
+      }
+      node_of[in[i]] = to;
+    }
+  }
+  std::vector<int32_t> group_of(parent.size(), -1);
+  std::vector<int32_t> node_of_group;
+  std::vector<int64_t> size;
+  for (int64_t p = 0; p < num_rows; ++p) {
+    const int32_t n = node_of[p];
+    TORCH_CHECK_VALUE(n != 0, op, ": row ", p, " has no writer");
+    if (group_of[n] < 0) {
+      group_of[n] = static_cast<int32_t>(node_of_group.size());
+      node_of_group.push_back(n);
+      size.push_back(0);
+    }
+    ++size[group_of[n]];
+  }
+  const auto G = static_cast<int64_t>(node_of_group.size());
+  at::Tensor group_ptr = at::empty({G + 1}, at::kLong);
+  at::Tensor group_rows = at::empty({num_rows}, at::kLong);
+  at::Tensor group_need = at::empty({G}, at::kInt);
+  int64_t* ptr = group_ptr.data_ptr<int64_t>();
+  ptr[0] = 0;
+  for (int64_t g = 0; g < G; ++g) ptr[g + 1] = ptr[g] + size[g];
+  std::vector<int64_t> fill(ptr, ptr + G);
+  int64_t* rows = group_rows.data_ptr<int64_t>();
+  for (int64_t p = 0; p < num_rows; ++p) rows[fill[group_of[node_of[p]]]++] = p;
+  std::vector<std::vector<int64_t>> groups_of_writer(R);
+  int32_t* need = group_need.data_ptr<int32_t>();
+  for (int64_t g = 0; g < G; ++g) {
+    need[g] = depth[node_of_group[g]];
+    for (int32_t n = node_of_group[g]; n > 0; n = parent[n]) groups_of_writer[writer[n]].push_back(g);
+  }
+  at::Tensor writer_ptr = at::empty({R + 1}, at::kLong);
+  int64_t* wptr = writer_ptr.data_ptr<int64_t>();
+  wptr[0] = 0;
+  for (int64_t q = 0; q < R; ++q) wptr[q + 1] = wptr[q] + groups_of_writer[q].size();
+  at::Tensor writer_groups = at::empty({wptr[R]}, at::kLong);
+  int64_t* wg = writer_groups.data_ptr<int64_t>();
+  for (int64_t q = 0; q < R; ++q) std::copy(groups_of_writer[q].begin(), groups_of_writer[q].end(), wg + wptr[q]);
+  return {group_ptr, group_rows, group_need, writer_ptr, writer_groups};
+}
+
+at::Tensor add_arrivals_cpu(const at::Tensor& need, const at::Tensor& groups,
+                            const at::Tensor& group_ptr, const at::Tensor& group_rows) {
   const char* op = "add_arrivals";
-  check_step_rows(arrived, -1, at::kInt, op, "arrived");
-  check_step_rows(expected, arrived.size(0), at::kInt, op, "expected");
-  check_step_rows(positions, -1, at::kLong, op, "positions");
-  check_ids(positions, arrived.size(0), op, "positions");
-  int32_t* count = arrived.data_ptr<int32_t>();
-  const int32_t* want = expected.data_ptr<int32_t>();
-  const int64_t* at = positions.data_ptr<int64_t>();
-  const int64_t m = positions.size(0);
-  at::Tensor complete = at::empty({m}, at::kLong);
-  int64_t* out = complete.data_ptr<int64_t>();
+  check_step_rows(need, -1, at::kInt, op, "need");
+  const int64_t G = need.size(0);
+  check_step_rows(group_ptr, G + 1, at::kLong, op, "group_ptr");
+  check_step_rows(groups, -1, at::kLong, op, "groups");
+  check_step_rows(group_rows, -1, at::kLong, op, "group_rows");
+  check_ids(groups, G, op, "groups");
+  int32_t* left = need.data_ptr<int32_t>();
+  const int64_t* at = groups.data_ptr<int64_t>();
+  const int64_t* ptr = group_ptr.data_ptr<int64_t>();
+  const int64_t* rows = group_rows.data_ptr<int64_t>();
+  const int64_t m = groups.size(0);
+  TORCH_CHECK_VALUE(G == 0 || (ptr[0] == 0 && ptr[G] == group_rows.size(0)), op,
+                    ": group_ptr must run from 0 to len(group_rows)");
+  for (int64_t i = 0; i < m; ++i) {  // before anything is written
+    TORCH_CHECK_VALUE(left[at[i]] > 0, op, ": group ", at[i], " has no writer left to arrive");
+  }
+  std::vector<int64_t> complete;
   int64_t k = 0;
   for (int64_t i = 0; i < m; ++i) {
-    const int64_t p = at[i];
-    out[k] = p;  // kept when its last writer just arrived (no branch to mispredict)
-    k += ++count[p] == want[p];
+    if (--left[at[i]] == 0) {
+      complete.push_back(at[i]);
+      k += ptr[at[i] + 1] - ptr[at[i]];
+    }
   }
-  return complete.narrow(0, 0, k);
+  at::Tensor out = at::empty({k}, at::kLong);
+  int64_t* o = out.data_ptr<int64_t>();
+  for (const int64_t g : complete) o = std::copy(rows + ptr[g], rows + ptr[g + 1], o);
+  return out;
 }
 
 std::tuple<at::Tensor, int64_t, at::Tensor> take_ready_cpu(
@@ -246,7 +346,11 @@ TORCH_LIBRARY_FRAGMENT(odin, m) {
       "step_record(Tensor[] footprints, Tensor(a!) last_write, int step) -> (Tensor, Tensor, "
       "Tensor[], Tensor)");
   m.def(
-      "add_arrivals(Tensor(a!) arrived, Tensor expected, Tensor positions) -> Tensor");
+      "writer_groups(Tensor[] positions, int num_rows) -> (Tensor, Tensor, Tensor, Tensor, "
+      "Tensor)");
+  m.def(
+      "add_arrivals(Tensor(a!) need, Tensor groups, Tensor group_ptr, Tensor group_rows) -> "
+      "Tensor");
   m.def(
       "take_ready(Tensor candidates, Tensor(a!) applied, Tensor ids, Tensor prev, int offset, "
       "Tensor(b!) versions, int step, bool in_order) -> (Tensor, int, Tensor)");
@@ -254,6 +358,7 @@ TORCH_LIBRARY_FRAGMENT(odin, m) {
 
 TORCH_LIBRARY_IMPL(odin, CPU, m) {
   m.impl("step_record", &step_record_cpu);
+  m.impl("writer_groups", &writer_groups_cpu);
   m.impl("add_arrivals", &add_arrivals_cpu);
   m.impl("take_ready", &take_ready_cpu);
 }
