@@ -219,10 +219,9 @@ class PendingStep:
         self.ids = rows.ids  # [U] int64 (host)
         self.prev = rows.prev  # [U] int64 planned previous write (local step, -1: none)
         self.positions = rows.positions  # per rank [M_q] int64 positions into U
-        self.group_ptr, self.group_rows, need, writer_ptr, writer_groups = rows.groups
+        self.group_ptr, self.group_rows, need, writer_ptr, self.writer_groups = rows.groups
         self.need = need.clone()  # [G] int32 writers each group of rows still waits for
-        self.groups_of = [writer_groups[writer_ptr[q] : writer_ptr[q + 1]]
-                          for q in range(len(self.positions))]  # fmt: skip
+        self.writer_bounds = writer_ptr.tolist()  # writer q's groups: [q] to [q + 1]
         self.applied = torch.zeros(self.ids.shape, dtype=torch.bool)  # [U]
         self.unapplied = self.ids.numel()  # rows not applied yet
         self.complete: list[Tensor] = []  # positions whose writers all arrived, not applied
@@ -242,9 +241,8 @@ class PendingStep:
         """Rank q's contribution: [M_q, W] float32 on the parameters' device."""
         self.parts[q] = (upload(self.positions[q], self.device), rows)
         self.received[q] = True
-        complete = self.kernels.add_arrivals(
-            self.need, self.groups_of[q], self.group_ptr, self.group_rows
-        )
+        mine = self.writer_groups[self.writer_bounds[q] : self.writer_bounds[q + 1]]
+        complete = self.kernels.add_arrivals(self.need, mine, self.group_ptr, self.group_rows)
         if complete.numel():
             self.complete.append(complete)
 
