@@ -212,6 +212,9 @@ def test_step_kernels_equal_their_twins():
         arrivals(need_got, writer_groups[:1], group_ptr, group_rows)  # all arrived already
     with pytest.raises(ValueError, match="no writer"):
         group([torch.tensor([0, 2])], 3)  # row 1 has none
+    none = [torch.zeros(0, dtype=torch.int64)] * 3  # a step with no rows (nothing owned)
+    for a, b in zip(group(none, 0), writer_groups_reference(none, 0), strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
     with pytest.raises(ValueError, match="versions must be torch.int64"):
         take_ready(candidates, applied, ids, local_prev, 3, versions.int(), 11, False)
     # the tables it keeps between calls are left clear: a smaller step after a larger one,

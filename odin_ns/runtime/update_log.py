@@ -89,6 +89,11 @@ def writer_groups_reference(
     group_need [G] int32 writers per group; writer_ptr [R + 1] int64 and writer_groups
     [S] int64: writer q's groups, increasing, at ``writer_ptr[q]:writer_ptr[q + 1]``). Host
     tensors. The torch twin of the host kernel ``torch.ops.odin.writer_groups``."""
+    if num_rows == 0:  # (also with no writers, where torch.unique has no rows to compare)
+        empty = torch.zeros(0, dtype=torch.int64)
+        ptr = torch.zeros(1, dtype=torch.int64)
+        writer_ptr = torch.zeros(len(positions) + 1, dtype=torch.int64)
+        return ptr, empty, torch.zeros(0, dtype=torch.int32), writer_ptr, empty
     member = torch.zeros(num_rows, len(positions), dtype=torch.bool)
     for q, pos in enumerate(positions):
         member[pos, q] = True
@@ -145,8 +150,8 @@ def take_ready_reference(
     ``versions[ids] >= prev + offset``; taken as true when ``in_order`` (every earlier step
     is applied). Those rows are marked in ``applied`` ([U] bool) and get
     ``versions[ids] = step`` ([N] int64), in place. Returns (ready [U] bool, their count,
-    the candidates held back, [K'] int64 in increasing order). Host tensors. The torch twin of the host
-    kernel ``torch.ops.odin.take_ready``."""
+    the candidates held back, [K'] int64 in increasing order). Host tensors. The torch twin
+    of the host kernel ``torch.ops.odin.take_ready``."""
     if candidates.numel() and bool(applied[candidates].any()):
         raise RuntimeError("take_ready: a candidate is already applied")
     if in_order:

@@ -10,10 +10,11 @@
 //   applied, their versions set, and the step's ready mask.
 //
 // Their specifications are the torch twins update_log.step_record_reference,
-// writer_groups_reference, add_arrivals_reference and take_ready_reference, checked equal in tests/test_runtime.py.
-// Each replaces several torch operations per step (a unique and a searchsorted, a gather and
-// a fill; an index_add, a compare and a boolean-mask index; a gather, a compare, a fill and a
-// scatter), one pass instead of one per operation and no temporaries. add_arrivals touches
+// writer_groups_reference, add_arrivals_reference and take_ready_reference, checked equal in
+// tests/test_runtime.py. Each replaces several torch operations per step (a unique and a
+// searchsorted, a gather and a fill; a unique of writer sets and a sort; an index_add, a
+// compare and a boolean-mask index; a gather, a compare, a fill and a scatter), one pass
+// instead of one per operation and no temporaries. add_arrivals touches
 // an arrival's groups and the rows it completes, take_ready those rows, never the whole
 // step: an arrival costs the rows it completes (not the rows it carries: at R = 64 a step's
 // publications hold 6x its union), and an apply what it applies, however often the engine
@@ -246,7 +247,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> writer_gr
   int32_t* need = group_need.data_ptr<int32_t>();
   for (int64_t g = 0; g < G; ++g) {
     need[g] = depth[node_of_group[g]];
-    for (int32_t n = node_of_group[g]; n > 0; n = parent[n]) groups_of_writer[writer[n]].push_back(g);
+    for (int32_t n = node_of_group[g]; n > 0; n = parent[n]) {
+      groups_of_writer[writer[n]].push_back(g);
+    }
   }
   at::Tensor writer_ptr = at::empty({R + 1}, at::kLong);
   int64_t* wptr = writer_ptr.data_ptr<int64_t>();
@@ -254,7 +257,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> writer_gr
   for (int64_t q = 0; q < R; ++q) wptr[q + 1] = wptr[q] + groups_of_writer[q].size();
   at::Tensor writer_groups = at::empty({wptr[R]}, at::kLong);
   int64_t* wg = writer_groups.data_ptr<int64_t>();
-  for (int64_t q = 0; q < R; ++q) std::copy(groups_of_writer[q].begin(), groups_of_writer[q].end(), wg + wptr[q]);
+  for (int64_t q = 0; q < R; ++q) {
+    std::copy(groups_of_writer[q].begin(), groups_of_writer[q].end(), wg + wptr[q]);
+  }
   return {group_ptr, group_rows, group_need, writer_ptr, writer_groups};
 }
 
