@@ -281,11 +281,7 @@ class PhaseSteps:
         """The owned rows written at local step s (local ids), host tensors sharing the
         tables' memory."""
         st = self[s]
-        empty = torch.zeros(0, dtype=torch.int64)
-        positions = [
-            torch.from_numpy(st.positions[q]) if q in st.positions else empty
-            for q in range(self.num_ranks)
-        ]
+        positions = writer_rows(st.positions, self.num_ranks)
         groups = tuple(torch.from_numpy(a) for a in st.groups)
         return StepRows(
             torch.from_numpy(st.union), positions, torch.from_numpy(st.union_prev), groups
@@ -314,7 +310,7 @@ def step_rows(
     for t in range(plan.num_steps if num_steps is None else num_steps):
         reads = [torch.from_numpy(np.asarray(plan.step_footprint(t, q), dtype=np.int64))
                  for q in range(num_ranks)]  # fmt: skip
-        ids, _, positions, prev = record(reads, last, t)  # the union [U], sorted
+        ids, positions, prev = record(reads, last, t)  # the union [U], sorted
         ids, prev = ids.numpy(), prev.numpy()
         at = [p.numpy() for p in positions]  # per rank, its reads' positions in the union
         local = ids if identity else local_of[ids]  # [U] local ids (-1: a row not held)
@@ -379,13 +375,18 @@ def step_rows(
         yield step, pushes_out, pushes_in
 
 
+def writer_rows(positions: dict[int, np.ndarray], num_ranks: int) -> list[Tensor]:
+    """Per writer q < ``num_ranks``, its rows (``positions``: writer -> [M_q] int64; a rank
+    not in it writes none: an empty tensor), host tensors sharing the arrays' memory."""
+    empty = torch.zeros(0, dtype=torch.int64)
+    return [torch.from_numpy(positions[q]) if q in positions else empty for q in range(num_ranks)]
+
+
 def writer_sets(group, positions: dict[int, np.ndarray], num_rows: int, num_ranks: int):
     """The step's ``num_rows`` union rows grouped by their set of writers (``group``: the
     host kernel ``writer_groups`` or its twin; ``positions``: writer -> its rows), as numpy
     arrays sharing the kernel's output."""
-    empty = torch.zeros(0, dtype=torch.int64)
-    parts = [torch.from_numpy(positions[q]) if q in positions else empty for q in range(num_ranks)]
-    return tuple(a.numpy() for a in group(parts, num_rows))
+    return tuple(a.numpy() for a in group(writer_rows(positions, num_ranks), num_rows))
 
 
 def step_tables(plan, layout: ShardLayout, num_ranks: int, num_steps: int | None = None):

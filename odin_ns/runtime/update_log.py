@@ -64,19 +64,19 @@ def advance_last_write(last_write: Tensor, ids: Tensor, step: int) -> Tensor:
 
 def step_record_reference(
     footprints: Sequence[Tensor], last_write: Tensor, step: int
-) -> tuple[Tensor, Tensor, list[Tensor], Tensor]:
+) -> tuple[Tensor, list[Tensor], Tensor]:
     """A step's rows from its footprints (each [M_q] int64 host, sorted unique, ids <
-    N = ``last_write``'s length): (ids [U] int64 sorted unique, writers per id [U] int32, per
-    footprint its [M_q] int64 positions in ids, prev [U] int64 = ``last_write[ids]`` before
-    the call); then ``last_write[ids] = step`` in place. The torch twin of the host kernel
-    ``torch.ops.odin.step_record``."""
+    N = ``last_write``'s length): (ids [U] int64 sorted unique, per footprint its [M_q]
+    int64 positions in ids, prev [U] int64 = ``last_write[ids]`` before the call); then
+    ``last_write[ids] = step`` in place. The torch twin of the host kernel
+    ``torch.ops.odin.step_record``. (How many write each row: ``writer_groups_reference``.)"""
     if footprints:
-        ids, counts = torch.unique(torch.cat(list(footprints)), sorted=True, return_counts=True)
+        ids = torch.unique(torch.cat(list(footprints)), sorted=True)
     else:
-        ids = counts = torch.zeros(0, dtype=torch.int64)
+        ids = torch.zeros(0, dtype=torch.int64)
     prev = advance_last_write(last_write, ids, step)
     positions = [torch.searchsorted(ids, fp) for fp in footprints]
-    return ids, counts.to(torch.int32), positions, prev
+    return ids, positions, prev
 
 
 def writer_groups_reference(
