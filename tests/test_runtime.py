@@ -33,6 +33,7 @@ from odin_ns.cuda import ops
 from odin_ns.runtime import MODES, SyncConfig
 from odin_ns.runtime.sharded import ShardedEngine, ShardLayout
 from odin_ns.runtime.update_log import (
+    SumBuffers,
     add_arrivals_reference,
     step_record_reference,
     take_ready_reference,
@@ -230,6 +231,25 @@ def test_step_kernels_equal_their_twins():
     assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
     assert all(torch.equal(a, b) for a, b in zip(got[1], want[1], strict=True))
     assert torch.equal(last, last_want)
+
+
+def test_sum_buffers_reuse_memory_and_hand_out_zeros():
+    """A step's [U, W] sum comes zeroed from memory an earlier step gave back (the engine's
+    exactness below does not show reuse: a fresh buffer gives the same sums)."""
+    sums = SumBuffers(width=3, device=torch.device("cpu"), keep=1)
+    first = sums.take(8)
+    assert first.shape == (8, 3) and not first.any()
+    first.fill_(5.0)
+    second = sums.take(4)  # the first is lent: another buffer
+    assert second.data_ptr() != first.data_ptr()
+    sums.give(first)
+    again = sums.take(6)  # fits in the first one's memory: reused, zeroed
+    assert again.data_ptr() == first.data_ptr() and again.shape == (6, 3) and not again.any()
+    sums.give(second)
+    sums.give(again)
+    assert len(sums.free) == 1 and sums.free[0].shape[0] >= 8  # keep=1: the larger stays
+    with pytest.raises(KeyError):
+        sums.give(torch.zeros(2, 3))  # not one of its own
 
 
 # ------------------------------------------------- engine vs reference (in-process)

@@ -936,14 +936,17 @@ class ShardedEngine:
     def _send_gradients(self, t: int, columns: list[Tensor]) -> None:
         """Send the step's gradient rows to their owners (credits permitting), file the
         own rows in the log."""
-        st = self.steps[t]
-        for rows, owners in self._path(t).grad_sends:
+        st, path = self.steps[t], self._path(t)
+        own = None
+        for rows, owners in path.grad_sends:
             buf = ops.pack_rows(rows, columns)
+            if rows is path.own_rows:  # rows every rank owns: the same list, packed once
+                own = buf
             nbytes = buf.numel() * buf.element_size()
             for o in owners:
                 self._send_gradient(t, o, buf, nbytes)
         if st.own_rows.size:
-            own = ops.pack_rows(self._path(t).own_rows, columns)
+            own = ops.pack_rows(path.own_rows, columns) if own is None else own
             self.log.add(t, self.rank, own)
         elif t > self.log.created:  # the step's record exists (drain and admission read it)
             self.log.record(t)  # (a step already retired: every row applied, nothing to do)
