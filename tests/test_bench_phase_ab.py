@@ -4,6 +4,7 @@ same-round ratios are those of the runs (each run faked: no training here)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,14 @@ def test_gaussians_digest_is_of_the_last_checkpoints_gaussians(tmp_path):
     digest = phase_ab.gaussians_digest
     assert digest(tmp_path / "a") == digest(tmp_path / "b") != digest(tmp_path / "c")
     assert digest(tmp_path / "none") is None
+    # another run's checkpoints in the same folder (a mode run there before): refused
+    (tmp_path / "a" / "bench" / "tf" / "nerfstudio_models").mkdir(parents=True)
+    shutil.copy(
+        tmp_path / "c" / "bench" / "qf" / "nerfstudio_models" / "step-000000009.ckpt",
+        tmp_path / "a" / "bench" / "tf" / "nerfstudio_models",
+    )
+    with pytest.raises(ValueError, match="checkpoints of 2 runs"):
+        digest(tmp_path / "a")
 
 
 def test_a_checkout_that_is_not_odin_ns_is_refused(tmp_path):

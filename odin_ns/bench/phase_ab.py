@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -90,6 +91,9 @@ def build_extension(checkout: Path, work: Path) -> None:
 
 def run_once(checkout: Path, args: argparse.Namespace, name: str, extra: list[str]) -> dict:
     """One ``--mode`` run of ``bench.sync`` from ``checkout``; its phase-start figures."""
+    # an earlier invocation's runs under the same name (another mode's checkpoints among
+    # them) would be read as this run's model
+    shutil.rmtree(args.work / name, ignore_errors=True)
     out = args.work / f"{name}.json"
     cmd = [sys.executable, "-m", "odin_ns.bench.sync", "--data", str(args.data)]
     cmd += ["--ranks", str(args.ranks), "--steps", str(args.steps), "--repeats", "1"]
@@ -120,12 +124,16 @@ def run_once(checkout: Path, args: argparse.Namespace, name: str, extra: list[st
 
 def gaussians_digest(run_dir: Path) -> str | None:
     """sha256 of the Gaussians (``gauss_params.*``, key order) in the run's last checkpoint
-    under ``run_dir``, or None without one: equal digests are bitwise equal models."""
+    under ``run_dir``, or None without one: equal digests are bitwise equal models. A folder
+    holding more than one run's checkpoints is refused (which one is the run's?)."""
     import torch  # only here: the launcher needs no torch otherwise
 
     ckpts = sorted(run_dir.glob("**/nerfstudio_models/step-*.ckpt"))
     if not ckpts:
         return None
+    runs = sorted({str(c.parent.parent.relative_to(run_dir)) for c in ckpts})
+    if len(runs) > 1:
+        raise ValueError(f"{run_dir} holds the checkpoints of {len(runs)} runs: {runs}")
     state = torch.load(ckpts[-1], map_location="cpu", weights_only=False)["pipeline"]
     digest = hashlib.sha256()
     for key in sorted(k for k in state if "gauss_params." in k):
