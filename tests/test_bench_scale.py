@@ -25,6 +25,7 @@ from odin_ns.bench.simulate import (
 )
 from odin_ns.bench.sync import (
     CONTROL,
+    IMPACT,
     TRAIN_MODE,
     aggregate_rounds,
     pair_ratios,
@@ -163,6 +164,12 @@ def test_rotated_orders_and_same_round_ratios():
     control = [dict(r, **{CONTROL: r["quality-first"]}) for r in rounds]
     pairs = pair_ratios(control, ["barrier", CONTROL])
     np.testing.assert_allclose(pairs["again_vs_barrier"]["throughput"], [1.1, 1.05, 1.0])
+    # throughput-first modes are also paired with quality-first (what admission buys)
+    tf = [dict(r, **{m: r["barrier"] for m in ("throughput-first", IMPACT)}) for r in rounds]
+    pairs = pair_ratios(tf, ["barrier", "quality-first", "throughput-first", IMPACT])
+    assert {"tf_vs_qf", "tfi_vs_qf"} <= set(pairs) and "barrier_vs_qf" not in pairs
+    np.testing.assert_allclose(pairs["tf_vs_qf"]["throughput"], [10 / 11, 20 / 21, 1.0])
+    np.testing.assert_allclose(pairs["tfi_vs_qf"]["wait_hidden"], [-1.0, -1.0, -1.0])
 
 
 def test_sharded_ownership_by_hand():
@@ -350,6 +357,7 @@ def test_seed_control_range_includes_barrier_itself():
     figures = seed_control_figures(20.0, [20.25, 19.5])
     assert figures["psnr_seed_deltas"] == [0.25, -0.5]
     assert (figures["psnr_seed_delta_min"], figures["psnr_seed_delta_max"]) == (-0.5, 0.25)
+    assert figures["psnr_seed_spread"] == 0.75
     assert seed_control_figures(20.0, [20.5])["psnr_seed_delta_min"] == 0.0
 
 

@@ -41,3 +41,18 @@ def test_share_figures_take_same_round_spreads_against_barrier():
     assert row["wait_hidden_again_min"] == pytest.approx(0.1)
     assert row["throughput_ratio_qf_max"] == pytest.approx(1.1)
     assert row["jitter_ms"] == 26.0 and row["share"] == 0.25
+    # throughput-first against quality-first (same rounds) and the names per share
+    for suffix, ratio in (("", 1.2), ("_min", 1.1), ("_max", 1.3)):
+        results[f"throughput_ratio_tf_vs_qf{suffix}"] = ratio
+        results[f"wait_hidden_tf_vs_qf{suffix}"] = ratio - 1.0
+        results[f"psnr_delta_tf_vs_qf{suffix}"] = ratio - 1.25
+    row = stragglers.share_figures(0.5, 52.0, results, keys)
+    assert row["throughput_ratio_tf_vs_qf_max"] == 1.3 and "throughput_ratio_qf_vs_qf" not in row
+    named = stragglers.headline_keys([row], keys)
+    assert named == {
+        "wait_hidden_qf_jitter50": pytest.approx(0.0),
+        "wait_hidden_tf_jitter50": pytest.approx(0.1),
+        "wait_hidden_again_jitter50": pytest.approx(0.2),
+        "throughput_ratio_tf_vs_qf_jitter50": 1.2,
+        "psnr_delta_tf_vs_qf_jitter50": pytest.approx(-0.05),
+    }

@@ -21,7 +21,10 @@ version of the Odin paper's "82% of critical-path wait hidden". Writes the JSON,
 wait hidden and throughput against the share, and each share's ``bench.sync`` JSON (and
 its PNGs) under ``<out stem>/``. ``--psnr`` adds each mode's same-round PSNR delta to
 barrier (``ns-eval`` of every run whose parameters differ from barrier's), and
-``--seed-control K`` barrier's own spread over K other seeds at the first share.
+``--seed-control K`` barrier's own spread over K other seeds at the first share
+(``psnr_seed_spread``). The top level repeats each share's headline figures under names
+with the share in them (``headline_keys``: ``wait_hidden_qf_jitter50``,
+``throughput_ratio_tf_vs_qf_jitter50``, ...).
 """
 
 from __future__ import annotations
@@ -78,11 +81,16 @@ def share_figures(share: float, jitter_ms: float, sync_results: dict, keys: list
         "barrier_wait_s_max": barrier["critical_path_wait_s_max"],
         "barrier_ideal_share": barrier["ideal_share"],
     }
-    for key in keys:
-        psnr = f"psnr_delta_{key}_vs_barrier"
-        if psnr in sync_results:  # --psnr: runs whose parameters differ from barrier's
+    copied = [f"psnr_delta_{key}_vs_barrier" for key in keys]  # --psnr: runs that differ
+    copied += ["psnr_delta_tf_vs_qf"]  # throughput-first against quality-first, by round
+    copied += [
+        f"{what}_{key}_vs_qf" for key in keys for what in ("wait_hidden", "throughput_ratio")
+    ]
+    for name in copied:
+        if name in sync_results:
             for suffix in ("", "_min", "_max"):
-                out[f"{psnr}{suffix}"] = sync_results[f"{psnr}{suffix}"]
+                out[f"{name}{suffix}"] = sync_results[f"{name}{suffix}"]
+    for key in keys:
         for suffix in ("", "_min", "_max"):
             out[f"wait_hidden_{key}{suffix}"] = sync_results[
                 f"wait_hidden_{key}_vs_barrier{suffix}"
@@ -90,6 +98,23 @@ def share_figures(share: float, jitter_ms: float, sync_results: dict, keys: list
             out[f"throughput_ratio_{key}{suffix}"] = sync_results[
                 f"throughput_ratio_{key}_vs_barrier{suffix}"
             ]
+    return out
+
+
+def headline_keys(rows: list[dict], keys: list[str]) -> dict:
+    """The run's figures under the issue's names, per share J (in percent of a step's
+    compute): ``wait_hidden_<mode>_jitter<J>`` (of barrier's critical-path wait; the A/A
+    control's too), ``throughput_ratio_<mode>_vs_qf_jitter<J>`` for every throughput-first
+    mode, ``psnr_delta_tf_vs_qf_jitter<J>`` with ``--psnr`` (medians over same-round pairs)."""
+    out = {}
+    for row in rows:
+        tail = f"_jitter{round(100 * row['share'])}"
+        for key in keys:
+            out[f"wait_hidden_{key}{tail}"] = row[f"wait_hidden_{key}"]
+            if f"throughput_ratio_{key}_vs_qf" in row:
+                out[f"throughput_ratio_{key}_vs_qf{tail}"] = row[f"throughput_ratio_{key}_vs_qf"]
+        if "psnr_delta_tf_vs_qf" in row:
+            out[f"psnr_delta_tf_vs_qf{tail}"] = row["psnr_delta_tf_vs_qf"]
     return out
 
 
@@ -182,6 +207,7 @@ def main(argv: list[str] | None = None) -> dict:
         "modes": modes,
         "step_compute_s": unit_s,
         **seeds,
+        **headline_keys(rows, keys),
         "shares": rows,
     }
     write_json(args.out, out)
