@@ -100,7 +100,9 @@ bench: venv
 	$(PY) -m odin_ns.bench.stragglers --data $(DEMO_DIR) --ranks 3 --shares 0,0.5 --repeats 3 \
 		--modes $(IMPACT_MODES) --out bench/stragglers_street_3ranks.json
 	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 3 --steps 300 --repeats 5 --paired-seeds \
-		--modes barrier,quality-first,throughput-first --out bench/sync_street_3ranks_paired_seeds.json
+		--modes $(IMPACT_MODES) --out bench/sync_street_3ranks_paired_seeds_one_engine.json
+	$(PY) -m odin_ns.bench.stragglers --data $(DEMO_DIR) --ranks 2 --shares 0,0.5 --repeats 5 \
+		--psnr --seed-control 2 --modes $(IMPACT_MODES) --out bench/stragglers_street_one_engine.json
 	$(PY) -m odin_ns.data.synthetic --out demo_data/drive --layout drive
 	$(PY) -m odin_ns.bench.stragglers --data demo_data/drive --ranks 2 --shares 0,0.5 --repeats 3 \
 		--psnr --seed-control 2 --modes $(IMPACT_MODES) --out bench/stragglers_impact_drive.json
