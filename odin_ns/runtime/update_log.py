@@ -234,7 +234,9 @@ class SumBuffers:
         """A zeroed [rows, W] float32 view of a free buffer, or of a new one."""
         fits = next((i for i, b in enumerate(self.free) if b.shape[0] >= rows), None)
         if fits is None:  # an eighth more, so that the next, slightly larger step fits
-            base = torch.empty(max(1, rows + rows // 8), self.width, device=self.device)
+            base = torch.empty(
+                max(1, rows + rows // 8), self.width, dtype=torch.float32, device=self.device
+            )
         else:
             base = self.free.pop(fits)
         self.lent[base.data_ptr()] = base
