@@ -97,7 +97,7 @@ def writer_groups_reference(
     member = torch.zeros(num_rows, len(positions), dtype=torch.bool)
     for q, pos in enumerate(positions):
         member[pos, q] = True
-    if num_rows and not bool(member.any(dim=1).all()):
+    if not bool(member.any(dim=1).all()):
         raise ValueError("writer_groups: a row has no writer")
     sets, row_set = torch.unique(member, dim=0, return_inverse=True)
     first = torch.full((sets.shape[0],), num_rows, dtype=torch.int64)

@@ -158,15 +158,14 @@ void check_step_rows(const at::Tensor& t, int64_t U, at::ScalarType dtype, const
   check_contiguous(t, op, name);
 }
 
-// A pending step's [U] int64 ids and the [N] int64 version vector, ids within it when they
-// index it (``indexed``); returns U.
-int64_t check_ids_and_versions(const at::Tensor& ids, const at::Tensor& versions, bool indexed,
+// A pending step's [U] int64 ids and the [N] int64 version vector; returns U. (That the ids
+// lie within the vector is the caller's to check as it reads them.)
+int64_t check_ids_and_versions(const at::Tensor& ids, const at::Tensor& versions,
                                const char* op) {
   TORCH_CHECK_VALUE(ids.dim() == 1, op, ": ids must have shape [U], got ", ids.sizes());
   const int64_t U = ids.size(0);
   check_step_rows(ids, U, at::kLong, op, "ids");
   check_step_rows(versions, -1, at::kLong, op, "versions");
-  if (indexed) check_ids(ids, versions.size(0), op, "ids");
   return U;
 }
 
@@ -296,7 +295,7 @@ std::tuple<at::Tensor, int64_t, at::Tensor> take_ready_cpu(
     const at::Tensor& prev, int64_t offset, const at::Tensor& versions, int64_t step,
     bool in_order) {
   const char* op = "take_ready";
-  const int64_t U = check_ids_and_versions(ids, versions, false, op);
+  const int64_t U = check_ids_and_versions(ids, versions, op);
   check_step_rows(applied, U, at::kBool, op, "applied");
   check_step_rows(prev, U, at::kLong, op, "prev");
   check_step_rows(candidates, -1, at::kLong, op, "candidates");
