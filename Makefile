@@ -14,11 +14,14 @@ export OMP_WAIT_POLICY ?= PASSIVE
 .PHONY: venv test lint demo bench bench-phase-ab bench-scale-inputs bench-scale clean
 
 # Large wheels (open3d is 400 MB) can lose their connection part-way: pip resumes a
-# broken download (one install here needed 21 resumes for its last 30 MB), and a failed
-# install is tried again, up to three times.
+# broken download (one install here needed 21 resumes for its last 30 MB). A registry
+# outage outlasts resumes (one CI run saw 200 fail at the same byte of open3d), so a failed
+# install is tried again, six times in all, waiting 15 s, 30 s, 60 s, then 120 s between
+# tries; wheels that finished downloading stay in pip's cache and are not fetched again.
 PIP := $(PY) -m pip install -q --retries 10 --timeout 60 --resume-retries 200
-pip_install = for attempt in 1 2 3; do $(PIP) $(1) && break; \
-	[ $$attempt = 3 ] && exit 1; echo "pip install failed (attempt $$attempt), retrying"; sleep 15; done;
+pip_install = wait=15; for attempt in 1 2 3 4 5 6; do $(PIP) $(1) && break; \
+	[ $$attempt = 6 ] && exit 1; echo "pip install failed (attempt $$attempt of 6), retrying in $$wait s"; \
+	sleep $$wait; wait=$$((wait < 120 ? wait * 2 : 120)); done;
 
 $(VENV)/.installed: pyproject.toml
 	# open3d (nerfstudio's point-cloud loader) needs libusb; Debian machines may lack it.
