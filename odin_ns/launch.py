@@ -32,6 +32,7 @@ reason, or the root-cause rank's exit code or signal when it left none.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import runpy
@@ -327,6 +328,10 @@ def _run_torchrun(
         with environment(env):
             if start_method == "fork":
                 logging.getLogger(TORCHRUN_FORK_LOGGER).addFilter(_without_traceback)
+                # The launcher's objects (nerfstudio's and torch's imports, ~a million) live
+                # on in every forked rank: frozen, the ranks' collections skip them (and
+                # leave their memory pages shared).
+                gc.freeze()
                 launch_config, _, _ = config_from_args(torchrun)
                 ranks = elastic_launch(launch_config, entrypoint=ForkedRank(worker_module))
                 ranks(*torchrun.training_script_args)
