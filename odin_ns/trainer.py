@@ -60,9 +60,9 @@ def keep_setup_out_of_collections() -> None:
     """Collect once, then leave every object alive now (about a million after nerfstudio's,
     torch's and gsplat's imports and the set-up) out of the garbage collector's later passes
     (``gc.freeze``): they live for the whole run. A full collection otherwise walks all of
-    them: on the CPU machine it paused a rank for about 0.4 s (20 street steps) once or twice
-    in a 300-step run, at a different step on each rank, a straggler that a barrier pays in
-    full. Collections of what training makes still run."""
+    them: on the CPU machine it paused each rank for about 0.4 s (20 street steps) once in a
+    300-step run, at a different step on each rank, a straggler that a barrier pays in full.
+    Collections of what training makes still run."""
     gc.collect()
     gc.freeze()
 
