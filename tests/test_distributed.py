@@ -205,16 +205,22 @@ def rank_processes(launcher_pid: int) -> dict:
 
 @pytest.mark.slow
 def test_a_killed_node_ends_the_other(street_scene, tmp_path):
-    """Two launchers as two nodes; SIGKILL node 1 (its launcher and rank) mid-run: node 0's
-    launcher ends non-zero with the reason last, well within the sync timeout, and its rank
-    is gone (a dead peer ends every rank, never a hang)."""
+    """Two launchers as two nodes; SIGKILL node 1 (its launcher and rank) mid-run, in
+    ordinary steps: node 0's launcher ends non-zero with the reason last, well within the
+    sync timeout (its rank reads the closed connection), and its rank is gone (a dead peer
+    ends every rank, never a hang). The run neither densifies nor saves after its start, so
+    the kill cannot land in a phase start's rendezvous, where nothing reads the peer's
+    connection and the sync deadline ends the run instead (60 s here)."""
     import signal
     import time
 
     import psutil
 
     port = free_port()
-    flags = [*TRAINING, "--pipeline.sync.timeout-s", "60"]
+    ordinary_steps_only = [
+        *("--pipeline.model.warmup-length", "1000000", "--steps-per-save", "1000000"),
+    ]
+    flags = [*TRAINING, "--pipeline.sync.timeout-s", "60", *ordinary_steps_only]
     nodes = [
         subprocess.Popen(
             _node_command(street_scene, tmp_path, k, port, 100000, flags),
@@ -235,7 +241,7 @@ def test_a_killed_node_ends_the_other(street_scene, tmp_path):
         output, _ = nodes[0].communicate(timeout=120)
         print(output[-2500:])
         assert nodes[0].returncode != 0
-        assert time.time() - killed_at < 90, "node 0 did not end in time"
+        assert time.time() - killed_at < 30, "node 0 did not end well within the sync timeout"
         last = output.strip().splitlines()[-1].lower()
         assert "rank 0" in last and ("peer" in last or "failed" in last), last
         _, alive = psutil.wait_procs([rank0], timeout=10)
