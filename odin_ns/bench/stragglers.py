@@ -205,6 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
         "repeats": args.repeats,
         "source": "measured (CPU ranks on this machine)",
         "modes": modes,
+        "ns_train_options": list(args.extra),  # what came after --
         "step_compute_s": unit_s,
         **seeds,
         **headline_keys(rows, keys),
