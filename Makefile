@@ -19,9 +19,9 @@ export OMP_WAIT_POLICY ?= PASSIVE
 # install is tried again, six times in all, waiting 15 s, 30 s, 60 s, then 120 s between
 # tries; wheels that finished downloading stay in pip's cache and are not fetched again.
 PIP := $(PY) -m pip install -q --retries 10 --timeout 60 --resume-retries 200
-pip_install = wait=15; for attempt in 1 2 3 4 5 6; do $(PIP) $(1) && break; \
-	[ $$attempt = 6 ] && exit 1; echo "pip install failed (attempt $$attempt of 6), retrying in $$wait s"; \
-	sleep $$wait; wait=$$((wait < 120 ? wait * 2 : 120)); done;
+pip_install = delay=15; for attempt in 1 2 3 4 5 6; do $(PIP) $(1) && break; \
+	[ $$attempt = 6 ] && exit 1; echo "pip install failed (attempt $$attempt of 6), retrying in $$delay s"; \
+	sleep $$delay; delay=$$((delay < 120 ? delay * 2 : 120)); done;
 
 $(VENV)/.installed: pyproject.toml
 	# open3d (nerfstudio's point-cloud loader) needs libusb; Debian machines may lack it.
