@@ -56,3 +56,11 @@ def test_share_figures_take_same_round_spreads_against_barrier():
         "throughput_ratio_tf_vs_qf_jitter50": 1.2,
         "psnr_delta_tf_vs_qf_jitter50": pytest.approx(-0.05),
     }
+    # the impact rule's mode gets the same names (no overlap-rule run needed)
+    impact_keys = stragglers.hiders(["barrier", "quality-first", "throughput-first-impact"])
+    impact = {k.replace("_tf_", "_tfi_"): v for k, v in results.items()}
+    named = stragglers.headline_keys(
+        [stragglers.share_figures(0.5, 52.0, impact, impact_keys)], impact_keys
+    )
+    assert named["psnr_delta_tfi_vs_qf_jitter50"] == pytest.approx(-0.05)
+    assert named["throughput_ratio_tfi_vs_qf_jitter50"] == 1.2

@@ -82,9 +82,10 @@ def share_figures(share: float, jitter_ms: float, sync_results: dict, keys: list
         "barrier_ideal_share": barrier["ideal_share"],
     }
     copied = [f"psnr_delta_{key}_vs_barrier" for key in keys]  # --psnr: runs that differ
-    copied += ["psnr_delta_tf_vs_qf"]  # throughput-first against quality-first, by round
-    copied += [
-        f"{what}_{key}_vs_qf" for key in keys for what in ("wait_hidden", "throughput_ratio")
+    copied += [  # throughput-first modes against quality-first, by round
+        f"{what}_{key}_vs_qf"
+        for key in keys
+        for what in ("wait_hidden", "throughput_ratio", "psnr_delta")
     ]
     for name in copied:
         if name in sync_results:
@@ -104,17 +105,17 @@ def share_figures(share: float, jitter_ms: float, sync_results: dict, keys: list
 def headline_keys(rows: list[dict], keys: list[str]) -> dict:
     """The run's figures under the issue's names, per share J (in percent of a step's
     compute): ``wait_hidden_<mode>_jitter<J>`` (of barrier's critical-path wait; the A/A
-    control's too), ``throughput_ratio_<mode>_vs_qf_jitter<J>`` for every throughput-first
-    mode, ``psnr_delta_tf_vs_qf_jitter<J>`` with ``--psnr`` (medians over same-round pairs)."""
+    control's too), and for every throughput-first mode ``throughput_ratio_<mode>_vs_qf_jitter<J>``
+    and, with ``--psnr``, ``psnr_delta_<mode>_vs_qf_jitter<J>`` (medians over same-round
+    pairs)."""
     out = {}
     for row in rows:
         tail = f"_jitter{round(100 * row['share'])}"
         for key in keys:
             out[f"wait_hidden_{key}{tail}"] = row[f"wait_hidden_{key}"]
-            if f"throughput_ratio_{key}_vs_qf" in row:
-                out[f"throughput_ratio_{key}_vs_qf{tail}"] = row[f"throughput_ratio_{key}_vs_qf"]
-        if "psnr_delta_tf_vs_qf" in row:
-            out[f"psnr_delta_tf_vs_qf{tail}"] = row["psnr_delta_tf_vs_qf"]
+            for name in (f"throughput_ratio_{key}_vs_qf", f"psnr_delta_{key}_vs_qf"):
+                if name in row:
+                    out[f"{name}{tail}"] = row[name]
     return out
 
 
