@@ -23,7 +23,16 @@ pip_install = delay=15; for attempt in 1 2 3 4 5 6; do $(PIP) $(1) && break; \
 	[ $$attempt = 6 ] && exit 1; echo "pip install failed (attempt $$attempt of 6), retrying in $$delay s"; \
 	sleep $$delay; delay=$$((delay < 120 ? delay * 2 : 120)); done;
 
+# The installed .venv takes about 8 GB (torch's CUDA libraries most of it); pip needs room
+# for the wheels besides. One CI run filled its disk part-way through the install and spent
+# its retries on it: before a new .venv, check the room first and say so.
+VENV_MIN_FREE_GB ?= 10
+
 $(VENV)/.installed: pyproject.toml
+	@free_kb=$$(df -Pk . | awk 'NR==2 {print $$4}'); \
+	[ -d $(VENV) ] || [ "$$free_kb" -ge $$(( $(VENV_MIN_FREE_GB) * 1024 * 1024 )) ] || { \
+	echo "make venv needs about $(VENV_MIN_FREE_GB) GB free on the disk that holds $(CURDIR);" \
+	"it has $$(( free_kb / 1024 / 1024 )) GB. Free some space (or set VENV_MIN_FREE_GB) and run it again." >&2; exit 1; }
 	# open3d (nerfstudio's point-cloud loader) needs libusb; Debian machines may lack it.
 	@ldconfig -p | grep -q libusb-1.0 || { apt-get update -qq && apt-get install -y -qq libusb-1.0-0; }
 	# tests/test_viewer.py opens the viser panels in Debian's headless chromium.
