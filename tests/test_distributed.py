@@ -205,22 +205,19 @@ def rank_processes(launcher_pid: int) -> dict:
 
 @pytest.mark.slow
 def test_a_killed_node_ends_the_other(street_scene, tmp_path):
-    """Two launchers as two nodes; SIGKILL node 1 (its launcher and rank) mid-run, in
-    ordinary steps: node 0's launcher ends non-zero with the reason last, well within the
-    sync timeout (its rank reads the closed connection), and its rank is gone (a dead peer
-    ends every rank, never a hang). The run neither densifies nor saves after its start, so
-    the kill cannot land in a phase start's rendezvous, where nothing reads the peer's
-    connection and the sync deadline ends the run instead (60 s here)."""
+    """Two launchers as two nodes; SIGKILL node 1 (its launcher and rank) mid-run, wherever
+    it is (ordinary steps, a phase start's drain or rendezvous, a checkpoint): node 0's
+    launcher ends non-zero with the reason last, well within the sync timeout, and its rank
+    is gone (a dead peer ends every rank, never a hang). In a step or a drain node 0's rank
+    reads the closed connection; in a rendezvous nothing reads it, and node 1's pulses,
+    stopped for ten periods (5 s here), end the wait (``liveness.PeerSilence``)."""
     import signal
     import time
 
     import psutil
 
     port = free_port()
-    ordinary_steps_only = [
-        *("--pipeline.model.warmup-length", "1000000", "--steps-per-save", "1000000"),
-    ]
-    flags = [*TRAINING, "--pipeline.sync.timeout-s", "60", *ordinary_steps_only]
+    flags = [*TRAINING, "--pipeline.sync.timeout-s", "60", "--pipeline.sync.heartbeat-s", "0.5"]
     nodes = [
         subprocess.Popen(
             _node_command(street_scene, tmp_path, k, port, 100000, flags),

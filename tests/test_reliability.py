@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,8 @@ from odin_ns.bench.commands import (
     train_command,
 )
 from odin_ns.runtime import SyncConfig, SyncTimeout
+from odin_ns.runtime.errors import PeerFailure
+from odin_ns.runtime.liveness import PeerSilence, Rendezvous, StoreLiveness
 
 TESTS = Path(__file__).resolve().parent
 PREFIX = "odin-ns-train: error: "
@@ -152,6 +155,50 @@ def test_busy_peer_is_waited_for_gloo(tmp_path):
     assert [r["error"] for r in results] == [None, None]
     assert results[1]["summary"]["busy_wait_s_total"] >= 3.0
     assert elapsed < 45
+
+
+def _peer_in_a_store(store, delay_setup_s: float, run_s: float, arrive: bool) -> None:
+    """Rank 1 of a rendezvous: sets up for ``delay_setup_s`` (no liveness yet), runs
+    ``run_s`` (pulsing, not busy), then reaches the rendezvous (``arrive``) or ends without
+    it (its pulses stop, as a killed process's do)."""
+    time.sleep(delay_setup_s)
+    live = StoreLiveness(1, 2, 0.05, store=store, namespace="t")
+    time.sleep(run_s)
+    if arrive:
+        live.arrive()
+    live.close()
+
+
+@pytest.mark.parametrize("dies", [True, False])
+def test_a_dead_peer_ends_a_rendezvous_at_once_a_slow_one_is_waited_for(dies):
+    """Nothing reads a peer's connection in a rendezvous (a phase start's, before its
+    collectives): a peer that has ended is noticed by its pulses (``PeerSilence``), within
+    ten pulse periods, not at the sync deadline. A slow peer, setting up or running longer
+    than that, pulses and is waited for (``dies`` False)."""
+    import threading
+
+    store = torch.distributed.HashStore()
+    live = StoreLiveness(0, 2, 0.05, store=store, namespace="t")
+    silence = PeerSilence(live, 0, 2, beat_s=0.05, timeout_s=20.0)  # gone after 0.5 s
+    meeting = Rendezvous(live, silence, 0, 2, timeout_s=20.0)
+    peer = threading.Thread(target=_peer_in_a_store, args=(store, 0.8, 0.8, not dies))
+    peer.start()
+    tic = time.perf_counter()
+    try:
+        if dies:
+            with pytest.raises(PeerFailure) as failure:
+                meeting.meet("a phase start")
+            assert re.fullmatch(
+                r"rank 0: peer 1 \(no step\): its process stopped answering \(no pulse for "
+                r"0\.\d s\): .* \(waiting in a phase start \(rendezvous 1\)\)",
+                str(failure.value),
+            ), str(failure.value)
+            assert time.perf_counter() - tic < 5.0  # 1.6 s of life, then 0.5 s of silence
+        else:
+            assert 1.5 <= meeting.meet("a phase start") < 5.0
+    finally:
+        peer.join()
+        live.close()
 
 
 # ------------------------------------------------------------- odin-ns-train runs

@@ -105,7 +105,7 @@ def test_rendezvous_waits_for_a_busy_peer_and_times_out_on_a_silent_one(busy):
     peer = threading.Thread(target=_rendezvous_after, args=(board, 1, 0.8, busy))
     peer.start()
     live = MemoryLiveness(board, 0, beat_s=0.05)
-    silence = PeerSilence(live, 2, beat_s=0.05, timeout_s=0.3)  # the peer takes 0.8 s
+    silence = PeerSilence(live, 0, 2, beat_s=0.05, timeout_s=0.3)  # the peer takes 0.8 s
     meeting = Rendezvous(live, silence, 0, 2, timeout_s=0.3)
     try:
         if busy:

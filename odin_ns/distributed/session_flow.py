@@ -89,7 +89,9 @@ class SessionFlow:
         # beats (``busy``); peers' waits and rendezvous last while it does.
         sync = config.sync
         self.liveness = StoreLiveness(self.rank, self.world_size, sync.beat_s)
-        self.silence = PeerSilence(self.liveness, self.world_size, sync.beat_s, sync.timeout_s)
+        self.silence = PeerSilence(
+            self.liveness, self.rank, self.world_size, sync.beat_s, sync.timeout_s
+        )
         self._meeting = Rendezvous(
             self.liveness, self.silence, self.rank, self.world_size, sync.timeout_s
         )

@@ -70,7 +70,9 @@ class SyncConfig:
             checkpoint write, evaluation, a paused viewer) it beats this often, and peers
             waiting on it reset their deadlines at every beat: a peer times out only when
             the rank it waits for has been silent for ``timeout_s``. Capped at a quarter
-            of ``timeout_s``.
+            of ``timeout_s``. Every rank also pulses this often for its whole life; a wait
+            on a peer that has missed ten pulses fails at once (``PeerFailure``: its
+            process ended or its node is gone), not at ``timeout_s``.
     """
 
     mode: str = "quality-first"

@@ -13,10 +13,12 @@ class SyncError(RuntimeError):
         self.rank = rank
         self.peer = peer
         self.step = step
+        self.what = what
 
 
 class PeerFailure(SyncError):
-    """The transport to a peer failed (the peer crashed or closed its connection)."""
+    """The peer is gone: the transport to it failed (it crashed or closed its connection),
+    or its process stopped pulsing (``liveness.PeerSilence``)."""
 
 
 class SyncTimeout(SyncError):

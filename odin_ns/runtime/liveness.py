@@ -7,6 +7,14 @@ its deadline whenever the count moved: it times out only after ``timeout_s`` of 
 rank that hangs or is stopped (SIGSTOP stops its beat thread too) stays silent and times out
 as before. Only busy sections beat: a main thread stuck anywhere else is not kept alive.
 
+Dead is not slow either: the same thread pulses every ``beat_s`` for the rank's whole life,
+busy or not. A peer whose pulses stop for ``PeerSilence.PULSES_MISSED`` periods has ended
+(killed, its node gone) or cannot be reached: the wait on it fails at once with
+``PeerFailure`` instead of at ``timeout_s``. That is what notices a dead peer where nothing
+reads its connection (a rendezvous before a phase start's collectives, a node killed while
+its peers wait there); a pulse proves the process runs, not that it progresses, so a stuck
+rank still times out by its silence.
+
 ``Rendezvous`` lets every rank wait, with the same heartbeat-aware deadline, until every
 peer has reached the same point, before a gloo collective that would otherwise wait under
 gloo's own timeout (``--distributed-timeout-s``) with no notion of "busy".
@@ -28,7 +36,7 @@ from typing import Protocol
 
 import torch.distributed as dist
 
-from odin_ns.runtime.errors import SyncTimeout
+from odin_ns.runtime.errors import PeerFailure, SyncTimeout
 
 
 class Liveness(Protocol):
@@ -39,6 +47,9 @@ class Liveness(Protocol):
 
     def beats(self, peer: int) -> int | None:
         """``peer``'s beat count (None: the channel could not be read)."""
+
+    def pulses(self, peer: int) -> int | None:
+        """``peer``'s pulse count: every ``beat_s`` while its process runs (None: unreadable)."""
 
     def reason(self, peer: int) -> str:
         """What ``peer`` last said it was busy with ("" if unknown)."""
@@ -54,32 +65,64 @@ class Liveness(Protocol):
 
 
 class PeerSilence:
-    """When each peer was last heard from (heartbeats of its busy sections), for deadlines.
+    """When each peer was last heard from (heartbeats of its busy sections), for deadlines,
+    and whether it still runs at all (its pulses).
 
     A wait that started at ``start`` on ``peer`` times out at ``deadline(peer, start)``:
-    ``timeout_s`` after the later of ``start`` and the last beat of ``peer`` seen. The beat
+    ``timeout_s`` after the later of ``start`` and the last beat of ``peer`` seen. It fails
+    sooner, with ``PeerFailure``, when ``peer`` has pulsed (its liveness started) but its
+    pulses have not moved for ``PULSES_MISSED`` periods since the later of ``start`` and the
+    last move seen. The
     counters are read at most every ``beat_s`` per peer and only once a wait has lasted
     ``beat_s``: waits that end quickly never touch the channel.
+
+    Args:
+        liveness: the ranks' counters (None: deadlines from ``start`` alone).
+        rank, world_size: this rank (for the failure's message) and R.
+        beat_s: the beat and pulse period.
+        timeout_s: the silence a wait allows.
     """
 
-    def __init__(self, liveness: Liveness | None, world_size: int, beat_s: float, timeout_s: float):
+    PULSES_MISSED = 10  # a process that has not pulsed for this many periods has ended
+
+    def __init__(
+        self,
+        liveness: Liveness | None,
+        rank: int,
+        world_size: int,
+        beat_s: float,
+        timeout_s: float,
+    ):
         self.liveness = liveness
+        self.rank = rank
         self.beat_s = float(beat_s)
         self.timeout_s = float(timeout_s)
+        self.gone_after_s = self.PULSES_MISSED * self.beat_s
         self.count: list[int | None] = [None] * world_size
         self.heard = [-float("inf")] * world_size  # perf_counter of the last beat seen
+        self.pulse_count: list[int | None] = [None] * world_size
+        self.pulsed = [-float("inf")] * world_size  # perf_counter of the last pulse seen
         self.checked = [-float("inf")] * world_size
 
     def deadline(self, peer: int, start: float) -> float:
+        """When a wait on ``peer`` begun at ``start`` times out; raises ``PeerFailure`` if
+        ``peer`` stopped pulsing (step None: ``wait_until`` adds the step it waited for)."""
         now = time.perf_counter()
         beat = self.beat_s
         if self.liveness is not None and now - start >= beat and now - self.checked[peer] >= beat:
             self.checked[peer] = now
-            n = self.liveness.beats(peer)
-            if n is not None:
-                if self.count[peer] is not None and n != self.count[peer]:
-                    self.heard[peer] = now
-                self.count[peer] = n
+            if _moved(self.count, peer, self.liveness.beats(peer)):
+                self.heard[peer] = now
+            if _moved(self.pulse_count, peer, self.liveness.pulses(peer)):
+                self.pulsed[peer] = now
+            quiet = now - max(start, self.pulsed[peer])
+            started = (self.pulse_count[peer] or 0) > 0  # (a peer still setting up: not yet)
+            if started and quiet >= self.gone_after_s:
+                raise PeerFailure(
+                    self.rank, peer, None,
+                    f"its process stopped answering (no pulse for {quiet:.1f} s): it ended or "
+                    "was stopped, or its node is gone or unreachable",
+                )  # fmt: skip
         return max(start, self.heard[peer]) + self.timeout_s
 
     def latest_deadline(self, peers: Iterable[int], start: float) -> float:
@@ -96,6 +139,16 @@ class PeerSilence:
         silent = time.perf_counter() - self.heard[peer]
         reason = self.liveness.reason(peer) or "busy"
         return f"; its last busy notice ({reason}) came {silent:.1f} s ago"
+
+
+def _moved(counts: list[int | None], peer: int, n: int | None) -> bool:
+    """Whether ``peer``'s counter moved since ``counts[peer]`` (then updated); ``n`` None
+    (unreadable) or a first reading: no move seen."""
+    if n is None:
+        return False
+    moved = counts[peer] is not None and n != counts[peer]
+    counts[peer] = n
+    return moved
 
 
 Awaited = tuple[int, int | None] | None  # (peer, global step) a wait still needs; None: done
@@ -118,8 +171,10 @@ def wait_until(
     ``awaited`` names what is still missing, (peer, global step; peer -1: no one peer);
     ``receive(timeout)`` takes in arrivals, waiting up to ``timeout`` seconds for one;
     ``deadline(peer, start)`` is when a wait on ``peer`` begun at ``start`` times out (a
-    ``PeerSilence``'s, so busy peers' heartbeats extend it). Raises ``SyncTimeout`` naming the
-    peer and step, ``what`` (called if callable) and ``describe(peer)``.
+    ``PeerSilence``'s, so busy peers' heartbeats extend it); it raises ``PeerFailure`` for a
+    peer that has stopped running. Raises ``SyncTimeout`` naming the peer and step, ``what``
+    (called if callable) and ``describe(peer)``; a dead peer's ``PeerFailure`` gets the step
+    and ``what`` too.
     """
     while True:
         receive(0.0)
@@ -128,7 +183,11 @@ def wait_until(
         if missing is None:
             return
         peer, step = missing
-        remaining = deadline(peer, start) - time.perf_counter()
+        try:
+            remaining = deadline(peer, start) - time.perf_counter()
+        except PeerFailure as gone:
+            text = what() if callable(what) else what
+            raise PeerFailure(rank, gone.peer, step, f"{gone.what} (waiting in {text})") from None
         if remaining <= 0:
             text = what() if callable(what) else what
             raise SyncTimeout(
@@ -212,11 +271,19 @@ class Rendezvous:
 
 
 class Beater:
-    """A ``Liveness``'s beat thread: calls ``beat()`` every ``period_s`` while some busy
-    section is open (``enter`` / ``leave`` nest)."""
+    """A ``Liveness``'s beat thread: calls ``pulse()`` every ``period_s`` until closed, and
+    ``beat()`` with it while some busy section is open (``enter`` / ``leave`` nest; entering
+    beats at once)."""
 
-    def __init__(self, beat: Callable[[], object], period_s: float, name: str):
+    def __init__(
+        self,
+        beat: Callable[[], object],
+        pulse: Callable[[], object],
+        period_s: float,
+        name: str,
+    ):
         self._beat = beat
+        self._pulse = pulse
         self._period = period_s
         self._cond = threading.Condition()
         self._depth = 0
@@ -227,12 +294,12 @@ class Beater:
     def _loop(self) -> None:
         with self._cond:
             while not self._closed:
-                if self._depth == 0:
-                    self._cond.wait()
-                    continue
+                busy = self._depth > 0
                 self._cond.release()
                 try:
-                    self._beat()
+                    self._pulse()
+                    if busy:
+                        self._beat()
                 except Exception:  # the store is gone: peers will see silence
                     pass
                 finally:
@@ -281,7 +348,7 @@ class StoreLiveness:
         self.world_size = world_size
         self.store = store if store is not None else dist.distributed_c10d._get_default_store()
         self.prefix = f"odin/live/{namespace if namespace is not None else next(_instances)}/"
-        self._beater = Beater(self._beat, beat_s, name=f"odin-beat-{rank}")
+        self._beater = Beater(self._beat, self._pulse, beat_s, name=f"odin-beat-{rank}")
         self._reason = ""
 
     def _key(self, what: str, rank: int) -> str:
@@ -289,6 +356,9 @@ class StoreLiveness:
 
     def _beat(self) -> None:
         self.store.add(self._key("beats", self.rank), 1)
+
+    def _pulse(self) -> None:
+        self.store.add(self._key("pulses", self.rank), 1)
 
     @contextmanager
     def busy(self, reason: str) -> Iterator[None]:
@@ -310,6 +380,9 @@ class StoreLiveness:
 
     def beats(self, peer: int) -> int | None:
         return self._count("beats", peer)
+
+    def pulses(self, peer: int) -> int | None:
+        return self._count("pulses", peer)
 
     def reason(self, peer: int) -> str:
         key = self._key("reason", peer)

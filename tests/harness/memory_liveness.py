@@ -36,7 +36,12 @@ class MemoryLiveness:
     def __init__(self, board: MemoryBoard, rank: int, beat_s: float):
         self.board = board
         self.rank = rank
-        self._beater = Beater(lambda: board.add("beats", rank), beat_s, f"odin-beat-{rank}")
+        self._beater = Beater(
+            lambda: board.add("beats", rank),
+            lambda: board.add("pulses", rank),
+            beat_s,
+            f"odin-beat-{rank}",
+        )
 
     @contextmanager
     def busy(self, reason: str) -> Iterator[None]:
@@ -49,6 +54,9 @@ class MemoryLiveness:
 
     def beats(self, peer: int) -> int | None:
         return self.board.get("beats", peer)
+
+    def pulses(self, peer: int) -> int | None:
+        return self.board.get("pulses", peer)
 
     def reason(self, peer: int) -> str:
         return self.board.reasons.get(peer, "")

@@ -392,7 +392,7 @@ def run_toy_rank(
         liveness = StoreLiveness(rank, world_size, cfg.beat_s)
         if cfg.mode == "barrier":
             step_signal = StepSignal(dist.new_group(backend="gloo"))
-    silence = PeerSilence(liveness, world_size, cfg.beat_s, cfg.timeout_s)
+    silence = PeerSilence(liveness, rank, world_size, cfg.beat_s, cfg.timeout_s)
     ledger = RunLedger()
     if keep is not None:
         keep.append(ledger)
