@@ -34,7 +34,7 @@ from odin_ns.bench.sync import (
     runs_to_evaluate,
     seed_control_figures,
 )
-from odin_ns.bench.trace import fit_cost_model, fit_jitter
+from odin_ns.bench.trace import fit_cost_model, fit_jitter, replay_run
 
 FAST = Network("ideal", 0.5, 1e30)  # 0.5 s latency, no bandwidth cost
 
@@ -141,6 +141,48 @@ def test_trace_fit_recovers_known_coefficients():
     assert exact.r2 == pytest.approx(1.0)
 
 
+def _run_log(mode: str, compute: list[list[float]], depends: list[list[list[int]]]) -> dict:
+    """An ``odin_run.json`` of 2 ranks: step t of rank r took ``compute[t][r]`` seconds and
+    read rank q's step ``depends[t][r][q]``; one phase."""
+    ranks = [
+        {
+            "rank": r,
+            "phases": [{"start_step": 0}],
+            "steps": [
+                {"step": t, "compute_s": c[r], "depends_on": d[r]}
+                for t, (c, d) in enumerate(zip(compute, depends, strict=True))
+            ],
+        }
+        for r in range(2)
+    ]
+    return {"sync": mode, "ranks": ranks}
+
+
+def test_replay_of_a_run_log_by_hand():
+    """``trace.replay_run``: the run's own compute through its plan's dependencies. Rank 0
+    takes 3 s a step, rank 1 1 s; rank 1 reads rank 0's step t - 2 at t = 2 and 3."""
+    compute = [[3.0, 1.0]] * 4
+    none = [[-1, -1], [-1, -1]]
+    depends = [none, none, [[-1, -1], [0, -1]], [[-1, -1], [1, -1]]]
+    # quality-first: rank 1 runs 0..1 in 2 s, step 2 waits for rank 0's step 0 (ends at 3 s):
+    # 1 s; step 3 for its step 1 (ends at 6 s, rank 1 free at 4 s): 2 s. Rank 0 never waits.
+    assert replay_run(_run_log("quality-first", compute, depends), 0) == pytest.approx(3.0)
+    assert replay_run(_run_log("quality-first", compute, depends), 3) == pytest.approx(2.0)
+    # barrier: rank 1 waits 2 s before each of steps 1..3
+    assert replay_run(_run_log("barrier", compute, depends), 0) == pytest.approx(6.0)
+    # balanced: both ranks at the mean, 2 s a step: nothing to wait for
+    assert replay_run(_run_log("quality-first", compute, depends), 0, balanced=True) == 0.0
+    assert replay_run(_run_log("barrier", compute, depends), 0, balanced=True) == 0.0
+    # a second phase starting at step 2 meets every rank (as a rendezvous): rank 1 waits
+    # 4 s there (2 s to 6 s), then its step 3 reads rank 0's step 1, which has ended
+    log = _run_log("quality-first", compute, depends)
+    log["ranks"][0]["phases"].append({"start_step": 2})
+    assert replay_run(log, 0) == pytest.approx(4.0)
+    assert replay_run(_run_log("throughput-first", compute, depends), 0) is None
+    del log["ranks"][1]["steps"][0]["depends_on"]  # a log from before the field
+    assert replay_run(log, 0) is None
+
+
 def test_rotated_orders_and_same_round_ratios():
     modes = ["ddp", "barrier", "quality-first", "throughput-first"]
     orders = rotated_orders(modes, 5)
@@ -157,6 +199,17 @@ def test_rotated_orders_and_same_round_ratios():
     ]
     pairs = pair_ratios(rounds, ["barrier", "quality-first"])
     np.testing.assert_allclose(pairs["qf_vs_barrier"]["throughput"], [1.1, 1.05, 1.0])
+    assert "wait_hidden_replay" not in pairs["qf_vs_barrier"]  # runs without a replay
+    replayed = [
+        {
+            m: dict(r[m], replay_wait_s=w, replay_wait_s_balanced=w / 2)
+            for m, w in zip(r, (2, 1), strict=True)
+        }
+        for r in rounds
+    ]
+    pairs = pair_ratios(replayed, ["barrier", "quality-first"])
+    np.testing.assert_allclose(pairs["qf_vs_barrier"]["wait_hidden_replay"], [0.5] * 3)
+    np.testing.assert_allclose(pairs["qf_vs_barrier"]["wait_hidden_balanced"], [0.5] * 3)
     agg = aggregate_rounds([r["barrier"] for r in rounds])
     assert agg["views_per_second"] == 10.0 and agg["views_per_second_max"] == 20.0
     # the A/A control trains barrier and is reported against it like any mode

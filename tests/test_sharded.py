@@ -231,6 +231,10 @@ def test_sharded_runs_feed_the_sync_panels(runs):
             for s in steps
         )
         assert all(0 < s["visible_rows"] <= s["footprint_rows"] for s in steps)
+        # per rank, the latest step of theirs the read set depends on (for a replay)
+        assert all(len(s["depends_on"]) == 2 and s["depends_on"][rank["rank"]] == -1 for s in steps)
+        assert all(-1 <= d < s["step"] for s in steps for d in s["depends_on"])
+        assert any(d >= 0 for s in steps for d in s["depends_on"])
         assert rank["structural_changes"]  # the refines, with the Gaussians before / after
     live = summary["live_snapshot"]  # the panels' last snapshot: the whole end
     assert [r["rank"] for r in live["ranks"]] == [0, 1]
@@ -354,6 +358,7 @@ def test_step_tables_agree_pairwise(ranks):
         (2, ["--pipeline.model.use-bilateral-grid", "True"], "dense parameters"),
         (2, ["--pipeline.eval-copy-max-rows", "-1"], "eval-copy-max-rows must be >= 0"),
         (2, ["--pipeline.sync.mode", "ddp"], "is a replicated baseline"),
+        (2, ["--pipeline.plan-rotate-groups", "True"], "sharded ranks own a part each"),
     ],
 )
 def test_bad_input_is_one_line_before_training(street_scene, tmp_path, ranks, extra, needle):

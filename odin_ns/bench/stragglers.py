@@ -24,7 +24,11 @@ barrier (``ns-eval`` of every run whose parameters differ from barrier's), and
 ``--seed-control K`` barrier's own spread over K other seeds at the first share
 (``psnr_seed_spread``). The top level repeats each share's headline figures under names
 with the share in them (``headline_keys``: ``wait_hidden_qf_jitter50``,
-``throughput_ratio_tf_vs_qf_jitter50``, ...).
+``throughput_ratio_tf_vs_qf_jitter50``, ...), and beside each measured share hidden the
+simulated ones ``bench.sync`` replays from the same runs (``wait_hidden_qf_replay_jitter50``:
+the runs' own compute through their plans, which checks the replay against the
+measurement; ``wait_hidden_qf_balanced_jitter50``: the same without a rank-to-rank
+imbalance of compute).
 """
 
 from __future__ import annotations
@@ -96,6 +100,10 @@ def share_figures(share: float, jitter_ms: float, sync_results: dict, keys: list
             out[f"wait_hidden_{key}{suffix}"] = sync_results[
                 f"wait_hidden_{key}_vs_barrier{suffix}"
             ]
+            for what in ("replay", "balanced"):  # simulated (bench.sync: replay_run)
+                name = f"wait_hidden_{key}_vs_barrier_{what}{suffix}"
+                if name in sync_results:
+                    out[f"wait_hidden_{key}_{what}{suffix}"] = sync_results[name]
             out[f"throughput_ratio_{key}{suffix}"] = sync_results[
                 f"throughput_ratio_{key}_vs_barrier{suffix}"
             ]
@@ -113,6 +121,9 @@ def headline_keys(rows: list[dict], keys: list[str]) -> dict:
         tail = f"_jitter{round(100 * row['share'])}"
         for key in keys:
             out[f"wait_hidden_{key}{tail}"] = row[f"wait_hidden_{key}"]
+            for what in ("replay", "balanced"):
+                if f"wait_hidden_{key}_{what}" in row:
+                    out[f"wait_hidden_{key}_{what}{tail}"] = row[f"wait_hidden_{key}_{what}"]
             for name in (f"throughput_ratio_{key}_vs_qf", f"psnr_delta_{key}_vs_qf"):
                 if name in row:
                     out[f"{name}{tail}"] = row[name]
@@ -204,7 +215,8 @@ def main(argv: list[str] | None = None) -> dict:
         "ranks": args.ranks,
         "steps": args.steps,
         "repeats": args.repeats,
-        "source": "measured (CPU ranks on this machine)",
+        "source": "measured (CPU ranks on this machine); wait_hidden_*_replay and *_balanced "
+        "simulated from the same runs' records (bench.sync, trace.replay_run)",
         "modes": modes,
         "ns_train_options": list(args.extra),  # what came after --
         "step_compute_s": unit_s,
@@ -220,13 +232,19 @@ def main(argv: list[str] | None = None) -> dict:
         args.out.with_suffix(".png"),
     )
     table = Table(title=f"stragglers: {args.data.name}, {args.ranks} ranks (medians, min-max)")
-    for col in ("delay", "ms", "barrier wait s", *(f"{k} hides" for k in keys)):
+    replayed = [k for k in keys if all(f"wait_hidden_{k}_replay" in r for r in rows)]
+    columns = [f"{k} hides" for k in keys] + [f"{k}: replay / balanced" for k in replayed]
+    for col in ("delay", "ms", "barrier wait s", *columns):
         table.add_column(col, justify="right")
     for r in rows:
         hidden = [
             f"{r[f'wait_hidden_{k}']:.0%} "
             f"({r[f'wait_hidden_{k}_min']:.0%}..{r[f'wait_hidden_{k}_max']:.0%})"
             for k in keys
+        ]
+        hidden += [
+            f"{r[f'wait_hidden_{k}_replay']:.0%} / {r[f'wait_hidden_{k}_balanced']:.0%}"
+            for k in replayed
         ]
         table.add_row(
             f"{r['share']:.0%}", f"{r['jitter_ms']:.0f}", f"{r['barrier_wait_s']:.2f}", *hidden

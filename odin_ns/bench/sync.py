@@ -38,7 +38,18 @@ runs that do bitwise the same work (``max_param_diff_again_vs_barrier``: 0). Wri
 a PNG of round 0's timelines, ``<out>_ratios.png`` and ``<out>_psnr.png``. Modes beyond
 the engine's: ``throughput-first-impact`` (the impact admission rule) and
 ``quality-first-shuffled`` (quality-first on a plan whose epochs' steps are shuffled, not
-ordered low-conflict: what the step order buys).
+ordered low-conflict: what the step order buys) and ``quality-first-rotated`` (quality-first
+on a plan whose locality groups rotate between the ranks every epoch,
+``--pipeline.plan-rotate-groups``: what balancing the ranks' compute buys).
+
+Simulated beside the measured, from each run's own records: ``replay_wait_s`` is the
+critical-path wait that replaying the run's measured per-step compute through its plan's
+dependencies predicts (``trace.replay_run``: no latency, no engine time), and
+``replay_wait_s_balanced`` the same with each rank's compute moved to the mean over ranks
+(no systematically slower rank); ``wait_hidden_<mode>_vs_barrier_replay`` / ``_balanced``
+are the shares hidden they give, same-round pairs like the measured one. The replay's
+share against the measured one says how well the plan and the compute explain the wait;
+the balanced one, what a rank-to-rank imbalance of compute costs on top.
 """
 
 from __future__ import annotations
@@ -63,6 +74,7 @@ from odin_ns.bench.commands import (
     train_command,
 )
 from odin_ns.bench.report import put_spread, save_figure, spread, write_json
+from odin_ns.bench.trace import replay_run
 from odin_ns.runtime.ledger import merge_admission_summaries
 
 SHORT = {"ddp": "ddp", "barrier": "barrier", "quality-first": "qf", "throughput-first": "tf"}
@@ -72,10 +84,18 @@ IMPACT = "throughput-first-impact"  # throughput-first with the impact admission
 SHORT[IMPACT] = "tfi"
 SHUFFLED = "quality-first-shuffled"  # quality-first on a plan whose steps are shuffled
 SHORT[SHUFFLED] = "qfs"
-TRAIN_MODE = {CONTROL: "barrier", IMPACT: "throughput-first", SHUFFLED: "quality-first"}
+ROTATED = "quality-first-rotated"  # quality-first on a plan whose groups rotate per epoch
+SHORT[ROTATED] = "qfr"
+TRAIN_MODE = {
+    CONTROL: "barrier",
+    IMPACT: "throughput-first",
+    SHUFFLED: "quality-first",
+    ROTATED: "quality-first",
+}
 MODE_FLAGS = {  # the engine mode trained (above) and its other flags
     IMPACT: ("--pipeline.sync.admission", "impact"),
     SHUFFLED: ("--pipeline.plan-step-order", "shuffled"),
+    ROTATED: ("--pipeline.plan-rotate-groups", "True"),
 }
 BASES = ("barrier", "ddp")  # ratios are reported against these
 CONSOLE = Console()
@@ -244,6 +264,9 @@ def mode_figures(summary: dict, skip_steps: int) -> dict:
         "ideal_views_per_second": views / max(busy),
         "wait_seconds_per_step": float(np.mean(waits)) / n_steps,
         "critical_path_wait_s": float(max(waits)),
+        # simulated: the run's own compute replayed through its plan (``trace.replay_run``)
+        "replay_wait_s": replay_run(summary, skip_steps),
+        "replay_wait_s_balanced": replay_run(summary, skip_steps, balanced=True),
         "bytes_per_step": float(bytes_per_step),
         "dense_allreduce_bytes_per_step": float(dense_allreduce),
         # replicated runs only (None in a sharded run: each rank hashes the rows it owns)
@@ -413,18 +436,22 @@ def pair_ratios(rounds: list[dict[str, dict]], modes: list[str]) -> dict[str, di
             for mode in modes
             if TRAIN_MODE.get(mode, mode) == "throughput-first"
         ]
-    return {
-        f"{SHORT[mode]}_vs_{SHORT[base]}": {
+    out = {}
+    for mode, base in pairs:
+        ratios = {
             "throughput": [
                 r[mode]["views_per_second"] / r[base]["views_per_second"] for r in rounds
             ],
-            "wait_hidden": [
-                1.0 - r[mode]["critical_path_wait_s"] / max(1e-9, r[base]["critical_path_wait_s"])
-                for r in rounds
-            ],
         }
-        for mode, base in pairs
-    }
+        for what, key in (
+            ("wait_hidden", "critical_path_wait_s"),
+            ("wait_hidden_replay", "replay_wait_s"),
+            ("wait_hidden_balanced", "replay_wait_s_balanced"),
+        ):
+            if all(r[m].get(key) is not None for r in rounds for m in (mode, base)):
+                ratios[what] = [1.0 - r[mode][key] / max(1e-9, r[base][key]) for r in rounds]
+        out[f"{SHORT[mode]}_vs_{SHORT[base]}"] = ratios
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -591,6 +618,9 @@ def main(argv: list[str] | None = None) -> dict:
     for key, vals in pairs.items():
         put_spread(results, f"throughput_ratio_{key}", vals["throughput"])
         put_spread(results, f"wait_hidden_{key}", vals["wait_hidden"])
+        for what in ("replay", "balanced"):  # simulated from the measured runs (replay_run)
+            if f"wait_hidden_{what}" in vals:
+                put_spread(results, f"wait_hidden_{key}_{what}", vals[f"wait_hidden_{what}"])
     for mode in modes:  # the old keys: wait hidden against barrier
         if mode != "barrier" and f"{SHORT[mode]}_vs_barrier" in pairs:
             results[f"wait_hidden_{SHORT[mode]}"] = results[f"wait_hidden_{SHORT[mode]}_vs_barrier"]

@@ -172,6 +172,58 @@ def run_admissions(summary: dict) -> np.ndarray:
     return np.array(rows, dtype=np.int64).reshape(-1, 4)
 
 
+@dataclass
+class _ReplayPlan:
+    """What ``simulate.simulate`` reads of a plan, rebuilt from a run's step records."""
+
+    views: np.ndarray  # [T, R, 1] (only its shape is read)
+    dependency: np.ndarray  # [T, R, R] step index of each peer's latest write read, -1 none
+    message_rows: np.ndarray  # [T, R] zeros: publications arrive as their step ends
+
+
+def replay_run(summary: dict, skip_steps: int, balanced: bool = False) -> float | None:
+    """The critical-path wait (the most any rank waited over the steps from
+    ``skip_steps`` on, seconds) that a replay of the run's own steps predicts: each step
+    takes its measured ``compute_s``; under quality-first it starts once the rank's
+    previous step is done and every peer's step its reads depend on (the records'
+    ``depends_on``) is done, under barrier once every rank's previous step is done; a
+    phase start's rendezvous is a barrier. Simulated (``bench.simulate.simulate``: no
+    publication latency, no engine time), calibrated on nothing but the run itself: it
+    says how much of the measured wait the plan and the measured compute explain.
+    ``balanced``: the same with each rank's compute moved to the mean over ranks (a
+    rank's steps keep their spread; a systematically slower rank no longer is): the wait
+    the plan would cost without a rank-to-rank imbalance. None for other modes and for
+    logs without ``depends_on``."""
+    from odin_ns.bench.simulate import simulate
+
+    mode = summary.get("sync")
+    if mode not in ("barrier", "quality-first"):
+        return None
+    ranks = sorted(summary["ranks"], key=lambda r: r["rank"])
+    records = [sorted(r["steps"], key=lambda x: x["step"]) for r in ranks]
+    T, R = min(len(rec) for rec in records), len(ranks)
+    if any("depends_on" not in rec[0] for rec in records):
+        return None
+    first = records[0][0]["step"]
+    k = max(1, skip_steps - first)  # the first step index counted
+    if T <= k:
+        return None
+    compute = np.array([[records[r][t]["compute_s"] for r in range(R)] for t in range(T)])
+    dependency = np.array([[records[r][t]["depends_on"] for r in range(R)] for t in range(T)])
+    dependency = np.where(dependency >= first, dependency - first, -1)
+    for phase in ranks[0]["phases"][1:]:  # a phase start: every rank's previous step
+        t = phase["start_step"] - first
+        if 0 < t < T:
+            dependency[t] = t - 1
+    if balanced:
+        rank_mean = compute[k:].mean(axis=0)
+        compute = np.maximum(compute - rank_mean + rank_mean.mean(), 0.0)
+    plan = _ReplayPlan(np.zeros((T, R, 1), np.int64), dependency, np.zeros((T, R)))
+    sim = simulate(plan, compute, mode="barrier" if mode == "barrier" else "odin")
+    waits = sim.start[k:] - sim.finish[k - 1 : -1]  # [T - k, R]: before each counted step
+    return float(waits.sum(axis=0).max())
+
+
 def step_table(summary: dict, run_dir: Path | None = None, footprints: tuple | None = None) -> dict:
     """Per-step records of every rank as arrays, with the per-view fields filled in.
 

@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from nerfstudio.engine.optimizers import Optimizers
@@ -142,7 +143,9 @@ class SessionFlow:
             reuse_shift_px=config.footprint_reuse_shift_px,
             group=group,
             views_per_rank=int(config.views_per_rank),
-            options=PlanOptions(step_order=config.plan_step_order),
+            options=PlanOptions(
+                step_order=config.plan_step_order, rotate_groups=config.plan_rotate_groups
+            ),
         )
 
     # ------------------------------------------------------------------ the step
@@ -173,10 +176,10 @@ class SessionFlow:
         self.engine.after_backward(step - self.engine.offset, list(grads.values()), visible)
         for view in views:
             self.densifier.accumulate(step, view.info, self._global_rows, self.num_rows)
-        dependency_rows = self._dependency_rows(step)  # this step's plan, before a re-plan
+        depends = self._plan_dependencies(step)  # this step's plan, before a re-plan
         if self.densifier.is_structural(step):
             self._apply_structural_change(step)
-        self._record_step(step, views, timing, visible, dependency_rows, metrics, layout)
+        self._record_step(step, views, timing, visible, depends, metrics, layout)
 
     def _gradients(self, step: int) -> dict[str, torch.Tensor | None]:
         """The Gaussian groups' gradients, refused (``FloatingPointError``) if any of the
@@ -203,13 +206,13 @@ class SessionFlow:
         views: Sequence[RenderedView],
         timing: StepTiming,
         visible: torch.Tensor,
-        dependency_rows: int,
+        depends: tuple[int, list[int]],
         metrics: StepMetrics,
         layout: ShardLayout,
     ) -> None:
-        """Log the step (``SyncTelemetry``; ``metrics``: the engine's record of it,
-        ``layout``: the table it ran on) and refresh rank 0's live panels when their
-        snapshot is due."""
+        """Log the step (``SyncTelemetry``; ``depends``: ``_plan_dependencies``,
+        ``metrics``: the engine's record of it, ``layout``: the table it ran on) and refresh
+        rank 0's live panels when their snapshot is due."""
         assert self._rows is not None
         self.telemetry.record_step(
             {
@@ -220,7 +223,8 @@ class SessionFlow:
                 "start": timing.started,
                 "end": time.time(),
                 "footprint_rows": int(self._rows.numel()),
-                "dependency_rows": dependency_rows,
+                "dependency_rows": depends[0],
+                "depends_on": depends[1],
                 "visible_rows": visible.sum(),
                 "pixels": sum(view.pixels for view in views),
                 "bytes_sent": metrics.bytes_sent,
@@ -236,12 +240,18 @@ class SessionFlow:
         if self.telemetry.snapshot_due(step, self.pipeline.panels, self.snapshot_every):
             self.telemetry.refresh_snapshot(step, self._engine_counters())
 
-    def _dependency_rows(self, step: int) -> int:
-        """Rows of this rank's read set at ``step`` that the plan says it waits for: the
-        plan's ``dependency_rows[t, rank]`` summed over peers."""
+    def _plan_dependencies(self, step: int) -> tuple[int, list[int]]:
+        """What the plan says this rank waits for at ``step``: the rows of its read set the
+        peers wrote (``dependency_rows[t, rank]`` summed over peers) and, per rank, the
+        global step of that rank's latest write the read set holds (``dependency[t,
+        rank]``; -1: none in the phase, and for this rank), which a replay of the run needs
+        (``bench.trace.replay_run``)."""
         plan = self.phases.plan
         assert plan is not None
-        return int(plan.dependency_rows[self.phases.local_step(step), self.rank].sum())
+        t = self.phases.local_step(step)
+        latest = plan.dependency[t, self.rank]
+        steps = np.where(latest >= 0, latest + (step - t), -1)
+        return int(plan.dependency_rows[t, self.rank].sum()), steps.tolist()
 
     # ------------------------------------------------------------------ phases
     def _plan_phase(self, step: int, num_rows: int) -> tuple[object, PhaseRecord]:
