@@ -131,6 +131,14 @@ bench: venv
 	$(PY) -m odin_ns.bench.stragglers --data $(DEMO_DIR) --ranks 2 --shares 0,0.5 --repeats 3 \
 		--modes barrier,quality-first --out bench/stragglers_street_no_phase_starts.json \
 		-- --pipeline.model.warmup-length 1000000
+	$(PY) -m odin_ns.bench.stragglers --data $(DEMO_DIR) --ranks 2 --shares 0,0.5 --repeats 3 \
+		--modes barrier,quality-first --out bench/stragglers_street_replay_no_phase_starts.json \
+		-- --pipeline.model.warmup-length 1000000
+	$(PY) -m odin_ns.bench.stragglers --data $(DEMO_DIR) --ranks 2 --shares 0,0.5 --repeats 3 \
+		--modes barrier,quality-first --out bench/stragglers_street_replay.json
+	$(PY) -m odin_ns.bench.stragglers --data ../shared/data/fox --downscale-factor 8 --ranks 2 \
+		--shares 0,0.5 --repeats 3 --modes barrier,quality-first --out bench/stragglers_fox_replay.json \
+		-- --pipeline.datamanager.camera-res-scale-factor 0.5
 	$(PY) -m odin_ns.data.synthetic --out demo_data/drive --layout drive
 	$(PY) -m odin_ns.bench.stragglers --data demo_data/drive --ranks 2 --shares 0,0.5 --repeats 3 \
 		--psnr --seed-control 2 --modes $(IMPACT_MODES) --out bench/stragglers_impact_drive.json

@@ -60,10 +60,6 @@ class OdinPipelineConfig(VanillaPipelineConfig):
     plan_step_order: Literal["low-conflict", "shuffled"] = "low-conflict"
     """odin plan: order each epoch's steps so that a rank's view overlaps few views its peers
     trained just before (fewer quality-first waits when a peer runs late), or shuffle them."""
-    plan_rotate_groups: bool = False
-    """odin plan, replicated layout: rank r trains locality group (r + e) mod R in epoch e,
-    so a part of the scene that costs more to render slows each rank in turn rather than
-    one rank all run (quality-first cannot hide a rank that is always slower)."""
     footprint_margin_px: float = 16.0
     """Pixels added around each projected 3-sigma footprint when planning."""
     max_phase_steps: int = 100

@@ -324,11 +324,6 @@ def check_sharded_config(trainer_config, world_size: int) -> None:
             f"sync mode '{config.sync.mode}' is a replicated baseline (use "
             "--pipeline.parallel replicated)"
         )
-    if getattr(config, "plan_rotate_groups", False):
-        raise OdinInputError(
-            "--pipeline.plan-rotate-groups True hands every rank every part of the scene in "
-            "turn; sharded ranks own a part each (use --pipeline.parallel replicated)"
-        )
     check_row_cap_option(getattr(config, "max_rows_per_rank", 0))
     cap = int(getattr(config, "eval_copy_max_rows", 0))
     if cap < 0:

@@ -372,27 +372,6 @@ def test_odin_rank_keeps_its_group():
         assert set(plan.views[:, r].reshape(-1).tolist()) == set(plan.groups[r].tolist())
 
 
-def test_rotated_groups_pass_every_group_to_every_rank_in_turn():
-    """``rotate_groups``: rank r trains group (r + e) mod R in epoch e, each view still once
-    an epoch; the groups and the first epoch are those of the plan without rotation."""
-    F = far_seen_street(48, 0)
-    R, steps_per_epoch = 3, 16
-    fixed = build_plan(
-        F, R, 4 * steps_per_epoch, seed=1, options=PlanOptions(assignment="locality")
-    )
-    opts = PlanOptions(assignment="locality", rotate_groups=True)
-    plan = build_plan(F, R, 4 * steps_per_epoch, seed=1, options=opts)
-    assert plan.plan_hash != fixed.plan_hash
-    assert all(np.array_equal(a, b) for a, b in zip(plan.groups, fixed.groups, strict=True))
-    assert np.array_equal(plan.views[:steps_per_epoch], fixed.views[:steps_per_epoch])
-    for e in range(4):
-        epoch = plan.views[plan.step_epoch == e]
-        assert np.array_equal(np.sort(epoch.reshape(-1)), np.arange(48))  # each view once
-        for r in range(R):
-            group = plan.groups[(r + e) % R]
-            assert np.isin(epoch[:, r], group).all(), (e, r)
-
-
 @pytest.mark.parametrize(("strategy", "assignment"), KINDS)
 @pytest.mark.parametrize("views_per_rank", [1, 3])
 def test_uniform_cost_balance_within_10_percent(strategy, assignment, views_per_rank):

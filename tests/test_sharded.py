@@ -358,7 +358,6 @@ def test_step_tables_agree_pairwise(ranks):
         (2, ["--pipeline.model.use-bilateral-grid", "True"], "dense parameters"),
         (2, ["--pipeline.eval-copy-max-rows", "-1"], "eval-copy-max-rows must be >= 0"),
         (2, ["--pipeline.sync.mode", "ddp"], "is a replicated baseline"),
-        (2, ["--pipeline.plan-rotate-groups", "True"], "sharded ranks own a part each"),
     ],
 )
 def test_bad_input_is_one_line_before_training(street_scene, tmp_path, ranks, extra, needle):

@@ -38,9 +38,7 @@ runs that do bitwise the same work (``max_param_diff_again_vs_barrier``: 0). Wri
 a PNG of round 0's timelines, ``<out>_ratios.png`` and ``<out>_psnr.png``. Modes beyond
 the engine's: ``throughput-first-impact`` (the impact admission rule) and
 ``quality-first-shuffled`` (quality-first on a plan whose epochs' steps are shuffled, not
-ordered low-conflict: what the step order buys) and ``quality-first-rotated`` (quality-first
-on a plan whose locality groups rotate between the ranks every epoch,
-``--pipeline.plan-rotate-groups``: what balancing the ranks' compute buys).
+ordered low-conflict: what the step order buys).
 
 Simulated beside the measured, from each run's own records: ``replay_wait_s`` is the
 critical-path wait that replaying the run's measured per-step compute through its plan's
@@ -84,18 +82,10 @@ IMPACT = "throughput-first-impact"  # throughput-first with the impact admission
 SHORT[IMPACT] = "tfi"
 SHUFFLED = "quality-first-shuffled"  # quality-first on a plan whose steps are shuffled
 SHORT[SHUFFLED] = "qfs"
-ROTATED = "quality-first-rotated"  # quality-first on a plan whose groups rotate per epoch
-SHORT[ROTATED] = "qfr"
-TRAIN_MODE = {
-    CONTROL: "barrier",
-    IMPACT: "throughput-first",
-    SHUFFLED: "quality-first",
-    ROTATED: "quality-first",
-}
+TRAIN_MODE = {CONTROL: "barrier", IMPACT: "throughput-first", SHUFFLED: "quality-first"}
 MODE_FLAGS = {  # the engine mode trained (above) and its other flags
     IMPACT: ("--pipeline.sync.admission", "impact"),
     SHUFFLED: ("--pipeline.plan-step-order", "shuffled"),
-    ROTATED: ("--pipeline.plan-rotate-groups", "True"),
 }
 BASES = ("barrier", "ddp")  # ratios are reported against these
 CONSOLE = Console()

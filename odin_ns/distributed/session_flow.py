@@ -143,9 +143,7 @@ class SessionFlow:
             reuse_shift_px=config.footprint_reuse_shift_px,
             group=group,
             views_per_rank=int(config.views_per_rank),
-            options=PlanOptions(
-                step_order=config.plan_step_order, rotate_groups=config.plan_rotate_groups
-            ),
+            options=PlanOptions(step_order=config.plan_step_order),
         )
 
     # ------------------------------------------------------------------ the step

@@ -91,13 +91,6 @@ class PlanOptions:
     """low-conflict: weight of an overlap with the step d steps back, ``lag_weight ** (d -
     1)`` (an overlap with the previous step is a wait whenever a peer runs late; one
     further back only when it runs later than that)."""
-    rotate_groups: bool = False
-    """locality: rank r trains group ``(r + e) mod R`` in epoch e, not group r in every
-    epoch. A group whose views cost more to render (street: one half 6-10% more) then
-    slows each rank in turn for one epoch instead of one rank for the whole run; quality-first
-    cannot hide a systematic imbalance (the faster rank drifts ahead until every dependency
-    binds). Every rank reads every group over R epochs: for ranks that hold the whole model
-    (the replicated layout), not for owners of a part (sharded)."""
 
 
 @dataclass
@@ -611,8 +604,6 @@ def build_plan(
             slots = _balance_epoch(due, group_of, cost, R, B, rng)
         elif strategy == "odin":
             grp = pending_groups if due is pending else full_groups
-            if opts.rotate_groups:  # rank r trains group (r + e) mod R
-                grp = grp[e % R :] + grp[: e % R]
             steps = -(-max(g.size for g in grp) // B)
             steps = max(steps, -(-due.size // (R * B)))
             slots = _odin_epoch(grp, cost, steps, B, rng, due)
@@ -636,7 +627,6 @@ def build_plan(
     dep, dep_rows, msg, conflict = dependency_pass(F, views)
     meta = [strategy, assignment, R, B, int(num_steps), int(seed), int(epoch)]
     meta += [opts.knn, opts.max_work, opts.locality_gain, opts.step_order, opts.lag_weight]
-    meta += ["rotate_groups"] if opts.rotate_groups else []  # (earlier plans' hashes kept)
     return Plan(
         views=views,
         dependency=dep,
