@@ -188,8 +188,10 @@ def replay_run(summary: dict, skip_steps: int, balanced: bool = False) -> float 
     previous step is done and every peer's step its reads depend on (the records'
     ``depends_on``) is done, under barrier once every rank's previous step is done; a
     phase start's rendezvous is a barrier. Simulated (``bench.simulate.simulate``: no
-    publication latency, no engine time), calibrated on nothing but the run itself: it
-    says how much of the measured wait the plan and the measured compute explain.
+    publication latency, no engine time; in a sharded run the owner's apply and push
+    between a write and a read are left out too), calibrated on nothing but the run
+    itself: it says how much of the measured wait the plan and the measured compute
+    explain.
     ``balanced``: the same with each rank's compute moved to the mean over ranks (a
     rank's steps keep their spread; a systematically slower rank no longer is): the wait
     the plan would cost without a rank-to-rank imbalance. None for other modes and for
