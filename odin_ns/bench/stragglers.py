@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.seed_control and not args.psnr:
         parser.error("--seed-control needs --psnr")
     parts = args.out.with_suffix("")  # each share's bench.sync JSON and PNGs
-    work = Path("outputs/bench_stragglers") / f"{args.data.name}_{args.ranks}r"
+    # the runs, one folder per --out (two invocations on one scene keep each other's runs)
+    work = Path("outputs/bench_stragglers") / args.out.stem
     rows: list[dict] = []
     unit_s = None
     seeds: dict = {}
