@@ -95,11 +95,18 @@ def _split_launcher_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]
 
 
 def _torchrun_args(
-    args: argparse.Namespace, rest: list[str], worker_module: str, start_method: str
+    args: argparse.Namespace,
+    rest: list[str],
+    worker_module: str,
+    start_method: str,
+    log_dir: Path | None = None,
 ) -> list[str]:
-    """Arguments of ``python -m torch.distributed.run`` that run ``worker_module`` per rank."""
+    """Arguments of ``python -m torch.distributed.run`` that run ``worker_module`` per rank
+    (``log_dir``: torchrun's error files; without it torchrun makes a ``torchelastic_*``
+    folder in the temp folder per run and leaves it there)."""
     return [
         f"--start-method={start_method}",
+        *([f"--log-dir={log_dir}"] if log_dir is not None else []),
         f"--nproc-per-node={args.nproc_per_node}",
         f"--nnodes={args.nnodes}",
         f"--node-rank={args.node_rank}",
@@ -323,7 +330,9 @@ def _run_torchrun(
         # Ranks share the machine's cores: spinning OpenMP workers steal them from each other.
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
     }
-    torchrun = parse_args(_torchrun_args(args, rest, worker_module, start_method))
+    torchrun = parse_args(
+        _torchrun_args(args, rest, worker_module, start_method, run_dir / "torchrun")
+    )
     try:
         with environment(env):
             if start_method == "fork":

@@ -24,14 +24,15 @@ PREFIX = "odin-ns-train: error: "
 
 
 def _launch(
-    cwd: Path, nproc: int, *train_args: str, start_method: str = "auto"
+    cwd: Path, nproc: int, *train_args: str, start_method: str = "auto", temp: Path | None = None
 ) -> tuple[int, list[str]]:
-    """Run odin-ns-train in ``cwd``; its exit code and output lines (stderr+stdout, in order)."""
+    """Run odin-ns-train in ``cwd`` (``temp``: its temp folder); its exit code and output
+    lines (stderr+stdout, in order)."""
     cmd = [str(BIN / "odin-ns-train"), "--nproc-per-node", str(nproc)]
     cmd += ["--start-method", start_method]
     cmd += ["--master-port", str(free_port()), "odin-splatfacto", *train_args]
     cmd += ["--vis", "tensorboard"]
-    env = run_env()
+    env = run_env() if temp is None else run_env(TMPDIR=str(temp))
     proc = subprocess.run(
         cmd,
         cwd=cwd,
@@ -125,10 +126,15 @@ def test_a_rank_failing_after_spawn_prints_its_reason_last(tmp_path, start_metho
     scene = _tiny_scene(tmp_path / "tiny", views=2)
     ckpt = tmp_path / "step-000000010.ckpt"
     torch.save({"this is": "not a checkpoint"}, ckpt)
+    temp = tmp_path / "temp"
+    temp.mkdir()
     code, lines = _launch(
         tmp_path, 2, "--data", str(scene), "--load-checkpoint", str(ckpt),
-        start_method=start_method,
+        start_method=start_method, temp=temp,
     )  # fmt: skip
+    # the launcher's folders (its failure file, torchrun's error files) are gone with it
+    left = [p.name for p in temp.iterdir() if p.name.startswith(("torchelastic_", "odin-ns-"))]
+    assert not left, left
     output = "\n".join(lines[-60:])
     assert code == 1, output
     assert "odin_ns.launch FAILED" in output, "torchrun's report is missing"
