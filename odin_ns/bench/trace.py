@@ -172,15 +172,6 @@ def run_admissions(summary: dict) -> np.ndarray:
     return np.array(rows, dtype=np.int64).reshape(-1, 4)
 
 
-@dataclass
-class _ReplayPlan:
-    """What ``simulate.simulate`` reads of a plan, rebuilt from a run's step records."""
-
-    views: np.ndarray  # [T, R, 1] (only its shape is read)
-    dependency: np.ndarray  # [T, R, R] step index of each peer's latest write read, -1 none
-    message_rows: np.ndarray  # [T, R] zeros: publications arrive as their step ends
-
-
 def replay_run(summary: dict, skip_steps: int, balanced: bool = False) -> float | None:
     """The critical-path wait (the most any rank waited over the steps from
     ``skip_steps`` on, seconds) that a replay of the run's own steps predicts: each step
@@ -196,7 +187,7 @@ def replay_run(summary: dict, skip_steps: int, balanced: bool = False) -> float 
     rank's steps keep their spread; a systematically slower rank no longer is): the wait
     the plan would cost without a rank-to-rank imbalance. None for other modes and for
     logs without ``depends_on``."""
-    from odin_ns.bench.simulate import simulate
+    from odin_ns.bench.simulate import StepPlan, simulate
 
     mode = summary.get("sync")
     if mode not in ("barrier", "quality-first"):
@@ -220,7 +211,10 @@ def replay_run(summary: dict, skip_steps: int, balanced: bool = False) -> float 
     if balanced:
         rank_mean = compute[k:].mean(axis=0)
         compute = np.maximum(compute - rank_mean + rank_mean.mean(), 0.0)
-    plan = _ReplayPlan(np.zeros((T, R, 1), np.int64), dependency, np.zeros((T, R)))
+    # the plan as simulate reads it: views only for their shape, no publication rows (a
+    # publication arrives as its step ends)
+    none = np.zeros((T, R), np.int64)
+    plan = StepPlan(np.zeros((T, R, 1), np.int64), None, dependency, none, np.zeros((T, R, R)))
     sim = simulate(plan, compute, mode="barrier" if mode == "barrier" else "odin")
     waits = sim.start[k:] - sim.finish[k - 1 : -1]  # [T - k, R]: before each counted step
     return float(waits.sum(axis=0).max())
