@@ -34,7 +34,7 @@ from odin_ns.bench.sync import (
     runs_to_evaluate,
     seed_control_figures,
 )
-from odin_ns.bench.trace import fit_cost_model, fit_jitter, replay_run
+from odin_ns.bench.trace import critical_path_wait, fit_cost_model, fit_jitter, replay_run
 
 FAST = Network("ideal", 0.5, 1e30)  # 0.5 s latency, no bandwidth cost
 
@@ -159,25 +159,33 @@ def _run_log(mode: str, compute: list[list[float]], depends: list[list[list[int]
 
 
 def test_replay_of_a_run_log_by_hand():
-    """``trace.replay_run``: the run's own compute through its plan's dependencies. Rank 0
-    takes 3 s a step, rank 1 1 s; rank 1 reads rank 0's step t - 2 at t = 2 and 3."""
+    """``trace.replay_run``: the run's own compute through its plan's dependencies, and the
+    wait that lengthens the run (``critical_path_wait``), not the most any rank waited."""
+    # Rank 0 takes 3 s a step, rank 1 1 s; rank 1 reads rank 0's step t - 2 at t = 2 and 3.
     compute = [[3.0, 1.0]] * 4
     none = [[-1, -1], [-1, -1]]
     depends = [none, none, [[-1, -1], [0, -1]], [[-1, -1], [1, -1]]]
-    # quality-first: rank 1 runs 0..1 in 2 s, step 2 waits for rank 0's step 0 (ends at 3 s):
-    # 1 s; step 3 for its step 1 (ends at 6 s, rank 1 free at 4 s): 2 s. Rank 0 never waits.
-    assert replay_run(_run_log("quality-first", compute, depends), 0) == pytest.approx(3.0)
-    assert replay_run(_run_log("quality-first", compute, depends), 3) == pytest.approx(2.0)
-    # barrier: rank 1 waits 2 s before each of steps 1..3
-    assert replay_run(_run_log("barrier", compute, depends), 0) == pytest.approx(6.0)
-    # balanced: both ranks at the mean, 2 s a step: nothing to wait for
-    assert replay_run(_run_log("quality-first", compute, depends), 0, balanced=True) == 0.0
-    assert replay_run(_run_log("barrier", compute, depends), 0, balanced=True) == 0.0
-    # a second phase starting at step 2 meets every rank (as a rendezvous): rank 1 waits
-    # 4 s there (2 s to 6 s), then its step 3 reads rank 0's step 1, which has ended
-    log = _run_log("quality-first", compute, depends)
-    log["ranks"][0]["phases"].append({"start_step": 2})
-    assert replay_run(log, 0) == pytest.approx(4.0)
+    # quality-first: rank 1 waits 1 s before step 2 and 2 s before step 3, barrier 2 s
+    # before each of steps 1..3; rank 0 never waits and ends at 12 s either way: rank 1's
+    # waits are rank 0's extra work, not wait on the run's path
+    for mode in ("quality-first", "barrier"):
+        assert replay_run(_run_log(mode, compute, depends), 0) == 0.0
+        assert replay_run(_run_log(mode, compute, depends), 0, balanced=True) == 0.0
+    assert critical_path_wait(np.array([12.0, 7.0]), np.array([0.0, 3.0])) == 0.0
+    # The ranks take turns being slow (3 s and 1 s): barrier ends steps 1..3 at 6, 9, 12 s,
+    # where each rank alone would end at 8 s (10 s less 2 s waited, 12 s less 4 s): 4 s on
+    # the run's path (the most any rank waited is 4 s too). Quality-first with no
+    # dependency: no wait; reading the peer's previous step (t - 1) makes it a barrier.
+    turns = [[3.0, 1.0], [1.0, 3.0]] * 2
+    assert replay_run(_run_log("barrier", turns, [none] * 4), 0) == pytest.approx(4.0)
+    assert replay_run(_run_log("quality-first", turns, [none] * 4), 0) == 0.0
+    previous = [none] + [[[-1, t - 1], [t - 1, -1]] for t in range(1, 4)]
+    assert replay_run(_run_log("quality-first", turns, previous), 0) == pytest.approx(4.0)
+    # a second phase starting at step 1 meets every rank (as a rendezvous): rank 1 waits
+    # there from 1 s to 3 s, and the run ends at 10 s instead of 8 s
+    log = _run_log("quality-first", turns, [none] * 4)
+    log["ranks"][0]["phases"].append({"start_step": 1})
+    assert replay_run(log, 0) == pytest.approx(2.0)
     assert replay_run(_run_log("throughput-first", compute, depends), 0) is None
     del log["ranks"][1]["steps"][0]["depends_on"]  # a log from before the field
     assert replay_run(log, 0) is None

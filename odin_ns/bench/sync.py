@@ -40,6 +40,10 @@ the engine's: ``throughput-first-impact`` (the impact admission rule) and
 ``quality-first-shuffled`` (quality-first on a plan whose epochs' steps are shuffled, not
 ordered low-conflict: what the step order buys).
 
+``critical_path_wait_s`` is how much later a run ended than it would have if no rank had
+waited (``trace.critical_path_wait``), ``max_rank_wait_s`` the most any rank waited; ``wait_hidden_<mode>_vs_<base>`` and ``..._max_rank`` are the shares of
+the base's that a mode hides.
+
 Simulated beside the measured, from each run's own records: ``replay_wait_s`` is the
 critical-path wait that replaying the run's measured per-step compute through its plan's
 dependencies predicts (``trace.replay_run``: no latency, no engine time), and
@@ -72,7 +76,7 @@ from odin_ns.bench.commands import (
     train_command,
 )
 from odin_ns.bench.report import put_spread, save_figure, spread, write_json
-from odin_ns.bench.trace import replay_run
+from odin_ns.bench.trace import critical_path_wait, replay_run
 from odin_ns.runtime.ledger import merge_admission_summaries
 
 SHORT = {"ddp": "ddp", "barrier": "barrier", "quality-first": "qf", "throughput-first": "tf"}
@@ -253,7 +257,12 @@ def mode_figures(summary: dict, skip_steps: int) -> dict:
         "views_per_second": views / (end - start),
         "ideal_views_per_second": views / max(busy),
         "wait_seconds_per_step": float(np.mean(waits)) / n_steps,
-        "critical_path_wait_s": float(max(waits)),
+        # the wait that lengthens the run (over its no-wait ideal); and the most any rank
+        # waited, which also counts a slower rank's extra work as its peers' wait
+        "critical_path_wait_s": critical_path_wait(
+            np.array([s[-1]["end"] for s in steps]), np.array(waits)
+        ),
+        "max_rank_wait_s": float(max(waits)),
         # simulated: the run's own compute replayed through its plan (``trace.replay_run``)
         "replay_wait_s": replay_run(summary, skip_steps),
         "replay_wait_s_balanced": replay_run(summary, skip_steps, balanced=True),
@@ -435,6 +444,7 @@ def pair_ratios(rounds: list[dict[str, dict]], modes: list[str]) -> dict[str, di
         }
         for what, key in (
             ("wait_hidden", "critical_path_wait_s"),
+            ("wait_hidden_max_rank", "max_rank_wait_s"),
             ("wait_hidden_replay", "replay_wait_s"),
             ("wait_hidden_balanced", "replay_wait_s_balanced"),
         ):
@@ -608,7 +618,8 @@ def main(argv: list[str] | None = None) -> dict:
     for key, vals in pairs.items():
         put_spread(results, f"throughput_ratio_{key}", vals["throughput"])
         put_spread(results, f"wait_hidden_{key}", vals["wait_hidden"])
-        for what in ("replay", "balanced"):  # simulated from the measured runs (replay_run)
+        # the most any rank waited (measured); simulated from the measured runs (replay_run)
+        for what in ("max_rank", "replay", "balanced"):
             if f"wait_hidden_{what}" in vals:
                 put_spread(results, f"wait_hidden_{key}_{what}", vals[f"wait_hidden_{what}"])
     for mode in modes:  # the old keys: wait hidden against barrier

@@ -172,9 +172,21 @@ def run_admissions(summary: dict) -> np.ndarray:
     return np.array(rows, dtype=np.int64).reshape(-1, 4)
 
 
+def critical_path_wait(
+    last_end: np.ndarray,  # [R] each rank's last counted step's end, seconds
+    waited: np.ndarray,  # [R] seconds each rank waited in its counted steps
+) -> float:
+    """How much later the run ended than it would have if no rank had waited: the latest
+    end minus the latest of each rank's end moved earlier by its own waits (the wait that
+    lengthens the run, ``simulate.SimResult.critical_path_wait``). Peers' idle time beside
+    a rank that is busier every step does not count: no order of the same steps hides
+    that, it is work, not wait; the most any rank waited counts it."""
+    return float(last_end.max() - (last_end - waited).max())
+
+
 def replay_run(summary: dict, skip_steps: int, balanced: bool = False) -> float | None:
-    """The critical-path wait (the most any rank waited over the steps from
-    ``skip_steps`` on, seconds) that a replay of the run's own steps predicts: each step
+    """The critical-path wait (``critical_path_wait`` over the steps from ``skip_steps``
+    on, seconds) that a replay of the run's own steps predicts: each step
     takes its measured ``compute_s``; under quality-first it starts once the rank's
     previous step is done and every peer's step its reads depend on (the records'
     ``depends_on``) is done, under barrier once every rank's previous step is done; a
@@ -217,7 +229,7 @@ def replay_run(summary: dict, skip_steps: int, balanced: bool = False) -> float 
     plan = StepPlan(np.zeros((T, R, 1), np.int64), None, dependency, none, np.zeros((T, R, R)))
     sim = simulate(plan, compute, mode="barrier" if mode == "barrier" else "odin")
     waits = sim.start[k:] - sim.finish[k - 1 : -1]  # [T - k, R]: before each counted step
-    return float(waits.sum(axis=0).max())
+    return critical_path_wait(sim.finish[-1], waits.sum(axis=0))
 
 
 def step_table(summary: dict, run_dir: Path | None = None, footprints: tuple | None = None) -> dict:
