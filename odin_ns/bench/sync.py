@@ -650,8 +650,8 @@ def main(argv: list[str] | None = None) -> dict:
             results[f"{name}_{key}"] = totals[name]  # impact_*: what tfi admits at other taus
     if "quality-first" in psnrs:  # every throughput-first mode, as pair_ratios pairs them
         for mode in (m for m in psnrs if TRAIN_MODE.get(m, m) == "throughput-first"):
-            pairs = zip(psnrs[mode], psnrs["quality-first"], strict=True)
-            put_spread(results, f"psnr_delta_{SHORT[mode]}_vs_qf", [p - q for p, q in pairs])
+            deltas = [p - q for p, q in zip(psnrs[mode], psnrs["quality-first"], strict=True)]
+            put_spread(results, f"psnr_delta_{SHORT[mode]}_vs_qf", deltas)
 
     write_json(args.out, results)
     plot_timeline(summaries0, args.out.with_suffix(".png"))
