@@ -77,7 +77,9 @@ bench-phase-ab: venv
 	$(PY) -m odin_ns.bench.phase_ab --a $(A) --b $(B) --data $(abspath $(DEMO_DIR)) \
 		--rounds 3 --out bench/phase_start_ab_street.json
 
-IMPACT_MODES := barrier,quality-first,throughput-first,throughput-first-impact
+# the two admission rules by name (the runs below were made while throughput-first's default
+# was the overlap rule, reported as tf; the default is the impact rule since 2026-12-05)
+IMPACT_MODES := barrier,quality-first,throughput-first-overlap,throughput-first-impact
 TAU_RUN := --ranks 2 --steps 200 --modes barrier,quality-first,throughput-first-impact \
 	--repeats 3 --control --paired-seeds
 

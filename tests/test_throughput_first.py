@@ -234,19 +234,22 @@ def _crafted(case: str):
 
     Rank 1 writes rows ``early`` at steps 0-1 and ``late`` at steps 2-3; its gradient rows
     to rank 0 are held from step ``hold_from`` on, so they are pending when rank 0 reaches
-    step 3. Both ranks run steps 0-2 and rank 1 step 3. Returns (engines, their groups,
-    their ledgers, their read records, hub, plan, ``step(rank, t, release_after)``, the
-    weak rows)."""
-    tau, k, weak = 0.2, 4, WEAK
+    step 3. Both ranks run steps 0-2 and rank 1 step 3. The overlap rule decides, except
+    in case "impact" (the default rule, on case "overlap"'s rows). Returns (engines, their
+    groups, their ledgers, their read records, hub, plan, ``step(rank, t,
+    release_after)``, the weak rows)."""
+    tau, k, weak, rule = 0.2, 4, WEAK, "impact" if case == "impact" else "overlap"
     early, late, hold_from = np.arange(95, 195), np.r_[95:100, 150:195], 2
-    if case == "overlap":
+    if case in ("overlap", "impact"):
         late, weak = np.r_[70:100, 150:195], (70, 100)  # 30 % of rank 0's reads
     elif case == "evidence":
         weak = None  # the shared rows' updates are as strong as any other row's
     elif case == "staleness":
         k, hold_from = 1, 1
     plan = ListPlan([[np.arange(0, 100), early if t < 2 else late] for t in range(4)])
-    cfg = SyncConfig(mode="throughput-first", tau=tau, staleness_window=k, timeout_s=10)
+    cfg = SyncConfig(
+        mode="throughput-first", tau=tau, staleness_window=k, timeout_s=10, admission=rule
+    )
     hub = LoopbackHub(2)
     groups = [toy_groups(300) for _ in range(2)]
     ledgers = [DecisionLedger() for _ in range(2)]
@@ -281,6 +284,7 @@ def _crafted(case: str):
     [
         ("admitted", None),
         ("overlap", "overlap"),
+        ("impact", None),  # the rows the overlap rule refuses are weak: admitted
         ("evidence", "evidence"),
         ("staleness", "staleness"),
     ],
@@ -300,16 +304,17 @@ def test_crafted_decisions(case, reason):
     new = ledger.decisions[len(before) :]
     s = ledger.summary(eng.config)
     if reason is None:
+        shared = list(range(70 if case == "impact" else 95, 100))  # rank 1's rows rank 0 reads
         [d] = new
         assert (d.step, d.peer, d.pub_step, d.staleness, d.reason) == (3, 0, 2, 1, None)
-        assert d.overlap_rows == 5 and d.read_rows == 100 and d.evidence_ratio < 0.01
+        assert d.overlap_rows == len(shared) and d.read_rows == 100 and d.evidence_ratio < 0.01
         assert s["admitted"] == 1 and s["staleness_hist"] == {"1": 1} and s["max_staleness"] == 1
-        assert s["delayed_primitive_reads"] == 5 and s["delayed_steps"] == 1
+        assert s["delayed_primitive_reads"] == len(shared) and s["delayed_steps"] == 1
         rec = reads[0][-1]
         stale = rec.rows[(rec.version < rec.required).numpy()]
-        assert stale.tolist() == list(range(95, 100))  # exactly the shared rows
+        assert stale.tolist() == shared  # exactly the shared rows
         assert ledger.step_metrics()[-1]["admitted"] == 1
-        assert ledger.step_metrics()[-1]["delayed_rows"] == 5
+        assert ledger.step_metrics()[-1]["delayed_rows"] == len(shared)
     else:
         # one fallback at step 3, on the oldest update the rows lack: with K = 1 the one
         # of step 1 (2 steps old)
@@ -428,7 +433,7 @@ def test_tau_zero_is_quality_first_bitwise(world):
         assert _stale_reads(reads, _writes(phases)) == []
         s = ledger.summary(cfg)
         assert s["admitted"] == 0 and s["delayed_primitive_reads"] == 0
-        assert s["fallbacks"]["overlap"] == s["decisions"]
+        assert s["fallbacks"]["impact"] == s["decisions"]  # the default rule refused each
         fallbacks += s["decisions"]
     assert fallbacks > 0  # rank 1 is slow: others had pending publications to decide on
 

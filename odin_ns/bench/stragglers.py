@@ -5,8 +5,8 @@
         [-- more ns-train options]
 
 For each share J of a step, one ``odin_ns.bench.sync`` invocation trains ``--modes``
-(default barrier, quality-first, throughput-first; ``throughput-first-impact`` is
-throughput-first with the impact admission rule), plus barrier again as the A/A control,
+(default barrier, quality-first, throughput-first; ``throughput-first-impact`` and
+``throughput-first-overlap`` name its admission rule), plus barrier again as the A/A control,
 in rotated rounds, with exponential per-step delays of mean J x (one step's compute) on every rank
 (``odin_ns.bench.jitter``: the same delays at the same steps in every mode, so the
 comparison is paired). The step's compute comes from the first share, which must be 0:

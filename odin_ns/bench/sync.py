@@ -36,7 +36,8 @@ round (``barrier-again``, rotated like the modes); its same-round ratio to barri
 ``throughput_ratio_again_vs_barrier``, is the spread this machine puts on the ratio of two
 runs that do bitwise the same work (``max_param_diff_again_vs_barrier``: 0). Writes JSON,
 a PNG of round 0's timelines, ``<out>_ratios.png`` and ``<out>_psnr.png``. Modes beyond
-the engine's: ``throughput-first-impact`` (the impact admission rule) and
+the engine's: ``throughput-first-impact`` and ``throughput-first-overlap`` (throughput-first
+with the impact rule, the default, or the overlap rule, named whatever the default) and
 ``quality-first-shuffled`` (quality-first on a plan whose epochs' steps are shuffled, not
 ordered low-conflict: what the step order buys).
 
@@ -84,11 +85,19 @@ CONTROL = "barrier-again"  # --control: barrier once more per round (the A/A con
 SHORT[CONTROL] = "again"
 IMPACT = "throughput-first-impact"  # throughput-first with the impact admission rule
 SHORT[IMPACT] = "tfi"
+OVERLAP = "throughput-first-overlap"  # throughput-first with the overlap admission rule
+SHORT[OVERLAP] = "tfo"
 SHUFFLED = "quality-first-shuffled"  # quality-first on a plan whose steps are shuffled
 SHORT[SHUFFLED] = "qfs"
-TRAIN_MODE = {CONTROL: "barrier", IMPACT: "throughput-first", SHUFFLED: "quality-first"}
+TRAIN_MODE = {
+    CONTROL: "barrier",
+    IMPACT: "throughput-first",
+    OVERLAP: "throughput-first",
+    SHUFFLED: "quality-first",
+}
 MODE_FLAGS = {  # the engine mode trained (above) and its other flags
     IMPACT: ("--pipeline.sync.admission", "impact"),
+    OVERLAP: ("--pipeline.sync.admission", "overlap"),
     SHUFFLED: ("--pipeline.plan-step-order", "shuffled"),
 }
 BASES = ("barrier", "ddp")  # ratios are reported against these
