@@ -77,8 +77,7 @@ bench-phase-ab: venv
 	$(PY) -m odin_ns.bench.phase_ab --a $(A) --b $(B) --data $(abspath $(DEMO_DIR)) \
 		--rounds 3 --out bench/phase_start_ab_street.json
 
-# the two admission rules by name (the runs below were made while throughput-first's default
-# was the overlap rule, reported as tf; the default is the impact rule since 2026-12-05)
+# the two admission rules by name (the runs below reported the default, the overlap rule, as tf)
 IMPACT_MODES := barrier,quality-first,throughput-first-overlap,throughput-first-impact
 TAU_RUN := --ranks 2 --steps 200 --modes barrier,quality-first,throughput-first-impact \
 	--repeats 3 --control --paired-seeds
@@ -166,13 +165,26 @@ bench: venv
 		--modes barrier,quality-first,quality-first-shuffled --jitter-ms 107 --no-eval \
 		--work-dir outputs/bench_sync/street3_order --out bench/sync_step_order_street_3ranks_jitter107.json
 	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 200 --repeats 5 --control \
-		--modes barrier,quality-first,throughput-first,throughput-first-impact --jitter-ms 24 \
+		--modes barrier,quality-first,throughput-first-overlap,throughput-first-impact --jitter-ms 24 \
 		--no-eval --work-dir outputs/bench_sync/street_tf_order --out bench/sync_tf_ordered_street_jitter24.json
 	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 6 --paired-seeds \
-		--modes barrier,throughput-first,throughput-first-impact \
+		--modes barrier,throughput-first-overlap,throughput-first-impact \
 		--work-dir outputs/bench_sync/street_tf_order_psnr --out bench/sync_tf_ordered_street_paired_seeds.json
 	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 6 --paired-seeds \
 		--modes barrier,quality-first-shuffled --out bench/sync_step_order_street_paired_seeds.json
+	# issue 30 with the critical-path wait (how much later a run ends than without waits); the
+	# committed paired-seed run was made at f440e1f, when the default was the impact rule (its tf)
+	$(PY) -m odin_ns.bench.stragglers --data $(DEMO_DIR) --ranks 2 --shares 0,0.5 --repeats 3 \
+		--psnr --modes barrier,quality-first,throughput-first-overlap,throughput-first-impact \
+		--out bench/stragglers_street_critical_path.json
+	$(PY) -m odin_ns.bench.stragglers --data ../shared/data/fox --downscale-factor 8 --ranks 2 \
+		--shares 0,0.5 --repeats 3 --psnr \
+		--modes barrier,quality-first,throughput-first-overlap,throughput-first-impact \
+		--out bench/stragglers_fox_critical_path.json \
+		-- --pipeline.datamanager.camera-res-scale-factor 0.5
+	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 5 --paired-seeds \
+		--modes barrier,quality-first,throughput-first-impact,throughput-first-overlap \
+		--out bench/sync_street_paired_seeds_impact_default.json
 	$(PY) -m odin_ns.bench.shard --ranks 2 3 4 --rounds 2 --out bench/shard.json
 	$(PY) -m odin_ns.bench.shard --data ../shared/data/fox --downscale-factor 8 --ranks 2 3 4 \
 		--rounds 1 --out bench/shard_fox.json

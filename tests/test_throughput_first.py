@@ -235,7 +235,7 @@ def _crafted(case: str):
     Rank 1 writes rows ``early`` at steps 0-1 and ``late`` at steps 2-3; its gradient rows
     to rank 0 are held from step ``hold_from`` on, so they are pending when rank 0 reaches
     step 3. Both ranks run steps 0-2 and rank 1 step 3. The overlap rule decides, except
-    in case "impact" (the default rule, on case "overlap"'s rows). Returns (engines, their
+    in case "impact" (the impact rule, on case "overlap"'s rows). Returns (engines, their
     groups, their ledgers, their read records, hub, plan, ``step(rank, t,
     release_after)``, the weak rows)."""
     tau, k, weak, rule = 0.2, 4, WEAK, "impact" if case == "impact" else "overlap"
@@ -433,7 +433,7 @@ def test_tau_zero_is_quality_first_bitwise(world):
         assert _stale_reads(reads, _writes(phases)) == []
         s = ledger.summary(cfg)
         assert s["admitted"] == 0 and s["delayed_primitive_reads"] == 0
-        assert s["fallbacks"]["impact"] == s["decisions"]  # the default rule refused each
+        assert s["fallbacks"][cfg.admission] == s["decisions"]  # the rule refused each
         fallbacks += s["decisions"]
     assert fallbacks > 0  # rank 1 is slow: others had pending publications to decide on
 

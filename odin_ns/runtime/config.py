@@ -80,7 +80,7 @@ class SyncConfig:
     idle_timeout_s: float = 1800.0
     tau: float = 0.2
     staleness_window: int = 4
-    admission: Literal["overlap", "impact"] = "impact"
+    admission: Literal["overlap", "impact"] = "overlap"
     max_inflight_bytes: int = 64 << 20
     heartbeat_s: float = 2.0
     transport: Literal["auto", "gloo", "nccl"] = "auto"
