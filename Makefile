@@ -185,6 +185,12 @@ bench: venv
 	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 5 --paired-seeds \
 		--modes barrier,quality-first,throughput-first-impact,throughput-first-overlap \
 		--out bench/sync_street_paired_seeds_impact_default.json
+	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 5 --paired-seeds \
+		--modes barrier,throughput-first-impact --out bench/sync_street_paired_seeds_impact_k1.json \
+		-- --pipeline.sync.staleness-window 1
+	$(PY) -m odin_ns.bench.stragglers --data $(DEMO_DIR) --ranks 3 --shares 0,0.5 --repeats 3 \
+		--modes barrier,quality-first,throughput-first,throughput-first-impact \
+		--out bench/stragglers_street_3ranks_critical_path.json
 	$(PY) -m odin_ns.bench.shard --ranks 2 3 4 --rounds 2 --out bench/shard.json
 	$(PY) -m odin_ns.bench.shard --data ../shared/data/fox --downscale-factor 8 --ranks 2 3 4 \
 		--rounds 1 --out bench/shard_fox.json
