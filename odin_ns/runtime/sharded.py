@@ -535,6 +535,8 @@ class ShardedEngine:
             g.param.data.view(num_local, d) for g, d in zip(self.groups, self.dims, strict=True)
         ]
         self._paths: dict[int, StepPath] = {}  # the steps in flight
+        # throughput-first: local step -> [K] local rows its reads went around (read stale)
+        self._read_around: dict[int, np.ndarray] = {}
         # visible rows outside their step's read set, summed over the phase on the device
         # where reading it would synchronize the step (``_check_visible``)
         self._outside = torch.zeros((), dtype=torch.int64, device=device)
@@ -849,6 +851,8 @@ class ShardedEngine:
             if not waits:
                 self.ledger.count(decisions)
                 self.ledger.read_delayed(sum(d.overlap_rows for d in decisions))  # may lag
+                if sources:
+                    self._read_around[t] = np.unique(np.concatenate([s.rows for s in sources]))
                 return
             self.ledger.count([d for d in decisions if not d.admitted])
             self._wait(lambda waits=waits: self._missing_source(t, waits), what)
@@ -866,7 +870,11 @@ class ShardedEngine:
     @torch.no_grad()
     def after_backward(self, t: int, grads: Sequence[Tensor | None], visible: Tensor) -> None:
         """Send non-owned gradient rows to their owners, file the own rows, apply (ddp:
-        start the step's dense all-reduce instead).
+        start the step's dense all-reduce instead). Rows the step read around a pending
+        update (throughput-first) carry no update from this rank at t: a gradient of values
+        read stale, applied after the update they lacked, would step those rows twice for
+        one (street, 2 ranks, five paired seeds, impact rule: PSNR against barrier's from
+        -0.57 to -0.21 dB median, better in every seed).
 
         Args:
             grads: per group the local [L, ...] gradient (None: zero).
@@ -886,6 +894,10 @@ class ShardedEngine:
             )
         columns.append(visible.to(torch.float32).unsqueeze(1))
         self._check_visible(t, visible)
+        around = self._read_around.pop(t, None)
+        if around is not None:  # no update from values read stale: zero rows, not visible
+            idx = upload(torch.from_numpy(around), self.device)
+            columns = [c.index_fill(0, idx, 0.0) for c in columns]
         if self.dense:
             self._all_reduce(t, columns)
         else:

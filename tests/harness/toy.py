@@ -207,6 +207,19 @@ def _as_read(
     ]
 
 
+def _read_stale(
+    footprint: np.ndarray, version: Tensor, writes: dict[int, list[int]], step: int
+) -> Tensor:
+    """[M] int64 rows of ``footprint`` read at a version behind their last write before
+    ``step``."""
+    stale = [
+        p
+        for p, v in zip(footprint.tolist(), version.tolist(), strict=True)
+        if any(v < w < step for w in writes.get(p, []))
+    ]
+    return torch.as_tensor(stale, dtype=torch.int64)
+
+
 def reference_train(
     groups: Sequence[ParamGroupState],
     phases: Sequence[Phase],
@@ -218,7 +231,8 @@ def reference_train(
     With ``reads`` ((rank, global step) -> [M] int64 versions of the rows of
     ``step_footprint`` that rank read, e.g. from ``ToyRank.reads``), each
     rank's gradient is computed from the rows at those versions instead of the current
-    ones: the reference for runs with delayed reads.
+    ones, and the rows it read stale (behind their last write before the step) get no
+    update from it: the reference for runs with delayed reads.
 
     Returns (groups, versions [N] int64).
     """
@@ -241,7 +255,13 @@ def reference_train(
                 seen = groups
                 if reads is not None:
                     seen = _as_read(groups, fp, reads[(r, step)], pre, writes)
-                outs.append((fp, *toy_grads(seen, ph.plan.views[t, r, 0], fp, weak)))
+                grads, vis = toy_grads(seen, ph.plan.views[t, r, 0], fp, weak)
+                if reads is not None:  # no update from values read stale
+                    stale = _read_stale(fp, reads[(r, step)], writes, step)
+                    vis[stale] = False
+                    for g in grads.values():
+                        g[stale] = 0.0
+                outs.append((fp, grads, vis))
             touched = torch.zeros(groups[0].param.shape[0], dtype=torch.bool)
             visible = torch.zeros_like(touched)
             total = {g.name: torch.zeros_like(g.param) for g in groups}
