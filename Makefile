@@ -195,6 +195,9 @@ bench: venv
 	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 5 --paired-seeds \
 		--modes barrier,throughput-first-impact \
 		--out bench/sync_street_paired_seeds_impact_drop_tau01.json -- --pipeline.sync.tau 0.1
+	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 200 --repeats 3 --control \
+		--no-eval --jitter-ms 19 --modes barrier,quality-first,throughput-first,throughput-first-impact \
+		--out bench/sync_street_jitter19_impact_tau01.json -- --pipeline.sync.tau 0.1
 	$(PY) -m odin_ns.bench.stragglers --data $(DEMO_DIR) --ranks 3 --shares 0,0.5 --repeats 3 \
 		--modes barrier,quality-first,throughput-first,throughput-first-impact \
 		--out bench/stragglers_street_3ranks_critical_path.json

@@ -6,19 +6,21 @@
 
 For each share J of a step, one ``odin_ns.bench.sync`` invocation trains ``--modes``
 (default barrier, quality-first, throughput-first; ``throughput-first-impact`` and
-``throughput-first-overlap`` name its admission rule), plus barrier again as the A/A control,
-in rotated rounds, with exponential per-step delays of mean J x (one step's compute) on every rank
+``throughput-first-overlap`` name its admission rule), plus barrier again as the A/A
+control, in rotated rounds, with exponential per-step delays of mean J x (one step's
+compute) on every rank
 (``odin_ns.bench.jitter``: the same delays at the same steps in every mode, so the
 comparison is paired). The step's compute comes from the first share, which must be 0:
 barrier's busy seconds per step without delays (``ranks / ideal_views_per_second``).
 
 Per share, from that invocation's same-round figures (median and min-max over rounds):
 barrier's critical-path wait (how much later the run ended than it would have if no rank
-had waited: what a barrier pays over the no-wait ideal, ``trace.critical_path_wait``), and the share of it each mode hides,
-``1 - wait(mode) / wait(barrier)``; ``wait_hidden_<mode>_max_rank`` the same share of the
-most any rank waited (what earlier runs reported: it also counts, as its peers' wait, the
-work of a rank that is busier every step, which no order of the same steps hides). The A/A control's "hidden" share is what the machine's
-noise alone produces: a mode hides wait only beyond that spread. This is the CPU-measurable
+had waited: what a barrier pays over the no-wait ideal, ``trace.critical_path_wait``), and
+the share of it each mode hides, ``1 - wait(mode) / wait(barrier)``;
+``wait_hidden_<mode>_max_rank`` the same share of the most any rank waited (what earlier
+runs reported: it also counts, as its peers' wait, the work of a rank that is busier every
+step, which no order of the same steps hides). The A/A control's "hidden" share is what
+the machine's noise alone produces: a mode hides wait only beyond that spread. This is the CPU-measurable
 version of the Odin paper's "82% of critical-path wait hidden". Writes the JSON, a PNG of
 wait hidden and throughput against the share, and each share's ``bench.sync`` JSON (and
 its PNGs) under ``<out stem>/``. ``--psnr`` adds each mode's same-round PSNR delta to

@@ -37,13 +37,14 @@ round (``barrier-again``, rotated like the modes); its same-round ratio to barri
 runs that do bitwise the same work (``max_param_diff_again_vs_barrier``: 0). Writes JSON,
 a PNG of round 0's timelines, ``<out>_ratios.png`` and ``<out>_psnr.png``. Modes beyond
 the engine's: ``throughput-first-impact`` and ``throughput-first-overlap`` (throughput-first
-with the impact rule, the default, or the overlap rule, named whatever the default) and
+with the impact or the overlap admission rule, named whatever the default is) and
 ``quality-first-shuffled`` (quality-first on a plan whose epochs' steps are shuffled, not
 ordered low-conflict: what the step order buys).
 
 ``critical_path_wait_s`` is how much later a run ended than it would have if no rank had
-waited (``trace.critical_path_wait``), ``max_rank_wait_s`` the most any rank waited; ``wait_hidden_<mode>_vs_<base>`` and ``..._max_rank`` are the shares of
-the base's that a mode hides.
+waited (``trace.critical_path_wait``), ``max_rank_wait_s`` the most any rank waited;
+``wait_hidden_<mode>_vs_<base>`` and ``..._max_rank`` are the shares of the base's that a
+mode hides.
 
 Simulated beside the measured, from each run's own records: ``replay_wait_s`` is the
 critical-path wait that replaying the run's measured per-step compute through its plan's
