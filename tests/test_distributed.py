@@ -221,7 +221,8 @@ def test_a_killed_node_ends_the_other(street_scene, tmp_path):
     nodes = [
         subprocess.Popen(
             _node_command(street_scene, tmp_path, k, port, 100000, flags),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=run_env(),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=run_env(TMPDIR=str(tmp_path)),  # the killed launcher's temp folder stays here
             start_new_session=True,
         )
         for k in (0, 1)

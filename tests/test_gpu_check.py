@@ -4,9 +4,11 @@ and the launcher rule it relies on (ranks share GPUs round-robin, gloo when they
 from __future__ import annotations
 
 import importlib.metadata as md
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -15,9 +17,11 @@ import torch
 from odin_ns import launch
 
 
-def _gpu_check(*args: str) -> subprocess.CompletedProcess:
+def _gpu_check(*args: str, tmp: Path | None = None) -> subprocess.CompletedProcess:
+    """The script with ``args``; its work folder (kept for reading a run) under ``tmp``."""
     cmd = [sys.executable, "-m", "odin_ns.cuda.gpu_check", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    env = None if tmp is None else dict(os.environ, TMPDIR=str(tmp))
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_help_lists_the_options():
@@ -36,7 +40,7 @@ def test_cpu_dry_run_of_the_script(tmp_path):
     out = tmp_path / "dry.json"
     proc = _gpu_check(
         "--device", "cpu", "--checks", "ops,control_plane", "--sizes", "1000", "--repeats", "1",
-        "--budget-s", "110", "--seed", "0", "--out", str(out),
+        "--budget-s", "110", "--seed", "0", "--out", str(out), tmp=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
