@@ -201,6 +201,9 @@ bench: venv
 	$(PY) -m odin_ns.bench.stragglers --data $(DEMO_DIR) --ranks 3 --shares 0,0.5 --repeats 3 \
 		--modes barrier,quality-first,throughput-first,throughput-first-impact \
 		--out bench/stragglers_street_3ranks_critical_path.json
+	$(PY) -m odin_ns.bench.stragglers --data $(DEMO_DIR) --ranks 2 --shares 0,0.5 --repeats 5 \
+		--psnr --seed-control 2 --modes barrier,quality-first,throughput-first,throughput-first-impact \
+		--out bench/stragglers_street_head.json
 	$(PY) -m odin_ns.bench.shard --ranks 2 3 4 --rounds 2 --out bench/shard.json
 	$(PY) -m odin_ns.bench.shard --data ../shared/data/fox --downscale-factor 8 --ranks 2 3 4 \
 		--rounds 1 --out bench/shard_fox.json
