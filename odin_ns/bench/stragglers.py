@@ -20,8 +20,8 @@ the share of it each mode hides, ``1 - wait(mode) / wait(barrier)``;
 ``wait_hidden_<mode>_max_rank`` the same share of the most any rank waited (what earlier
 runs reported: it also counts, as its peers' wait, the work of a rank that is busier every
 step, which no order of the same steps hides). The A/A control's "hidden" share is what
-the machine's noise alone produces: a mode hides wait only beyond that spread. This is the CPU-measurable
-version of the Odin paper's "82% of critical-path wait hidden". Writes the JSON, a PNG of
+the machine's noise alone produces: a mode hides wait only beyond that spread. This is the
+CPU-measurable version of the Odin paper's "82% of critical-path wait hidden". Writes the JSON, a PNG of
 wait hidden and throughput against the share, and each share's ``bench.sync`` JSON (and
 its PNGs) under ``<out stem>/``. ``--psnr`` adds each mode's same-round PSNR delta to
 barrier (``ns-eval`` of every run whose parameters differ from barrier's), and
@@ -104,8 +104,7 @@ def share_figures(share: float, jitter_ms: float, sync_results: dict, keys: list
             out[f"wait_hidden_{key}{suffix}"] = sync_results[
                 f"wait_hidden_{key}_vs_barrier{suffix}"
             ]
-            # the most any rank waited; simulated (bench.sync: replay_run)
-            for what in ("max_rank", "replay", "balanced"):
+            for what in sync.WAIT_VARIANTS:
                 name = f"wait_hidden_{key}_vs_barrier_{what}{suffix}"
                 if name in sync_results:
                     out[f"wait_hidden_{key}_{what}{suffix}"] = sync_results[name]
@@ -126,7 +125,7 @@ def headline_keys(rows: list[dict], keys: list[str]) -> dict:
         tail = f"_jitter{round(100 * row['share'])}"
         for key in keys:
             out[f"wait_hidden_{key}{tail}"] = row[f"wait_hidden_{key}"]
-            for what in ("max_rank", "replay", "balanced"):
+            for what in sync.WAIT_VARIANTS:
                 if f"wait_hidden_{key}_{what}" in row:
                     out[f"wait_hidden_{key}_{what}{tail}"] = row[f"wait_hidden_{key}_{what}"]
             for name in (f"throughput_ratio_{key}_vs_qf", f"psnr_delta_{key}_vs_qf"):

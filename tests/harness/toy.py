@@ -192,32 +192,23 @@ def _as_read(
     version: Tensor,
     pre: dict[int, dict[str, Tensor]],
     writes: dict[int, list[int]],
-) -> list[ParamGroupState]:
+) -> tuple[list[ParamGroupState], Tensor]:
     """The replica as a rank saw it: row p of ``footprint`` at version ``version[i]``, i.e.
-    its value just before its first write after that version (current if none)."""
+    its value just before its first write after that version (current if none); and the
+    [K] int64 rows it read stale (written since, ``writes`` holding the earlier steps')."""
     params = {g.name: g.param.clone() for g in groups}
+    stale = []
     for p, v in zip(footprint.tolist(), version.tolist(), strict=True):
         later = [w for w in writes.get(p, []) if w > v]
         if later:
+            stale.append(p)
             for name, param in params.items():
                 param[p] = pre[later[0]][name][p]
-    return [
+    seen = [
         ParamGroupState(g.name, params[g.name], g.exp_avg, g.exp_avg_sq, g.lr_at, g.betas, g.eps)
         for g in groups
     ]
-
-
-def _read_stale(
-    footprint: np.ndarray, version: Tensor, writes: dict[int, list[int]], step: int
-) -> Tensor:
-    """[M] int64 rows of ``footprint`` read at a version behind their last write before
-    ``step``."""
-    stale = [
-        p
-        for p, v in zip(footprint.tolist(), version.tolist(), strict=True)
-        if any(v < w < step for w in writes.get(p, []))
-    ]
-    return torch.as_tensor(stale, dtype=torch.int64)
+    return seen, torch.as_tensor(stale, dtype=torch.int64)
 
 
 def reference_train(
@@ -252,12 +243,11 @@ def reference_train(
             outs = []
             for r in range(world):
                 fp = ph.plan.step_footprint(t, r)
-                seen = groups
+                seen, stale = groups, None
                 if reads is not None:
-                    seen = _as_read(groups, fp, reads[(r, step)], pre, writes)
+                    seen, stale = _as_read(groups, fp, reads[(r, step)], pre, writes)
                 grads, vis = toy_grads(seen, ph.plan.views[t, r, 0], fp, weak)
-                if reads is not None:  # no update from values read stale
-                    stale = _read_stale(fp, reads[(r, step)], writes, step)
+                if stale is not None:  # no update from values read stale
                     vis[stale] = False
                     for g in grads.values():
                         g[stale] = 0.0
