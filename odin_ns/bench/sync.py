@@ -580,7 +580,9 @@ def main(argv: list[str] | None = None) -> dict:
         "repeats": args.repeats,
         "jitter_ms": args.jitter_ms,
         "seeds": seeds,
-        "source": "measured (CPU ranks on this machine)",
+        "source": "measured (CPU ranks on this machine); replay_wait_s* and "
+        "wait_hidden_*_replay / _balanced simulated from the same runs' records "
+        "(trace.replay_run, calibrated on nothing but each run)",
         "modes_requested": requested,
         "modes_missing": missing,
         "orders": orders,
