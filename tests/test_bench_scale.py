@@ -62,10 +62,15 @@ def test_replay_by_hand_every_mode():
     # step 1 starts at max(1, 3) + 0.5 = 3.5, ends 4.5; its publications arrive at 5.0
     assert bar.total_time == pytest.approx(5.0)
     np.testing.assert_allclose(bar.wait_per_rank, [2.5 + 0.5, 0.5 + 0.5])  # + drain
+    # the run ends 1 s after the busiest rank's 4 s of compute; rank 0's idle beside a
+    # busier rank 1 is not wait that lengthened the run
+    assert bar.critical_path_wait == pytest.approx(1.0)
     qf = replay([ph], "quality-first", FAST)
     # rank 0: 1..2 (nobody needed); rank 1: needs rank 0's step 0 (1.5) -> 3..4; drain 4.5
     assert qf.total_time == pytest.approx(4.5)
-    assert qf.critical_path_wait == pytest.approx(2.5)  # rank 0 idles 2.5 s in the drain
+    # rank 0 idles 2.5 s in the drain, beside rank 1's compute; rank 1 only 0.5 s there
+    np.testing.assert_allclose(qf.wait_per_rank, [2.5, 0.5])
+    assert qf.critical_path_wait == pytest.approx(0.5)
     ddp = replay([ph], "ddp", FAST)
     # all-reduce on 2 ranks: 2 messages of 0.5 s latency = 1 s; 3 + 1 = 4 -> 5; + 1 = 6
     assert ring_allreduce_seconds(944.0, 2, FAST) == pytest.approx(1.0)
