@@ -7,20 +7,28 @@ rank 0 writes too (an owned source waiting for rank 0's gradient).
   waits are fallbacks (overlap).
 - ``tau`` large, ``K = 2``: rank 1 reads around rank 0 (admitted delayed reads), never
   more than K steps stale (checked row by row at every read against the owned rows'
-  applied versions and the cache's versions), the late pushes still land, and the owners' rows differ
-  from quality-first's (the stale reads' gradients were applied).
+  applied versions and the cache's versions), the late pushes still land, and the owners'
+  rows differ from quality-first's. Against a synchronous reference that replays what each
+  rank read: every row read outside the rows read around is the row's value before the
+  step, every row read around is its value before one of the K steps before, and the
+  owners' rows and moments equal, bit for bit, the reference's sum in rank order with
+  selective Adam in which the rows read around carry no update from their reader.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 from harness.sharded_loopback import loopback_plan, run_sharded_loopback
-from harness.toy import LoopbackHub
+from harness.toy import LoopbackHub, toy_groups
 
+from odin_ns.optim import selective_adam_update_
 from odin_ns.runtime import SyncConfig
 
 N, T = 64, 16
+SEED = 5
 OWNER = np.repeat([0, 1], N // 2).astype(np.int64)  # rank 0 owns 0..31, rank 1 owns 32..63
 SLOW_S = 0.03  # rank 0's extra seconds per step
 
@@ -47,32 +55,89 @@ def _staleness_bound(engine, t: int) -> int:
     return worst
 
 
+class Read(NamedTuple):
+    """What one local step read, after its ``before_step``: global ids in the local read
+    order, per group their values, and the global ids it read around."""
+
+    rows: torch.Tensor
+    values: list[torch.Tensor]
+    around: torch.Tensor
+
+
+def _observe(engine, t: int) -> tuple[int, Read]:
+    reads = engine.steps[t].reads
+    gids = engine.layout.gids
+    read = Read(
+        torch.from_numpy(gids[reads]),
+        [g.param[torch.from_numpy(reads)].clone() for g in engine.groups],
+        torch.from_numpy(gids[engine.read_around(t)]),
+    )
+    return _staleness_bound(engine, t), read
+
+
 def _run(sync: SyncConfig | None):
+    """(the whole model per group from the owners' rows, per rank (engine, the worst
+    staleness bound it read at, its ``Read`` per step), the parameter groups)."""
     plan = loopback_plan(_footprints(), N)
     params, out = run_sharded_loopback(
-        plan, OWNER, [LoopbackHub(2), LoopbackHub(2)], seed=5, slow_s=SLOW_S,
-        observe=_staleness_bound, sync=sync,
+        plan, OWNER, [LoopbackHub(2), LoopbackHub(2)], seed=SEED, slow_s=SLOW_S,
+        observe=_observe, sync=sync,
     )  # fmt: skip
-    return params, {r: (x.engine, max(x.observed)) for r, x in out.items()}
+    ranks = {
+        r: (x.engine, max(bound for bound, _ in x.observed), [read for _, read in x.observed])
+        for r, x in out.items()
+    }
+    owned = {r: x.owned for r, x in out.items()}
+    return params, ranks, owned
+
+
+def _reference(reads: dict[int, list[Read]]):
+    """The synchronous run of the same plan from what each rank read: rank r's step t
+    pulls the rows it read, at the values it read, towards the harness's per-(rank, step)
+    target (``sharded_loopback._train_step``); the rows read around get no update from it;
+    summed in rank order, selective Adam. Returns (groups, per step the values before it)."""
+    groups = toy_groups(N, seed=SEED)
+    before = []
+    for t in range(T):
+        before.append([g.param.clone() for g in groups])
+        total = [torch.zeros_like(g.param) for g in groups]
+        visible = torch.zeros(N, dtype=torch.bool)
+        for r in sorted(reads):
+            read = reads[r][t]
+            fresh = ~torch.isin(read.rows, read.around)
+            gen = torch.Generator().manual_seed(100 * r + t)
+            for g, value, acc in zip(groups, read.values, total, strict=True):
+                target = torch.randn(read.rows.numel(), *g.param.shape[1:], generator=gen)
+                grad = value - target
+                grad[~fresh] = 0.0
+                acc[read.rows] += grad
+            visible[read.rows[fresh]] = True
+        for g, acc in zip(groups, total, strict=True):
+            b1, b2 = g.betas
+            selective_adam_update_(
+                g.param, acc, g.exp_avg, g.exp_avg_sq, visible, g.lr_at(t), b1, b2, g.eps,
+                step=t + 1,
+            )  # fmt: skip
+    return groups, before
 
 
 def test_tau_zero_reads_what_quality_first_reads():
-    exact, _ = _run(None)
-    zero, out = _run(SyncConfig(mode="throughput-first", tau=0.0, staleness_window=4))
+    exact, _, _ = _run(None)
+    zero, out, _ = _run(SyncConfig(mode="throughput-first", tau=0.0, staleness_window=4))
     for a, b in zip(exact, zero, strict=True):
         assert torch.equal(a, b)
-    engine, worst = out[1]
+    engine, worst, _ = out[1]
     summary = engine.summary()
     assert summary["mode"] == "throughput-first" and summary["admitted"] == 0
     assert summary["fallbacks"]["overlap"] > 0  # rank 1 waited for the slow rank 0
     assert worst == 0  # every row read current
 
 
-def test_admitted_reads_stay_within_k_steps_and_late_updates_land():
-    exact, _ = _run(None)
+def test_admitted_reads_stay_within_k_steps_and_equal_the_stale_read_reference():
+    exact, _, _ = _run(None)
     k = 2
-    stale, out = _run(SyncConfig(mode="throughput-first", tau=10.0, staleness_window=k))
-    engine, worst = out[1]
+    stale, out, owned = _run(SyncConfig(mode="throughput-first", tau=10.0, staleness_window=k))
+    engine, worst, _ = out[1]
     summary = engine.summary()
     assert summary["admitted"] > 0, summary  # rank 1 read around the slow rank 0
     assert 0 < summary["max_staleness"] <= k
@@ -82,8 +147,37 @@ def test_admitted_reads_stay_within_k_steps_and_late_updates_land():
     assert all(d.evidence_ratio < 10.0 for d in log)
     # every push rank 0 sent reached rank 1, late or not, and every step was applied
     assert engine.push_recv[0] == len(engine.inn[0])
-    assert all(e.log.oldest_unapplied(T) is None for e, _ in out.values())
+    assert all(e.log.oldest_unapplied(T) is None for e, _, _ in out.values())
     assert summary["fallbacks"]["staleness"] > 0  # K bounded how far rank 1 ran ahead
     for a in stale:
         assert torch.isfinite(a).all()
     assert any(not torch.equal(a, b) for a, b in zip(exact, stale, strict=True))
+
+    # the synchronous reference of what each rank read
+    reads = {r: x[2] for r, x in out.items()}
+    ref, before = _reference(reads)
+    around = 0
+    for r in reads:
+        for t, read in enumerate(reads[r]):
+            fresh = ~torch.isin(read.rows, read.around)
+            for value, now in zip(read.values, before[t], strict=True):
+                assert torch.equal(value[fresh], now[read.rows[fresh]]), (r, t)
+            for i in (~fresh).nonzero().squeeze(1).tolist():  # a value of the last K steps
+                p = int(read.rows[i])
+                assert any(
+                    all(
+                        torch.equal(v[i], b[p]) for v, b in zip(read.values, before[s], strict=True)
+                    )
+                    for s in range(max(0, t - k), t + 1)
+                ), (r, t, p)
+            around += int((~fresh).sum())
+    assert around > 0  # rows were read around, at rank 1
+    for r, (eng, _, _) in out.items():
+        rows = torch.from_numpy(owned[r])
+        o = eng.layout.num_owned
+        for g, h in zip(eng.groups, ref, strict=True):
+            assert torch.equal(g.param.data[:o], h.param[rows]), (r, g.name)
+            assert torch.equal(g.exp_avg, h.exp_avg[rows]), (r, g.name)
+            assert torch.equal(g.exp_avg_sq, h.exp_avg_sq[rows]), (r, g.name)
+    for a, h in zip(stale, ref, strict=True):
+        assert torch.equal(a, h.param)

@@ -678,6 +678,12 @@ class ShardedEngine:
         need = np.where(st.own_prev >= 0, self.offset + st.own_prev, have)
         return self.layout.gids[st.own_rows], have, need
 
+    def read_around(self, t: int) -> np.ndarray:
+        """[K] local rows that local step t reads around a pending update (throughput-first's
+        admitted reads, after ``before_step(t)`` and until its ``after_backward``): they
+        carry no update from this rank at t. Empty when every row is read current."""
+        return self._read_around.get(t, np.zeros(0, dtype=np.int64))
+
     def current_reads(self, t: int) -> Tensor:
         """[K] int64 host global ids: local step t's owned reads at the version
         quality-first reads them at (all of them, except where throughput-first reads
