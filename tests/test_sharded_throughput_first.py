@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+import pytest
 import torch
 from harness.sharded_loopback import loopback_plan, run_sharded_loopback
 from harness.toy import LoopbackHub, toy_groups
@@ -91,11 +92,12 @@ def _run(sync: SyncConfig | None):
     return params, ranks, owned
 
 
-def _reference(reads: dict[int, list[Read]]):
+def _reference(reads: dict[int, list[Read]], stale_gradients: str):
     """The synchronous run of the same plan from what each rank read: rank r's step t
     pulls the rows it read, at the values it read, towards the harness's per-(rank, step)
-    target (``sharded_loopback._train_step``); the rows read around get no update from it;
-    summed in rank order, selective Adam. Returns (groups, per step the values before it)."""
+    target (``sharded_loopback._train_step``); the rows read around get no update from it
+    (``stale_gradients`` "drop"); summed in rank order, selective Adam. Returns (groups,
+    per step the values before it)."""
     groups = toy_groups(N, seed=SEED)
     before = []
     for t in range(T):
@@ -105,6 +107,8 @@ def _reference(reads: dict[int, list[Read]]):
         for r in sorted(reads):
             read = reads[r][t]
             fresh = ~torch.isin(read.rows, read.around)
+            if stale_gradients == "apply":
+                fresh[:] = True
             gen = torch.Generator().manual_seed(100 * r + t)
             for g, value, acc in zip(groups, read.values, total, strict=True):
                 target = torch.randn(read.rows.numel(), *g.param.shape[1:], generator=gen)
@@ -133,10 +137,14 @@ def test_tau_zero_reads_what_quality_first_reads():
     assert worst == 0  # every row read current
 
 
-def test_admitted_reads_stay_within_k_steps_and_equal_the_stale_read_reference():
+@pytest.mark.parametrize("stale_gradients", ["drop", "apply"])
+def test_admitted_reads_stay_within_k_steps_and_equal_the_stale_read_reference(stale_gradients):
     exact, _, _ = _run(None)
     k = 2
-    stale, out, owned = _run(SyncConfig(mode="throughput-first", tau=10.0, staleness_window=k))
+    cfg = SyncConfig(
+        mode="throughput-first", tau=10.0, staleness_window=k, stale_gradients=stale_gradients
+    )
+    stale, out, owned = _run(cfg)
     engine, worst, _ = out[1]
     summary = engine.summary()
     assert summary["admitted"] > 0, summary  # rank 1 read around the slow rank 0
@@ -155,7 +163,7 @@ def test_admitted_reads_stay_within_k_steps_and_equal_the_stale_read_reference()
 
     # the synchronous reference of what each rank read
     reads = {r: x[2] for r, x in out.items()}
-    ref, before = _reference(reads)
+    ref, before = _reference(reads, stale_gradients)
     around = 0
     for r in reads:
         for t, read in enumerate(reads[r]):
@@ -181,3 +189,7 @@ def test_admitted_reads_stay_within_k_steps_and_equal_the_stale_read_reference()
             assert torch.equal(g.exp_avg_sq, h.exp_avg_sq[rows]), (r, g.name)
     for a, h in zip(stale, ref, strict=True):
         assert torch.equal(a, h.param)
+    other = {"drop": "apply", "apply": "drop"}[stale_gradients]  # the test tells them apart
+    assert any(
+        not torch.equal(a, h.param) for a, h in zip(stale, _reference(reads, other)[0], strict=True)
+    )

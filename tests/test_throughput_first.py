@@ -340,7 +340,7 @@ def test_crafted_decisions(case, reason):
 
 
 # ------------------------------------------------------------ threaded training runs
-def _check_run(results, phases, window: int) -> tuple[int, int]:
+def _check_run(results, phases, window: int, stale_gradients: str = "drop") -> tuple[int, int]:
     """Replicas identical, equal to the stale-read reference, staleness <= K from the read
     records; returns (admitted, stale row reads) summed over ranks."""
     engines = [res.engine for res in results]
@@ -348,8 +348,9 @@ def _check_run(results, phases, window: int) -> tuple[int, int]:
     for res in results:
         assert _same(res.groups, groups0)
         assert torch.equal(res.engine.versions, engines[0].versions)
+    reads = _reads_map([res.reads for res in results])
     ref, ref_versions = reference_train(
-        toy_groups(300), phases, weak=WEAK, reads=_reads_map([res.reads for res in results])
+        toy_groups(300), phases, weak=WEAK, reads=reads, stale_gradients=stale_gradients
     )
     assert _same(groups0, ref) and torch.equal(engines[0].versions, ref_versions)
     writes = _writes(phases)
@@ -364,14 +365,24 @@ def _check_run(results, phases, window: int) -> tuple[int, int]:
     return admitted, stale_rows
 
 
-def test_slow_peer_reads_at_most_k_steps_stale():
+@pytest.mark.parametrize("stale_gradients", ["drop", "apply"])
+def test_slow_peer_reads_at_most_k_steps_stale(stale_gradients):
     """Rank 1 is slow; rank 0 would run ahead: it reads the 5 shared rows stale, never by
-    more than K steps, and every replica still ends equal to the stale-read reference."""
+    more than K steps, and every replica still ends equal to the stale-read reference
+    (the rows read stale with no update from their reader, or with the gradient of the
+    values read)."""
     k = 3
     phases = [Phase(_edge_plan(24), 0)]
-    cfg = SyncConfig(mode="throughput-first", staleness_window=k, timeout_s=20)
+    cfg = SyncConfig(
+        mode="throughput-first", staleness_window=k, timeout_s=20, stale_gradients=stale_gradients
+    )
     results = run_threads(2, ToyRun(phases, cfg, sleep_s={1: 0.02}, weak=WEAK, record=True))
-    admitted, stale_rows = _check_run(results, phases, k)
+    admitted, stale_rows = _check_run(results, phases, k, stale_gradients)
+    if stale_gradients == "apply":  # the other reference differs: the test can tell them apart
+        other, _ = reference_train(
+            toy_groups(300), phases, weak=WEAK, reads=_reads_map([r.reads for r in results])
+        )
+        assert not _same(results[0].groups, other)
     s0 = results[0].ledger.summary(cfg)
     assert admitted > 0 and stale_rows > 0
     assert s0["fallbacks"]["staleness"] > 0  # the bound was reached, not just respected

@@ -88,17 +88,26 @@ IMPACT = "throughput-first-impact"  # throughput-first with the impact admission
 SHORT[IMPACT] = "tfi"
 OVERLAP = "throughput-first-overlap"  # throughput-first with the overlap admission rule
 SHORT[OVERLAP] = "tfo"
+IMPACT_APPLY = "throughput-first-impact-apply"  # the impact rule, stale gradients applied
+SHORT[IMPACT_APPLY] = "tfia"
 SHUFFLED = "quality-first-shuffled"  # quality-first on a plan whose steps are shuffled
 SHORT[SHUFFLED] = "qfs"
 TRAIN_MODE = {
     CONTROL: "barrier",
     IMPACT: "throughput-first",
     OVERLAP: "throughput-first",
+    IMPACT_APPLY: "throughput-first",
     SHUFFLED: "quality-first",
 }
 MODE_FLAGS = {  # the engine mode trained (above) and its other flags
     IMPACT: ("--pipeline.sync.admission", "impact"),
     OVERLAP: ("--pipeline.sync.admission", "overlap"),
+    IMPACT_APPLY: (
+        "--pipeline.sync.admission",
+        "impact",
+        "--pipeline.sync.stale-gradients",
+        "apply",
+    ),  # fmt: skip
     SHUFFLED: ("--pipeline.plan-step-order", "shuffled"),
 }
 BASES = ("barrier", "ddp")  # ratios are reported against these

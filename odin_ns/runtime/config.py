@@ -58,6 +58,15 @@ class SyncConfig:
             (overlap ratio <= tau and evidence < tau) or "impact" (the delayed rows' share
             of the read's expected gradient mass, overlap ratio x evidence, <= tau ** 2:
             many low-gradient rows may be read around, as in densely overlapping views).
+        stale_gradients: what throughput-first does with a rank's gradient of the rows it
+            read around a pending update: "drop" (they carry no update from that rank at
+            that step: zero rows, not visible) or "apply" (summed into the step's update
+            like any other row, computed on the values read: delayed-gradient SGD). Drop
+            where a rank's consecutive views see the same rows alike (a street sequence:
+            the stale gradient repeats the evidence of the update it lacked, and applied
+            it cost 0.36 dB more on street); apply where the rows read around are most of
+            a view's rows (an object capture: dropping them dropped most of the view, 0.23
+            dB on fox; applied, none). ``docs/architecture.md``, throughput-first.
         max_inflight_bytes: credits: the most bytes of this rank's publications to one peer
             whose send has not completed (the peer has not taken them yet). A rank at the cap
             waits in ``after_backward`` (``ledger.StepMetrics.credit_wait_s``) until the peer catches up;
@@ -84,6 +93,7 @@ class SyncConfig:
     max_inflight_bytes: int = 64 << 20
     heartbeat_s: float = 2.0
     transport: Literal["auto", "gloo", "nccl"] = "auto"
+    stale_gradients: Literal["drop", "apply"] = "drop"
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -98,6 +108,11 @@ class SyncConfig:
         if self.admission not in ("overlap", "impact"):
             raise ValueError(
                 f"SyncConfig.admission must be 'overlap' or 'impact', got {self.admission!r}"
+            )
+        if self.stale_gradients not in ("drop", "apply"):
+            raise ValueError(
+                "SyncConfig.stale_gradients must be 'drop' or 'apply', got "
+                f"{self.stale_gradients!r}"
             )
         if self.transport not in ("auto", "gloo", "nccl"):
             raise ValueError(

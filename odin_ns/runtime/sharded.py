@@ -877,10 +877,12 @@ class ShardedEngine:
     def after_backward(self, t: int, grads: Sequence[Tensor | None], visible: Tensor) -> None:
         """Send non-owned gradient rows to their owners, file the own rows, apply (ddp:
         start the step's dense all-reduce instead). Rows the step read around a pending
-        update (throughput-first) carry no update from this rank at t: a gradient of values
-        read stale, applied after the update they lacked, would step those rows twice for
-        one (street, 2 ranks, five paired seeds, impact rule: PSNR against barrier's from
-        -0.57 to -0.21 dB median, better in every seed).
+        update (throughput-first) carry no update from this rank at t when
+        ``SyncConfig.stale_gradients`` is "drop" (the default): on a street sequence a
+        gradient of values read stale, applied after the update it lacked, repeats that
+        update's evidence (2 ranks, five paired seeds, impact rule: PSNR against barrier's
+        from -0.57 to -0.21 dB median, better in every seed); "apply" sends them as they
+        are (an object capture, where they are most of a view's rows).
 
         Args:
             grads: per group the local [L, ...] gradient (None: zero).
@@ -901,7 +903,8 @@ class ShardedEngine:
         columns.append(visible.to(torch.float32).unsqueeze(1))
         self._check_visible(t, visible)
         around = self._read_around.pop(t, None)
-        if around is not None:  # no update from values read stale: zero rows, not visible
+        if around is not None and self.config.stale_gradients == "drop":
+            # no update from values read stale: zero rows, not visible
             idx = upload(torch.from_numpy(around), self.device)
             columns = [c.index_fill(0, idx, 0.0) for c in columns]
         if self.dense:

@@ -216,14 +216,16 @@ def reference_train(
     phases: Sequence[Phase],
     weak: tuple[int, int] | None = None,
     reads: Mapping[tuple[int, int], Tensor] | None = None,
+    stale_gradients: str = "drop",
 ):
     """Synchronous single-process reference: the same sum in rank order, selective Adam.
 
     With ``reads`` ((rank, global step) -> [M] int64 versions of the rows of
     ``step_footprint`` that rank read, e.g. from ``ToyRank.reads``), each
     rank's gradient is computed from the rows at those versions instead of the current
-    ones, and the rows it read stale (behind their last write before the step) get no
-    update from it: the reference for runs with delayed reads.
+    ones, and (``stale_gradients`` "drop", ``SyncConfig``'s) the rows it read stale (behind
+    their last write before the step) get no update from it: the reference for runs with
+    delayed reads.
 
     Returns (groups, versions [N] int64).
     """
@@ -247,7 +249,7 @@ def reference_train(
                 if reads is not None:
                     seen, stale = _as_read(groups, fp, reads[(r, step)], pre, writes)
                 grads, vis = toy_grads(seen, ph.plan.views[t, r, 0], fp, weak)
-                if stale is not None:  # no update from values read stale
+                if stale is not None and stale_gradients == "drop":  # no update from them
                     vis[stale] = False
                     for g in grads.values():
                         g[stale] = 0.0
