@@ -204,6 +204,29 @@ bench: venv
 	$(PY) -m odin_ns.bench.stragglers --data $(DEMO_DIR) --ranks 2 --shares 0,0.5 --repeats 5 \
 		--psnr --seed-control 2 --modes barrier,quality-first,throughput-first,throughput-first-impact \
 		--out bench/stragglers_street_head.json
+	# stale gradients dropped (the default) or applied, the impact rule at tau 1.0 (issue 30); the
+	# runs before the tfia mode passed the policy as an extra flag to tfi
+	$(PY) -m odin_ns.bench.sync --data ../shared/data/fox --downscale-factor 8 $(TAU_RUN) \
+		--jitter-ms 48 --out bench/sync_fox_tau10_jitter48.json \
+		-- --pipeline.datamanager.camera-res-scale-factor 0.5 --pipeline.sync.tau 1.0
+	$(PY) -m odin_ns.bench.sync --data ../shared/data/fox --downscale-factor 8 $(TAU_RUN) \
+		--jitter-ms 48 --out bench/sync_fox_tau10_apply_jitter48.json \
+		-- --pipeline.datamanager.camera-res-scale-factor 0.5 --pipeline.sync.tau 1.0 \
+		--pipeline.sync.stale-gradients apply
+	$(PY) -m odin_ns.bench.sync --data ../shared/data/fox --downscale-factor 8 --ranks 2 --steps 200 \
+		--modes barrier,quality-first,throughput-first-impact-apply --repeats 5 --control \
+		--paired-seeds --jitter-ms 48 --out bench/sync_fox_tau10_apply_jitter48_5rounds.json \
+		-- --pipeline.datamanager.camera-res-scale-factor 0.5 --pipeline.sync.tau 1.0
+	$(PY) -m odin_ns.bench.stragglers --data ../shared/data/fox --downscale-factor 8 --ranks 2 \
+		--shares 0,0.5 --repeats 3 --psnr --modes barrier,quality-first,throughput-first-impact-apply \
+		--out bench/stragglers_fox_tau10_apply.json \
+		-- --pipeline.datamanager.camera-res-scale-factor 0.5 --pipeline.sync.tau 1.0
+	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) $(TAU_RUN) --jitter-ms 19 \
+		--out bench/sync_street_tau10_apply_jitter19.json \
+		-- --pipeline.sync.tau 1.0 --pipeline.sync.stale-gradients apply
+	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 5 --paired-seeds \
+		--modes barrier,throughput-first-impact,throughput-first-impact-apply \
+		--out bench/sync_street_paired_tau10_drop_apply.json -- --pipeline.sync.tau 1.0
 	$(PY) -m odin_ns.bench.shard --ranks 2 3 4 --rounds 2 --out bench/shard.json
 	$(PY) -m odin_ns.bench.shard --data ../shared/data/fox --downscale-factor 8 --ranks 2 3 4 \
 		--rounds 1 --out bench/shard_fox.json
