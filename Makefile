@@ -221,6 +221,9 @@ bench: venv
 		--shares 0,0.5 --repeats 3 --psnr --modes barrier,quality-first,throughput-first-impact-apply \
 		--out bench/stragglers_fox_tau10_apply.json \
 		-- --pipeline.datamanager.camera-res-scale-factor 0.5 --pipeline.sync.tau 1.0
+	$(PY) -m odin_ns.bench.stragglers --data demo_data/drive --ranks 2 --shares 0,0.5 --repeats 3 \
+		--psnr --seed-control 2 --modes barrier,quality-first,throughput-first-impact-apply \
+		--out bench/stragglers_drive_tau10_apply.json -- --pipeline.sync.tau 1.0
 	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) $(TAU_RUN) --jitter-ms 19 \
 		--out bench/sync_street_tau10_apply_jitter19.json \
 		-- --pipeline.sync.tau 1.0 --pipeline.sync.stale-gradients apply

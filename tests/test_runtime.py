@@ -111,6 +111,8 @@ def test_bad_input_is_rejected():
         SyncConfig(mode="throughput-first", tau=float("nan"))
     with pytest.raises(ValueError, match="staleness_window"):
         SyncConfig(mode="throughput-first", staleness_window=-1)
+    with pytest.raises(ValueError, match="stale_gradients must be 'drop' or 'apply'"):
+        SyncConfig(mode="throughput-first", stale_gradients="scale")
     groups = toy_groups(300)
     eng = _engine(plan, groups)
     with pytest.raises(ValueError, match=r"before_step\(0\) must come first"):

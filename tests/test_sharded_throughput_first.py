@@ -12,7 +12,8 @@ rank 0 writes too (an owned source waiting for rank 0's gradient).
   rank read: every row read outside the rows read around is the row's value before the
   step, every row read around is its value before one of the K steps before, and the
   owners' rows and moments equal, bit for bit, the reference's sum in rank order with
-  selective Adam in which the rows read around carry no update from their reader.
+  selective Adam in which the rows read around carry no update from their reader
+  (``stale_gradients`` "drop") or their reader's gradient of the values it read ("apply").
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def _observe(engine, t: int) -> tuple[int, Read]:
 
 def _run(sync: SyncConfig | None):
     """(the whole model per group from the owners' rows, per rank (engine, the worst
-    staleness bound it read at, its ``Read`` per step), the parameter groups)."""
+    staleness bound it read at, its ``Read`` per step), per rank its owned global ids)."""
     plan = loopback_plan(_footprints(), N)
     params, out = run_sharded_loopback(
         plan, OWNER, [LoopbackHub(2), LoopbackHub(2)], seed=SEED, slow_s=SLOW_S,
