@@ -236,6 +236,9 @@ bench: venv
 	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 10 --paired-seeds \
 		--modes barrier,quality-first-shuffled,throughput-first-impact-apply \
 		--out bench/sync_street_paired10_trajectory_tfia_tau10.json -- --pipeline.sync.tau 1.0
+	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 3 --steps 300 --repeats 5 --paired-seeds \
+		--modes barrier,throughput-first-impact-apply \
+		--out bench/sync_street_3ranks_paired_tfia_tau10.json -- --pipeline.sync.tau 1.0
 	$(PY) -m odin_ns.bench.shard --ranks 2 3 4 --rounds 2 --out bench/shard.json
 	$(PY) -m odin_ns.bench.shard --data ../shared/data/fox --downscale-factor 8 --ranks 2 3 4 \
 		--rounds 1 --out bench/shard_fox.json
