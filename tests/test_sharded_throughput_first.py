@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 import torch
-from harness.sharded_loopback import loopback_plan, run_sharded_loopback
+from harness.sharded_loopback import loopback_plan, pull_targets, run_sharded_loopback
 from harness.toy import LoopbackHub, toy_groups
 
 from odin_ns.optim import selective_adam_update_
@@ -96,7 +96,7 @@ def _run(sync: SyncConfig | None):
 def _reference(reads: dict[int, list[Read]], stale_gradients: str):
     """The synchronous run of the same plan from what each rank read: rank r's step t
     pulls the rows it read, at the values it read, towards the harness's per-(rank, step)
-    target (``sharded_loopback._train_step``); the rows read around get no update from it
+    target (``sharded_loopback.pull_targets``); the rows read around get no update from it
     (``stale_gradients`` "drop"); summed in rank order, selective Adam. Returns (groups,
     per step the values before it)."""
     groups = toy_groups(N, seed=SEED)
@@ -110,9 +110,8 @@ def _reference(reads: dict[int, list[Read]], stale_gradients: str):
             fresh = ~torch.isin(read.rows, read.around)
             if stale_gradients == "apply":
                 fresh[:] = True
-            gen = torch.Generator().manual_seed(100 * r + t)
-            for g, value, acc in zip(groups, read.values, total, strict=True):
-                target = torch.randn(read.rows.numel(), *g.param.shape[1:], generator=gen)
+            targets = pull_targets(r, t, read.rows.numel(), groups)
+            for value, target, acc in zip(read.values, targets, total, strict=True):
                 grad = value - target
                 grad[~fresh] = 0.0
                 acc[read.rows] += grad

@@ -107,7 +107,7 @@ MODE_FLAGS = {  # the engine mode trained (above) and its other flags
         "impact",
         "--pipeline.sync.stale-gradients",
         "apply",
-    ),  # fmt: skip
+    ),
     SHUFFLED: ("--pipeline.plan-step-order", "shuffled"),
 }
 BASES = ("barrier", "ddp")  # ratios are reported against these

@@ -858,8 +858,8 @@ class ShardedEngine:
             if not waits:
                 self.ledger.count(decisions)
                 self.ledger.read_delayed(sum(d.overlap_rows for d in decisions))  # may lag
-                if sources:
-                    self._read_around[t] = np.unique(np.concatenate([s.rows for s in sources]))
+                if sources:  # disjoint: owned rows, then each owner's cached rows
+                    self._read_around[t] = np.concatenate([s.rows for s in sources])
                 return
             self.ledger.count([d for d in decisions if not d.admitted])
             self._wait(lambda waits=waits: self._missing_source(t, waits), what)

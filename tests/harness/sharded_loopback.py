@@ -87,15 +87,21 @@ def _rank_engine(
     return engine, groups
 
 
+def pull_targets(rank: int, t: int, num_rows: int, groups) -> list[torch.Tensor]:
+    """Per group the [num_rows, ...] targets rank ``rank``'s local step t pulls the rows it
+    reads towards (in its read order)."""
+    gen = torch.Generator().manual_seed(100 * rank + t)
+    return [torch.randn(num_rows, *g.param.shape[1:], generator=gen) for g in groups]
+
+
 def _train_step(engine: ShardedEngine, groups: list[ParamGroupState], t: int) -> None:
     """Backward of local step t: a quadratic pull of the rows read towards a per-(rank,
-    step) target, handed to ``after_backward``."""
+    step) target (``pull_targets``), handed to ``after_backward``."""
     rows = torch.from_numpy(engine.steps[t].reads)
-    gen = torch.Generator().manual_seed(100 * engine.rank + t)
     grads = []
-    for g in groups:
+    for g, target in zip(groups, pull_targets(engine.rank, t, rows.numel(), groups), strict=True):
         grad = torch.zeros_like(g.param)
-        grad[rows] = g.param[rows] - torch.randn(rows.numel(), *g.param.shape[1:], generator=gen)
+        grad[rows] = g.param[rows] - target
         grads.append(grad)
     visible = torch.zeros(engine.layout.num_local, dtype=torch.bool)
     visible[rows] = True
