@@ -26,7 +26,15 @@ import scipy.sparse as sp
 import torch
 from harness.runs import ns_eval_in_process, ns_export_splat_in_process, preflight_last_line
 
-from odin_ns.runtime.sharded import ShardLayout, cache_of, phase_read_sets, step_tables
+from odin_ns.cuda import ops
+from odin_ns.runtime.sharded import (
+    ShardLayout,
+    VersionTest,
+    cache_of,
+    first_lacking_reference,
+    phase_read_sets,
+    step_tables,
+)
 from odin_ns.schedule import build_plan
 from odin_ns.schedule.ownership import random_ownership
 
@@ -348,6 +356,75 @@ def test_step_tables_agree_pairwise(ranks):
             )
             assert np.array_equal(np.sort(pushed), need)
             last[np.unique(np.concatenate([plan.step_footprint(t, q) for q in range(ranks)]))] = t
+
+
+def _first_lacking_kernels():
+    kernel = ops.host_op("first_lacking")
+    if kernel is None:
+        pytest.skip("the CPU library is not built (python -m odin_ns.cuda build)")
+    return {"kernel": kernel, "twin": first_lacking_reference}
+
+
+@pytest.mark.parametrize("kind", ["kernel", "twin"])
+@pytest.mark.parametrize("rows", [1, 2, 70, 700])
+def test_version_test_finds_every_lacking_row(rows, kind):
+    """``VersionTest.current`` reads on from the first row not yet seen current (the host
+    kernel ``first_lacking`` or its twin): whichever row alone still lacks its step, and
+    wherever the last test stopped, it answers as the whole test does (``not
+    lacking(versions).any()``); and it answers so while versions grow in random order, naming
+    a row that still lacks its step (``waiting_on``) whenever it refuses."""
+    first_lacking = _first_lacking_kernels()[kind]
+    rng = np.random.default_rng(rows)
+    owned = 3 * rows
+    test_rows = np.sort(rng.choice(owned, rows, replace=False))
+    need = rng.integers(0, 20, rows)
+    have = np.full(owned, 99, dtype=np.int64)  # every row current
+    for start in sorted({0, rows // 3, rows - 1}):
+        for lacking in range(start, rows):
+            test = VersionTest(test_rows, need, first_lacking)
+            versions = have.copy()
+            versions[test_rows[start]] = -1  # the last test stopped at row `start`
+            assert not test.current(versions)
+            versions[test_rows[start]] = 99
+            versions[test_rows[lacking]] = need[lacking] - 1
+            assert not test.current(versions)
+            versions[test_rows[lacking]] = need[lacking]
+            assert test.current(versions)
+    test, versions = VersionTest(test_rows, need, first_lacking), np.full(owned, -1, dtype=np.int64)
+    answers = []
+    while not answers or not answers[-1]:
+        raised = rng.choice(owned, max(1, owned // 50), replace=False)
+        versions[raised] = np.maximum(versions[raised], rng.integers(0, 20, raised.size))
+        answers.append(test.current(versions))
+        assert answers[-1] == (not test.lacking(versions).any())
+        if not answers[-1]:  # what it waits on (``_flush_pushes``' pre-filter) still lacks
+            row, step = test.waiting_on()
+            assert row in test_rows and versions[row] < step
+    assert len(answers) > 1 and test.current(versions)  # refused first; once current, current
+    assert test.waiting_on()[1] == np.iinfo(np.int64).min  # nothing: any version passes
+
+
+def test_first_lacking_kernel_equals_its_twin_and_refuses_bad_input():
+    """The host kernel ``first_lacking`` returns its twin's index on random tests from every
+    start, and refuses rows outside the versions, a start outside [0, K] and int32 input
+    with one line (ValueError) before it reads on."""
+    kernel = _first_lacking_kernels()["kernel"]
+    rng = np.random.default_rng(5)
+    versions = torch.from_numpy(rng.integers(-1, 30, 400))
+    for k in (0, 1, 9, 300):
+        rows = torch.from_numpy(np.sort(rng.choice(400, k, replace=False)))
+        need = torch.from_numpy(rng.integers(-1, 12, k))
+        for start in range(k + 1):
+            assert kernel(versions, rows, need, start) == first_lacking_reference(
+                versions, rows, need, start
+            )
+    rows, need = torch.tensor([3, 400]), torch.tensor([-5, 0])
+    with pytest.raises(ValueError, match="rows out of range: 400"):
+        kernel(versions, rows, need, 0)
+    with pytest.raises(ValueError, match="start 3 outside"):
+        kernel(versions, rows, need, 3)
+    with pytest.raises(ValueError, match="must be torch.int64"):
+        kernel(versions.int(), rows, need, 0)
 
 
 @pytest.mark.parametrize(

@@ -206,15 +206,34 @@ class StepPath:
     own_test: VersionTest  # the owned reads against their last update before the step
 
 
-class VersionTest:
-    """Whether owned local ``rows`` have applied the global steps they ``need`` ([K] each),
-    asked again and again while a step or a push waits. A row that has its step keeps it
-    (versions only grow), so a test reads on from the first row not yet seen current: that
-    row alone first (most tests are of rows still waiting), then the rows after it."""
+def first_lacking_reference(versions: Tensor, rows: Tensor, need: Tensor, start: int) -> int:
+    """The first i >= ``start`` with ``versions[rows[i]] < need[i]``, else K: where a
+    version test stops (the twin of the host kernel ``first_lacking``).
 
-    def __init__(self, rows: np.ndarray, need: np.ndarray):
-        self.rows = rows
-        self.need = need
+    Args:
+        versions: [O] int64, the owned rows' last applied global step.
+        rows: [K] int64 owned local ids.
+        need: [K] int64 the global step each row must have applied.
+        start: where to read from, in [0, K].
+    """
+    lacking = (versions[rows[start:]] < need[start:]).nonzero()
+    return start + int(lacking[0]) if lacking.numel() else rows.numel()
+
+
+class VersionTest:
+    """Whether owned local ``rows`` have applied the global steps they ``need`` ([K] int64
+    each), asked again and again while a step or a push waits. A row that has its step keeps
+    it (versions only grow), so a test reads on from the first row not yet seen current:
+    that row alone first (most tests are of rows still waiting), then the rows after it, up
+    to the first that lacks its step (``first_lacking``: the host kernel, or its twin)."""
+
+    def __init__(
+        self, rows: np.ndarray, need: np.ndarray, first_lacking: Callable = first_lacking_reference
+    ):
+        self.rows = np.ascontiguousarray(rows, dtype=np.int64)
+        self.need = np.ascontiguousarray(need, dtype=np.int64)
+        self._rows, self._need = torch.from_numpy(self.rows), torch.from_numpy(self.need)
+        self._first_lacking = first_lacking
         self._first = 0  # rows before it were seen current
 
     def lacking(self, versions: np.ndarray) -> np.ndarray:
@@ -222,18 +241,24 @@ class VersionTest:
         applied global step)."""
         return versions[self.rows] < self.need
 
+    def waiting_on(self) -> tuple[int, int]:
+        """(row, step): the first row not yet seen current and the step it needs; the test
+        cannot pass before that row has it. (0, the least int64) once seen current."""
+        if self._first >= self.rows.size:
+            return 0, np.iinfo(np.int64).min
+        return int(self.rows[self._first]), int(self.need[self._first])
+
     def current(self, versions: np.ndarray) -> bool:
         """Whether no row lacks its step (read from the first row not yet seen current)."""
         i, n = self._first, self.rows.size
         if i < n and versions[self.rows[i]] < self.need[i]:
             return False
-        rest = versions[self.rows[i + 1 :]] < self.need[i + 1 :]
-        lacking = int(rest.argmax()) if rest.size else 0
-        if rest.size == 0 or not rest[lacking]:
-            self._first = n
-            return True
-        self._first = i + 1 + lacking
-        return False
+        if i + 1 < n:  # row i has its step: read on from the next
+            i = self._first_lacking(torch.from_numpy(versions), self._rows, self._need, i + 1)
+        else:
+            i = n
+        self._first = i
+        return i == n
 
 
 class PhaseSteps:
@@ -531,6 +556,7 @@ class ShardedEngine:
         here too where every step's tables are (a layout with pushes), else when the step is
         first needed."""
         device, num_local = self.device, self.layout.num_local
+        self._first_lacking = ops.host_op("first_lacking") or first_lacking_reference
         self._table = [
             g.param.data.view(num_local, d) for g, d in zip(self.groups, self.dims, strict=True)
         ]
@@ -547,6 +573,14 @@ class ShardedEngine:
         self._push_tests = {
             q: [self._version_test(p.rows, p.prev) for p in ps] for q, ps in self.out.items()
         }
+        # per reader (``self._readers[i]``), what its next unsent push waits on: a row and
+        # the step it needs (``VersionTest.waiting_on``), so that ``_flush_pushes`` tests
+        # only the pushes whose awaited row has its step, in one array read
+        self._readers = list(self.out)
+        self._awaited_rows = np.zeros(len(self._readers), dtype=np.int64)
+        self._awaited_steps = np.zeros(len(self._readers), dtype=np.int64)
+        for i in range(len(self._readers)):
+            self._await_next_push(i)
         # per owner, [T]: how many of its pushes are read at local steps <= t
         self._posted_by = {}
         for o, ps in self.inn.items():
@@ -584,7 +618,7 @@ class ShardedEngine:
         """The test of owned local ``rows`` against their last planned update before a read
         (``prev``: local steps, -1: none in the phase, so nothing is needed)."""
         has = prev >= 0
-        return VersionTest(rows[has], self.offset + prev[has])
+        return VersionTest(rows[has], self.offset + prev[has], self._first_lacking)
 
     # ------------------------------------------------------------ keys and posting
     def _key(self, kind: int, t: int) -> int:
@@ -710,7 +744,10 @@ class ShardedEngine:
         before the read applied): at once while the reader has credits, else packed now
         (the rows change at a later apply) and queued behind the pair's earlier pushes
         (``_send_deferred``)."""
-        for q, pushes in self.out.items():
+        moved = self._versions[self._awaited_rows] >= self._awaited_steps
+        for i in np.flatnonzero(moved).tolist():
+            q = self._readers[i]
+            pushes = self.out[q]
             k = self.push_sent[q]
             while k < len(pushes) and self._push_tests[q][k].current(self._versions):
                 rows = self._push_rows_out[q][k]
@@ -729,6 +766,16 @@ class ShardedEngine:
                     self._send_push(q, k, buf)
                 k += 1
             self.push_sent[q] = k
+            self._await_next_push(i)
+
+    def _await_next_push(self, i: int) -> None:
+        """Note what reader ``self._readers[i]``'s next unsent push waits on (nothing left:
+        a step no row reaches)."""
+        q = self._readers[i]
+        k = self.push_sent[q]
+        tests = self._push_tests[q]
+        row, step = tests[k].waiting_on() if k < len(tests) else (0, np.iinfo(np.int64).max)
+        self._awaited_rows[i], self._awaited_steps[i] = row, step
 
     def _send_deferred(self) -> None:
         """Send queued pushes, oldest first, while their readers have credits."""
