@@ -239,6 +239,15 @@ bench: venv
 	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 3 --steps 300 --repeats 5 --paired-seeds \
 		--modes barrier,throughput-first-impact-apply \
 		--out bench/sync_street_3ranks_paired_tfia_tau10.json -- --pipeline.sync.tau 1.0
+	# the two runs that made the impact rule at tau 1.0 with stale gradients applied the
+	# default; runs above that name no tau ran at the earlier default 0.2
+	$(PY) -m odin_ns.bench.sync --data ../shared/data/fox --downscale-factor 8 --ranks 2 --steps 200 \
+		--modes barrier,quality-first,throughput-first-impact-apply --repeats 5 --control \
+		--paired-seeds --out bench/sync_fox_tau10_apply_nodelay_5rounds.json \
+		-- --pipeline.datamanager.camera-res-scale-factor 0.5 --pipeline.sync.tau 1.0
+	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 200 --repeats 5 --control \
+		--paired-seeds --jitter-ms 19 --modes barrier,quality-first,throughput-first-impact-apply \
+		--out bench/sync_street_tau10_apply_jitter19_5seeds.json -- --pipeline.sync.tau 1.0
 	$(PY) -m odin_ns.bench.shard --ranks 2 3 4 --rounds 2 --out bench/shard.json
 	$(PY) -m odin_ns.bench.shard --data ../shared/data/fox --downscale-factor 8 --ranks 2 3 4 \
 		--rounds 1 --out bench/shard_fox.json

@@ -340,7 +340,7 @@ def test_crafted_decisions(case, reason):
 
 
 # ------------------------------------------------------------ threaded training runs
-def _check_run(results, phases, window: int, stale_gradients: str = "drop") -> tuple[int, int]:
+def _check_run(results, phases, window: int, stale_gradients: str) -> tuple[int, int]:
     """Replicas identical, equal to the stale-read reference, staleness <= K from the read
     records; returns (admitted, stale row reads) summed over ranks."""
     engines = [res.engine for res in results]
@@ -378,11 +378,14 @@ def test_slow_peer_reads_at_most_k_steps_stale(stale_gradients):
     )
     results = run_threads(2, ToyRun(phases, cfg, sleep_s={1: 0.02}, weak=WEAK, record=True))
     admitted, stale_rows = _check_run(results, phases, k, stale_gradients)
-    if stale_gradients == "apply":  # the other reference differs: the test can tell them apart
-        other, _ = reference_train(
-            toy_groups(300), phases, weak=WEAK, reads=_reads_map([r.reads for r in results])
-        )
-        assert not _same(results[0].groups, other)
+    other, _ = reference_train(  # the other policy's reference differs: the test tells them apart
+        toy_groups(300),
+        phases,
+        weak=WEAK,
+        reads=_reads_map([r.reads for r in results]),
+        stale_gradients={"drop": "apply", "apply": "drop"}[stale_gradients],
+    )
+    assert not _same(results[0].groups, other)
     s0 = results[0].ledger.summary(cfg)
     assert admitted > 0 and stale_rows > 0
     assert s0["fallbacks"]["staleness"] > 0  # the bound was reached, not just respected
@@ -411,7 +414,7 @@ def test_no_delayed_read_across_phase_boundary():
     phases = [Phase(_edge_plan(14), 0), Phase(_edge_plan(10), second, grow=20)]
     cfg = SyncConfig(mode="throughput-first", staleness_window=k, timeout_s=20)
     results = run_threads(2, ToyRun(phases, cfg, sleep_s={1: 0.02}, weak=WEAK, record=True))
-    admitted, _ = _check_run(results, phases, k)
+    admitted, _ = _check_run(results, phases, k, cfg.stale_gradients)
     assert admitted > 0
     writes = _writes(phases)
     for _, _, ledger, reads in results:
@@ -466,7 +469,9 @@ def test_gloo_throughput_first_exact_after_drain(tmp_path):
         assert torch.equal(p, res[1]["params"][name])
     assert torch.equal(res[0]["versions"], res[1]["versions"])
     reads = {(r, step): version for r in range(2) for step, _, version, _ in res[r]["reads"]}
-    ref, ref_versions = reference_train(toy_groups(300), phases, weak=WEAK, reads=reads)
+    ref, ref_versions = reference_train(
+        toy_groups(300), phases, weak=WEAK, reads=reads, stale_gradients=cfg.stale_gradients
+    )
     for g in ref:
         assert torch.equal(res[0]["params"][g.name], g.param)
     assert torch.equal(res[0]["versions"], ref_versions)

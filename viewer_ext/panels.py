@@ -45,9 +45,9 @@ class PanelOptions:
 
     label: str = "Odin sync"  # folder title
     max_points: int = 200  # points per chart series (longer series are binned)
-    tau_default: float = 0.2  # slider position until a snapshot reports tau
+    tau_default: float = 1.0  # slider position until a snapshot reports tau (SyncConfig's)
     k_default: int = 4  # slider position until a snapshot reports staleness_window
-    tau_max: float = 1.0
+    tau_max: float = 2.0
     k_max: int = 16
     charts: bool = True  # plotly charts (needs the plotly package); False: tables only
     chart_aspect: float = 0.62  # chart height / width

@@ -36,8 +36,10 @@ round (``barrier-again``, rotated like the modes); its same-round ratio to barri
 ``throughput_ratio_again_vs_barrier``, is the spread this machine puts on the ratio of two
 runs that do bitwise the same work (``max_param_diff_again_vs_barrier``: 0). Writes JSON,
 a PNG of round 0's timelines, ``<out>_ratios.png`` and ``<out>_psnr.png``. Modes beyond
-the engine's: ``throughput-first-impact`` and ``throughput-first-overlap`` (throughput-first
-with the impact or the overlap admission rule, named whatever the default is) and
+the engine's, each with its flags whatever the defaults are: ``throughput-first-impact``
+(the impact rule, stale gradients dropped), ``throughput-first-impact-apply`` (the impact
+rule, stale gradients applied: the defaults), ``throughput-first-overlap`` (the overlap rule
+at tau 0.2, stale gradients dropped: the defaults before) and
 ``quality-first-shuffled`` (quality-first on a plan whose epochs' steps are shuffled, not
 ordered low-conflict: what the step order buys).
 
@@ -99,9 +101,12 @@ TRAIN_MODE = {
     IMPACT_APPLY: "throughput-first",
     SHUFFLED: "quality-first",
 }
-MODE_FLAGS = {  # the engine mode trained (above) and its other flags
-    IMPACT: ("--pipeline.sync.admission", "impact"),
-    OVERLAP: ("--pipeline.sync.admission", "overlap"),
+MODE_FLAGS = {  # the engine mode trained (above) and its other flags, whatever the defaults
+    IMPACT: ("--pipeline.sync.admission", "impact", "--pipeline.sync.stale-gradients", "drop"),
+    OVERLAP: (  # the default before the impact rule with stale gradients applied
+        *("--pipeline.sync.admission", "overlap", "--pipeline.sync.tau", "0.2"),
+        *("--pipeline.sync.stale-gradients", "drop"),
+    ),
     IMPACT_APPLY: (
         "--pipeline.sync.admission",
         "impact",

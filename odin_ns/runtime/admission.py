@@ -19,7 +19,7 @@ waiting for a source only when ALL hold:
    (unknown is not low-impact); with nothing known at all, ``E = 1``. If the active-set
    mean is 0, ``E = 0`` when the rows' mean is 0 too, else infinity.
 
-That is the ``overlap`` rule (``SyncConfig.admission``, the default). The ``impact`` rule
+That is the ``overlap`` rule (``SyncConfig.admission``). The ``impact`` rule (the default)
 replaces conditions 3 and 4 by one on the delayed rows' share of the read's expected
 gradient mass, ``I = |O| / |F(r, t)| * E``, admitted when ``I <= tau**2``: the overlap
 rule's worst admitted read carries tau * tau of it, and the impact rule admits any read

@@ -49,24 +49,26 @@ class SyncConfig:
             rendezvous), counted from the last time a peer was heard from.
         idle_timeout_s: limit of the transport's background waits (a gloo wait that times
             out breaks the connection, so keep this long; deadlines above fire first).
-        tau: throughput-first admission threshold (>= 0): a delayed read needs overlap
-            ratio <= tau and gradient-evidence ratio < tau (``odin_ns.runtime.admission``).
-            0 admits nothing (reads as in quality-first). Read at every decision, so it
-            may be changed between phases.
+        tau: throughput-first admission threshold (>= 0), read at every decision (so it
+            may be changed between phases); 0 admits nothing (reads as in quality-first).
+            The impact rule admits a delayed read whose delayed rows carry at most tau ** 2
+            of the read's expected gradient mass (overlap ratio x gradient evidence); at the
+            default 1.0 it refuses a read whose delayed rows carry more than the whole read
+            would at the mean strength. The overlap rule needs overlap ratio <= tau and
+            evidence < tau (0.2 is the value it was measured at).
         staleness_window: K, the most steps a delayed read may lag (t - s <= K).
-        admission: throughput-first's rule (``odin_ns.runtime.admission``): "overlap"
-            (overlap ratio <= tau and evidence < tau) or "impact" (the delayed rows' share
-            of the read's expected gradient mass, overlap ratio x evidence, <= tau ** 2:
-            many low-gradient rows may be read around, as in densely overlapping views).
+        admission: throughput-first's rule (``odin_ns.runtime.admission``): "impact"
+            (default: the delayed rows' share of the read's expected gradient mass; many
+            weak rows may be read around, as where views overlap densely) or "overlap"
+            (few overlapping rows, weak ones: it admits almost nothing where a step reads
+            what the peer's last step wrote, as in object captures and forward sequences).
         stale_gradients: what throughput-first does with a rank's gradient of the rows it
-            read around a pending update: "drop" (they carry no update from that rank at
-            that step: zero rows, not visible) or "apply" (summed into the step's update
-            like any other row, computed on the values read: delayed-gradient SGD). Drop
-            where the rows read around are a few of a view's and a rank's consecutive views
-            see them alike (street, impact rule at tau 0.2, five paired seeds: PSNR against
-            barrier's -0.21 dB dropped, -0.57 applied); apply where they are most of the
-            view (fox, impact rule at tau 1: -0.23 dB dropped, -0.002 applied, while hiding
-            a fifth of barrier's wait). ``docs/architecture.md``, throughput-first.
+            read around a pending update: "apply" (default: summed into the step's update
+            like any other row, computed on the values read: delayed-gradient SGD) or
+            "drop" (they carry no update from that rank at that step: zero rows, not
+            visible). Dropping throws away most of a view's signal where the rows read
+            around are most of it (fox, impact rule at tau 1: -0.23 dB dropped, -0.002
+            applied); ``docs/architecture.md``, throughput-first.
         max_inflight_bytes: credits: the most bytes of this rank's publications to one peer
             whose send has not completed (the peer has not taken them yet). A rank at the cap
             waits in ``after_backward`` (``ledger.StepMetrics.credit_wait_s``) until the peer catches up;
@@ -87,13 +89,13 @@ class SyncConfig:
     mode: str = "quality-first"
     timeout_s: float = 120.0
     idle_timeout_s: float = 1800.0
-    tau: float = 0.2
+    tau: float = 1.0
     staleness_window: int = 4
-    admission: Literal["overlap", "impact"] = "overlap"
+    admission: Literal["overlap", "impact"] = "impact"
     max_inflight_bytes: int = 64 << 20
     heartbeat_s: float = 2.0
     transport: Literal["auto", "gloo", "nccl"] = "auto"
-    stale_gradients: Literal["drop", "apply"] = "drop"
+    stale_gradients: Literal["drop", "apply"] = "apply"
 
     def __post_init__(self):
         if self.mode not in MODES:

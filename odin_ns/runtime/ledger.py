@@ -145,6 +145,7 @@ class RunLedger:
             "busy_wait_s_total": float(sum(m.busy_wait_s for m in every) + self.busy_s),
             "tau": float(config.tau),
             "staleness_window": int(config.staleness_window),
+            "admission": config.admission,
             "stale_gradients": config.stale_gradients,
             **admission_totals(self.admissions, self.fallbacks, self.staleness_hist, self.impacts),
             "delayed_steps": len({d.step for d in self.admissions}),

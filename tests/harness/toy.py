@@ -216,16 +216,16 @@ def reference_train(
     phases: Sequence[Phase],
     weak: tuple[int, int] | None = None,
     reads: Mapping[tuple[int, int], Tensor] | None = None,
-    stale_gradients: str = "drop",
+    stale_gradients: str = "apply",
 ):
     """Synchronous single-process reference: the same sum in rank order, selective Adam.
 
     With ``reads`` ((rank, global step) -> [M] int64 versions of the rows of
     ``step_footprint`` that rank read, e.g. from ``ToyRank.reads``), each
     rank's gradient is computed from the rows at those versions instead of the current
-    ones, and (``stale_gradients`` "drop", ``SyncConfig``'s) the rows it read stale (behind
-    their last write before the step) get no update from it: the reference for runs with
-    delayed reads.
+    ones: the reference for runs with delayed reads. With ``stale_gradients`` "drop" the
+    rows it read stale (behind their last write before the step) get no update from it;
+    with "apply" (``SyncConfig``'s default) they get the gradient of the values read.
 
     Returns (groups, versions [N] int64).
     """
