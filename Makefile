@@ -248,6 +248,15 @@ bench: venv
 	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 200 --repeats 5 --control \
 		--paired-seeds --jitter-ms 19 --modes barrier,quality-first,throughput-first-impact-apply \
 		--out bench/sync_street_tau10_apply_jitter19_5seeds.json -- --pipeline.sync.tau 1.0
+	# issue 30's straggler keys with throughput-first at its new defaults
+	$(PY) -m odin_ns.bench.stragglers --data $(DEMO_DIR) --ranks 2 --shares 0,0.5 --repeats 5 \
+		--psnr --seed-control 2 --modes barrier,quality-first,throughput-first \
+		--out bench/stragglers_street_default_tf.json
+	$(PY) -m odin_ns.bench.stragglers --data ../shared/data/fox --downscale-factor 8 --ranks 2 \
+		--shares 0,0.5 --repeats 3 --psnr --seed-control 2 --modes barrier,quality-first,throughput-first \
+		--out bench/stragglers_fox_default_tf.json -- --pipeline.datamanager.camera-res-scale-factor 0.5
+	$(PY) -m odin_ns.bench.stragglers --data $(DEMO_DIR) --ranks 3 --shares 0,0.5 --repeats 3 \
+		--modes barrier,quality-first,throughput-first --out bench/stragglers_street_3ranks_default_tf.json
 	$(PY) -m odin_ns.bench.shard --ranks 2 3 4 --rounds 2 --out bench/shard.json
 	$(PY) -m odin_ns.bench.shard --data ../shared/data/fox --downscale-factor 8 --ranks 2 3 4 \
 		--rounds 1 --out bench/shard_fox.json
