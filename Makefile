@@ -257,6 +257,9 @@ bench: venv
 		--out bench/stragglers_fox_default_tf.json -- --pipeline.datamanager.camera-res-scale-factor 0.5
 	$(PY) -m odin_ns.bench.stragglers --data $(DEMO_DIR) --ranks 3 --shares 0,0.5 --repeats 3 \
 		--modes barrier,quality-first,throughput-first --out bench/stragglers_street_3ranks_default_tf.json
+	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 3 --steps 200 --repeats 3 --control \
+		--paired-seeds --jitter-ms 43 --modes barrier,quality-first,throughput-first \
+		--out bench/sync_street_3ranks_default_tf_jitter43_paired.json
 	$(PY) -m odin_ns.bench.shard --ranks 2 3 4 --rounds 2 --out bench/shard.json
 	$(PY) -m odin_ns.bench.shard --data ../shared/data/fox --downscale-factor 8 --ranks 2 3 4 \
 		--rounds 1 --out bench/shard_fox.json
