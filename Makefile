@@ -240,7 +240,8 @@ bench: venv
 		--modes barrier,throughput-first-impact-apply \
 		--out bench/sync_street_3ranks_paired_tfia_tau10.json -- --pipeline.sync.tau 1.0
 	# the two runs that made the impact rule at tau 1.0 with stale gradients applied the
-	# default; runs above that name no tau ran at the earlier default 0.2
+	# default; the runs above ran at the earlier defaults: there plain throughput-first is
+	# the overlap rule at tau 0.2 with stale gradients dropped, and a mode naming no tau ran at 0.2
 	$(PY) -m odin_ns.bench.sync --data ../shared/data/fox --downscale-factor 8 --ranks 2 --steps 200 \
 		--modes barrier,quality-first,throughput-first-impact-apply --repeats 5 --control \
 		--paired-seeds --out bench/sync_fox_tau10_apply_nodelay_5rounds.json \
