@@ -453,6 +453,34 @@ def test_dispatcher_runs_in_place_on_parameters(odin_ops, gen):
     assert not torch.equal(inputs["params"][0].detach(), before)
 
 
+@pytest.mark.parametrize("ext", ["compiled", "reference"])
+def test_row_ops_resolved_once_equal_the_module_functions(odin_ops, gen, monkeypatch, ext):
+    """``RowOps`` (the engine's ops, resolved when it binds) holds the compiled ops as they
+    are, or with ``ODIN_NS_EXT=0`` the twins under no_grad; either way its results on
+    parameters that require grad are the module functions' bit for bit."""
+    if ext == "reference":
+        monkeypatch.setenv("ODIN_NS_EXT", "0")
+    row_ops = ops.RowOps("cpu")
+    if ext == "compiled":
+        assert row_ops.pack_rows is odin_ops.pack_rows
+        assert row_ops.scatter_rows is odin_ops.scatter_rows
+
+    def leaf_parameters(inputs: dict) -> dict:
+        inputs = cases.copy_inputs(inputs, "cpu")
+        for key in ("params", "columns"):  # written in place by scatter and apply
+            if key in inputs:
+                inputs[key] = [torch.nn.Parameter(t) for t in inputs[key]]
+        return inputs
+
+    for op in ("pack_rows", "scatter_rows", "accumulate_ready_rows", "apply_ready_rows"):
+        inputs = cases.make_inputs(op, 300, gen)
+        theirs = cases.run_op(getattr(ops, op), op, leaf_parameters(inputs))
+        ours = cases.run_op(getattr(row_ops, op), op, leaf_parameters(inputs))
+        assert_equal_outputs(
+            {k: v.detach() for k, v in ours.items()}, {k: v.detach() for k, v in theirs.items()}
+        )
+
+
 # ---- CUDA --------------------------------------------------------------------------------------
 
 

@@ -534,6 +534,7 @@ class ShardedEngine:
             observe_sum=None if self.admission is None else self.admission.observe_apply,
         )
         self._versions = self.log.versions.numpy()  # [O] host view of the applied steps
+        self._row_ops = self.log.row_ops  # pack and scatter, resolved for the device once
         self.config = sync if sync is not None else SyncConfig(mode=self._mode())
         self.ledger = ledger if ledger is not None else RunLedger()
         self.ledger.phases += 1
@@ -688,7 +689,8 @@ class ShardedEngine:
         self.push_recv[owner] += 1
         rows = self._push_rows_in[owner][k]
         buf = upload(buf, self.device)
-        ops.scatter_rows(self._table, rows, buf)  # the table's cache rows (and evidence unread)
+        # the table's cache rows (and evidence unread)
+        self._row_ops.scatter_rows(self._table, rows, buf)
         if self.admission is not None:
             self.admission.observe_push(push.rows, push.step, buf[:, -1])
 
@@ -751,7 +753,7 @@ class ShardedEngine:
             k = self.push_sent[q]
             while k < len(pushes) and self._push_tests[q][k].current(self._versions):
                 rows = self._push_rows_out[q][k]
-                buf = ops.pack_rows(rows, self._table)
+                buf = self._row_ops.pack_rows(rows, self._table)
                 if self.admission is not None:
                     buf = torch.cat([buf, self.admission.push_strength(rows)], dim=1)
                 queue = self._deferred[q]
@@ -995,7 +997,7 @@ class ShardedEngine:
         mode), summed over every rank by one all-reduce and filed whole."""
         reads = self._path(t).reads
         buf = torch.zeros(self.layout.num_local, self.width, device=self.device)
-        buf[reads] = ops.pack_rows(reads, columns)
+        buf[reads] = self._row_ops.pack_rows(reads, columns)
         if self.grads_tx is None:
             self.log.add_sum(t, buf)
             return
@@ -1009,14 +1011,14 @@ class ShardedEngine:
         st, path = self.steps[t], self._path(t)
         own = None
         for rows, owners in path.grad_sends:
-            buf = ops.pack_rows(rows, columns)
+            buf = self._row_ops.pack_rows(rows, columns)
             if rows is path.own_rows:  # rows every rank owns: the same list, packed once
                 own = buf
             nbytes = buf.numel() * buf.element_size()
             for o in owners:
                 self._send_gradient(t, o, buf, nbytes)
         if st.own_rows.size:
-            own = ops.pack_rows(path.own_rows, columns) if own is None else own
+            own = self._row_ops.pack_rows(path.own_rows, columns) if own is None else own
             self.log.add(t, self.rank, own)
         elif t > self.log.created:  # the step's record exists (drain and admission read it)
             self.log.record(t)  # (a step already retired: every row applied, nothing to do)

@@ -354,6 +354,7 @@ class UpdateLog:
         self.versions = versions  # [N] int64 host: last applied global step per primitive
         self.versions_data = versions if self.device == HOST else versions.to(self.device)
         self.kernels = StepKernels.resolve()
+        self.row_ops = ops.RowOps(self.device)
         self.sums = SumBuffers(self.width, self.device)
         self.pending: dict[int, PendingStep] = {}
         self.created = -1  # records exist (or existed) for local steps <= this
@@ -442,14 +443,15 @@ class UpdateLog:
         if rec.acc is None:
             rec.acc = self.sums.take(rec.ids.shape[0])
         acc = rec.acc
+        row_ops = self.row_ops
         for part in rec.parts:  # fixed rank order: bitwise identical sums
             if part is not None:
-                ops.accumulate_ready_rows(acc, ready_data, part[0], part[1])
+                row_ops.accumulate_ready_rows(acc, ready_data, part[0], part[1])
         hook = self.hook
         if hook is not None:
             ids = rec.ids[ready]
             hook.before_apply(rec.step, ids)
-        ops.apply_ready_rows(
+        row_ops.apply_ready_rows(
             [g.param for g in self.groups],
             [g.exp_avg for g in self.groups],
             [g.exp_avg_sq for g in self.groups],
