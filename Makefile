@@ -236,6 +236,9 @@ bench: venv
 	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 10 --paired-seeds \
 		--modes barrier,quality-first-shuffled,throughput-first-impact-apply \
 		--out bench/sync_street_paired10_trajectory_tfia_tau10.json -- --pipeline.sync.tau 1.0
+	# ten more paired seeds (52-61), throughput-first at its defaults (the same setting)
+	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 10 --paired-seeds \
+		--seed 52 --modes barrier,throughput-first --out bench/sync_street_paired10_seeds52_default_tf.json
 	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 3 --steps 300 --repeats 5 --paired-seeds \
 		--modes barrier,throughput-first-impact-apply \
 		--out bench/sync_street_3ranks_paired_tfia_tau10.json -- --pipeline.sync.tau 1.0
