@@ -553,9 +553,9 @@ class ShardedEngine:
         from the push lists (the plan knows it all): every push's id list on the parameters'
         device (uploaded once, not per message), each outgoing push's rows that wait for an
         update with the version they need, per step the owners whose pushes to post there
-        (and how many), and the table's per-group [L, d] views. A step's own id lists (``_path``) are made
-        here too where every step's tables are (a layout with pushes), else when the step is
-        first needed."""
+        (and how many), and the table's per-group [L, d] views. A step's own id lists
+        (``_path``) are made here too where every step's tables are (a layout with pushes),
+        else when the step is first needed."""
         device, num_local = self.device, self.layout.num_local
         self._first_lacking = ops.host_op("first_lacking") or first_lacking_reference
         self._table = [
