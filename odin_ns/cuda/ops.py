@@ -174,10 +174,10 @@ class RowOps:
     The module's functions below look their implementation up on every call (the
     environment, the library's status, the device's name: 1.7 us; scatter and apply also open
     a ``no_grad`` context, 1.6 us), which the engine's step pays about 200 times at R = 64
-    sharded. The engine resolves them when it binds instead. A compiled
-    op writes its tensors' memory and records nothing for autograd, so it runs as it is; a
-    torch twin (no library, or ``ODIN_NS_EXT=0``) runs under ``no_grad``, as the module's
-    functions run it. Same arguments as the module's functions, column groups as lists.
+    sharded. The engine resolves them when it binds instead. A compiled op writes its
+    tensors' memory and records nothing for autograd, so it runs as it is; a torch twin (no
+    library, or ``ODIN_NS_EXT=0``) runs under ``no_grad``, as the module's functions run it.
+    Same arguments as the module's functions, column groups as lists.
 
     Args:
         device: the parameters' device.
