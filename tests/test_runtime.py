@@ -33,7 +33,9 @@ from odin_ns.cuda import ops
 from odin_ns.runtime import MODES, SyncConfig
 from odin_ns.runtime.sharded import ShardedEngine, ShardLayout
 from odin_ns.runtime.update_log import (
+    StepRows,
     SumBuffers,
+    UpdateLog,
     add_arrivals_reference,
     step_record_reference,
     take_ready_reference,
@@ -145,8 +147,9 @@ def test_step_kernels_equal_their_twins():
     ``step_record`` (union, positions, previous writes; row tables reused across calls, and
     ``last_write`` advanced in place), ``writer_groups`` (the rows grouped by their writers),
     ``add_arrivals`` (the rows each arrival completes) and ``take_ready`` (in order, or
-    checking versions against the planned previous writes); empty footprints and refused
-    calls included."""
+    checking versions against the planned previous writes beyond the step every earlier
+    one is applied through, the versions only read); empty footprints and refused calls
+    included."""
     record, group, arrivals, take_ready = (
         ops.host_op(name) for name in ("step_record", "writer_groups", "add_arrivals", "take_ready")
     )
@@ -189,23 +192,26 @@ def test_step_kernels_equal_their_twins():
         candidates = complete[u // 5 :]
         versions = torch.from_numpy(rng.integers(-1, 12, 500))
         local_prev = torch.where(prev >= 0, prev - 3, torch.full_like(prev, -1))  # offset 3
-        for in_order in (True, False):
+        for through in (10, 6, 2):  # 10: every earlier step applied (the look in order)
             done, done_want = applied.clone(), applied.clone()
-            v, v_want = versions.clone(), versions.clone()
-            a = take_ready(candidates, done, ids, local_prev, 3, v, 11, in_order)
-            b = take_ready_reference(
-                candidates, done_want, ids, local_prev, 3, v_want, 11, in_order
-            )
+            v_want = versions.clone()
+            a = take_ready(candidates, done, ids, local_prev, 3, versions, through)
+            b = take_ready_reference(candidates, done_want, ids, local_prev, 3, v_want, through)
             assert torch.equal(a[0], b[0]) and a[1] == b[1] and torch.equal(a[2], b[2])
-            assert torch.equal(done, done_want) and torch.equal(v, v_want)
+            assert torch.equal(done, done_want) and torch.equal(versions, v_want)  # only read
             assert a[1] + a[2].numel() == candidates.numel()
-            if in_order:
+            # taken: covered by ``through`` or by the versions; held: neither
+            wants = local_prev[candidates] + 3
+            taken = (wants <= through) | (versions[ids[candidates]] >= wants)
+            assert torch.equal(a[0][candidates], taken)
+            assert torch.equal(a[2], candidates[~taken].sort().values)
+            if through == 10:
                 assert a[2].numel() == 0
             else:
                 held.append(0 < a[2].numel() < candidates.numel())
     assert any(held)  # the version test held some rows back, not all
     with pytest.raises(RuntimeError, match="already applied"):
-        take_ready(candidates, torch.ones(u, dtype=torch.bool), ids, local_prev, 3, v, 12, True)
+        take_ready(candidates, torch.ones(u, dtype=torch.bool), ids, local_prev, 3, versions, 10)
     last = torch.zeros(500, dtype=torch.int64)
     with pytest.raises(ValueError, match="out of range"):
         record([torch.tensor([3, 500])], last, 1)
@@ -220,11 +226,11 @@ def test_step_kernels_equal_their_twins():
     for a, b in zip(group(none, 0), writer_groups_reference(none, 0), strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)
     with pytest.raises(ValueError, match="versions must be torch.int64"):
-        take_ready(candidates, applied, ids, local_prev, 3, versions.int(), 11, False)
-    v_before = versions.clone()
+        take_ready(candidates, applied, ids, local_prev, 3, versions.int(), 2)
+    applied_before = applied.clone()
     with pytest.raises(ValueError, match="candidates out of range"):
-        take_ready(torch.tensor([0, u]), applied, ids, local_prev, 3, versions, 11, True)
-    assert torch.equal(versions, v_before)  # refused before anything was written
+        take_ready(torch.tensor([0, u]), applied, ids, local_prev, 3, versions, 10)
+    assert torch.equal(applied, applied_before)  # refused before anything was written
     # the tables it keeps between calls are left clear: a smaller step after a larger one,
     # and a refused call in between, give the twin's answer
     small = [torch.tensor([7, 9]), torch.tensor([2, 9])]
@@ -334,15 +340,78 @@ def test_version_order_across_peers():
             step(r, t)
     step(0, 0)
     step(0, 1)
-    assert engines[0].versions[0] == -1  # step 1 of row 0 is complete but must wait
+    # (the apply op's exact vector: the host's is written on demand, ``settle_versions``)
+    applied = engines[0].log.versions_data
+    assert applied[0] == -1  # step 1 of row 0 is complete but must wait
     hub.release(2, 0)
     engines[0].poll()
-    assert engines[0].versions[0] == 1
+    assert applied[0] == 1
     step(0, 2)
     for eng, grp in zip(engines, groups, strict=True):
         eng.drain()
         assert _same(grp, ref)
         assert torch.equal(eng.versions, ref_versions)
+
+
+class _RandomWrites:
+    """``StepWrites`` of random footprints: ``steps`` steps of ``world`` writers on N rows."""
+
+    def __init__(self, num_rows: int, steps: int, world: int, seed: int):
+        rng = np.random.default_rng(seed)
+        last = torch.full((num_rows,), -1, dtype=torch.int64)
+        self.rows: list[StepRows] = []
+        for t in range(steps):
+            sizes = rng.integers(1, num_rows // 3, world)
+            fps = [torch.from_numpy(np.sort(rng.choice(num_rows, k, replace=False))) for k in sizes]
+            ids, positions, prev = step_record_reference(fps, last, t)
+            groups = writer_groups_reference(positions, ids.numel())
+            self.rows.append(StepRows(ids, positions, prev, groups))
+
+    def step_union(self, s: int) -> StepRows:
+        return self.rows[s]
+
+
+def test_host_versions_are_written_when_asked():
+    """The update log applies rows without writing the host's version vector; asked
+    (``settle_versions``), the host vector says, of every row, what the apply op's exact
+    vector says wherever that is after ``applied_through``, and never more; every step
+    through ``applied_through`` is applied. Arrivals in random order across steps and
+    writers (rows applied out of step order, steps retired out of order), checked after
+    every arrival; at the end (a drain) the host vector is the exact one, and the
+    parameters equal those of arrivals in step order, bit for bit."""
+    n, steps, world, offset = 90, 10, 3, 7
+    writes = _RandomWrites(n, steps, world, seed=2)
+    width = 3 + 12 + 1 + 1
+    gen = torch.Generator().manual_seed(5)
+    parts = {
+        (t, q): torch.randn(writes.rows[t].positions[q].numel(), width, generator=gen)
+        for t in range(steps)
+        for q in range(world)
+    }
+    for part in parts.values():
+        part[:, -1] = 1.0  # every writer saw its rows
+    rng = np.random.default_rng(8)
+    results = []
+    for order in (sorted(parts), [list(parts)[i] for i in rng.permutation(len(parts))]):
+        groups = toy_groups(n)
+        log = UpdateLog(groups, writes, world, offset, torch.full((n,), offset - 1))
+        skipped = ahead = False  # host rows left unwritten; rows applied past the prefix
+        for t, q in order:
+            log.add(t, q, parts[(t, q)].clone())
+            log.apply_ready()
+            through = log.settle_versions()
+            exact, host = log.versions_data, log.versions
+            later = exact > through
+            assert torch.equal(host[later], exact[later]) and bool((host <= exact).all())
+            for rec in log.pending.values():  # (retired steps are applied)
+                assert rec.done or rec.step > through
+            skipped, ahead = skipped or bool((host < exact).any()), ahead or bool(later.any())
+        assert log.oldest_unapplied(steps) is None
+        log.settle_after_drain()
+        assert torch.equal(log.versions, log.versions_data)
+        results.append(groups)
+        assert skipped and ahead  # both cases arose in each order
+    assert _same(*results)
 
 
 def test_the_plans_dependency_table_is_not_read():

@@ -379,60 +379,66 @@ def test_version_test_finds_every_lacking_row(rows, kind):
     """``VersionTest.current`` reads on from the first row not yet seen current (the host
     kernel ``first_lacking`` or its twin): whichever row alone still lacks its step, and
     wherever the last test stopped, it answers as the whole test does (``not
-    lacking(versions).any()``); and it answers so while versions grow in random order, naming
-    a row that still lacks its step (``waiting_on``) whenever it refuses."""
+    lacking(versions, through).any()``); a row whose step is at or below ``through`` (the
+    update log's ``applied_through``) has it whatever its version says; and it answers so
+    while versions and ``through`` grow in random order, naming a row that still lacks its
+    step (``waiting_on``) whenever it refuses."""
     first_lacking = _first_lacking(kind)
     rng = np.random.default_rng(rows)
     owned = 3 * rows
     test_rows = np.sort(rng.choice(owned, rows, replace=False))
     need = rng.integers(0, 20, rows)
     have = np.full(owned, 99, dtype=np.int64)  # every row current
+    none = -1  # no step is applied through the log's prefix
     for start in sorted({0, rows // 3, rows - 1}):
         for lacking in range(start, rows):
             test = VersionTest(test_rows, need, first_lacking)
             versions = have.copy()
             versions[test_rows[start]] = -1  # the last test stopped at row `start`
-            assert not test.current(versions)
+            assert not test.current(versions, none)
             versions[test_rows[start]] = 99
             versions[test_rows[lacking]] = need[lacking] - 1
-            assert not test.current(versions)
+            assert not test.current(versions, none)
+            assert test.current(versions, need[lacking])  # its step applied through the prefix
             versions[test_rows[lacking]] = need[lacking]
-            assert test.current(versions)
+            assert test.current(versions, none)
     test, versions = VersionTest(test_rows, need, first_lacking), np.full(owned, -1, dtype=np.int64)
-    answers = []
+    answers, through = [], none
     while not answers or not answers[-1]:
         raised = rng.choice(owned, max(1, owned // 50), replace=False)
         versions[raised] = np.maximum(versions[raised], rng.integers(0, 20, raised.size))
-        answers.append(test.current(versions))
-        assert answers[-1] == (not test.lacking(versions).any())
+        through += int(rng.integers(0, 2))  # the prefix of applied steps grows now and then
+        answers.append(test.current(versions, through))
+        assert answers[-1] == (not test.lacking(versions, through).any())
         if not answers[-1]:  # what it waits on (``_flush_pushes``' pre-filter) still lacks
             row, step = test.waiting_on()
-            assert row in test_rows and versions[row] < step
-    assert len(answers) > 1 and test.current(versions)  # refused first; once current, current
+            assert row in test_rows and versions[row] < step and step > through
+    assert len(answers) > 1 and test.current(versions, through)  # once current, current
     assert test.waiting_on()[1] == np.iinfo(np.int64).min  # nothing: any version passes
 
 
 def test_first_lacking_kernel_equals_its_twin_and_refuses_bad_input():
     """The host kernel ``first_lacking`` returns its twin's index on random tests from every
-    start, and refuses rows outside the versions, a start outside [0, K] and int32 input
-    with one line (ValueError) before it reads on."""
+    start and prefix of applied steps, and refuses rows outside the versions, a start
+    outside [0, K] and int32 input with one line (ValueError) before it reads on."""
     kernel = _first_lacking("kernel")
     rng = np.random.default_rng(5)
     versions = torch.from_numpy(rng.integers(-1, 30, 400))
     for k in (0, 1, 9, 300):
         rows = torch.from_numpy(np.sort(rng.choice(400, k, replace=False)))
         need = torch.from_numpy(rng.integers(-1, 12, k))
-        for start in range(k + 1):
-            assert kernel(versions, rows, need, start) == first_lacking_reference(
-                versions, rows, need, start
-            )
+        for through in (-1, 4, 11):
+            for start in range(k + 1):
+                assert kernel(versions, rows, need, start, through) == first_lacking_reference(
+                    versions, rows, need, start, through
+                )
     rows, need = torch.tensor([3, 400]), torch.tensor([-5, 0])
     with pytest.raises(ValueError, match="rows out of range: 400"):
-        kernel(versions, rows, need, 0)
+        kernel(versions, rows, need, 0, 99)  # checked even where no version is read
     with pytest.raises(ValueError, match="start 3 outside"):
-        kernel(versions, rows, need, 3)
+        kernel(versions, rows, need, 3, -1)
     with pytest.raises(ValueError, match="must be torch.int64"):
-        kernel(versions.int(), rows, need, 0)
+        kernel(versions.int(), rows, need, 0, -1)
 
 
 @pytest.mark.parametrize(

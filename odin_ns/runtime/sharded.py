@@ -206,17 +206,23 @@ class StepPath:
     own_test: VersionTest  # the owned reads against their last update before the step
 
 
-def first_lacking_reference(versions: Tensor, rows: Tensor, need: Tensor, start: int) -> int:
-    """The first i >= ``start`` with ``versions[rows[i]] < need[i]``, else K: where a
-    version test stops (the twin of the host kernel ``first_lacking``).
+def first_lacking_reference(
+    versions: Tensor, rows: Tensor, need: Tensor, start: int, applied_through: int
+) -> int:
+    """The first i >= ``start`` with ``need[i] > applied_through`` and ``versions[rows[i]] <
+    need[i]``, else K: where a version test stops (the twin of the host kernel
+    ``first_lacking``).
 
     Args:
-        versions: [O] int64, the owned rows' last applied global step.
+        versions: [O] int64, the owned rows' last applied global step, for steps after
+            ``applied_through`` (``UpdateLog.settle_versions``).
         rows: [K] int64 owned local ids.
         need: [K] int64 the global step each row must have applied.
         start: where to read from, in [0, K].
+        applied_through: every step through this global step is applied.
     """
-    lacking = (versions[rows[start:]] < need[start:]).nonzero()
+    later = need[start:] > applied_through
+    lacking = (later & (versions[rows[start:]] < need[start:])).nonzero()
     return start + int(lacking[0]) if lacking.numel() else rows.numel()
 
 
@@ -225,7 +231,9 @@ class VersionTest:
     each), asked again and again while a step or a push waits. A row that has its step keeps
     it (versions only grow), so a test reads on from the first row not yet seen current:
     that row alone first (most tests are of rows still waiting), then the rows after it, up
-    to the first that lacks its step (``first_lacking``: the host kernel, or its twin)."""
+    to the first that lacks its step (``first_lacking``: the host kernel, or its twin).
+    Each question gives the versions as the update log has them: ``versions`` ([O] int64
+    host) and ``through`` (every step through it is applied; ``UpdateLog.settle_versions``)."""
 
     def __init__(
         self, rows: np.ndarray, need: np.ndarray, first_lacking: Callable = first_lacking_reference
@@ -236,10 +244,9 @@ class VersionTest:
         self._first_lacking = first_lacking
         self._first = 0  # rows before it were seen current
 
-    def lacking(self, versions: np.ndarray) -> np.ndarray:
-        """[K] bool: the rows that lack their step (``versions``: [O] the owned rows' last
-        applied global step)."""
-        return versions[self.rows] < self.need
+    def lacking(self, versions: np.ndarray, through: int) -> np.ndarray:
+        """[K] bool: the rows that lack their step."""
+        return (self.need > through) & (versions[self.rows] < self.need)
 
     def waiting_on(self) -> tuple[int, int]:
         """(row, step): the first row not yet seen current and the step it needs; the test
@@ -248,13 +255,15 @@ class VersionTest:
             return 0, np.iinfo(np.int64).min
         return int(self.rows[self._first]), int(self.need[self._first])
 
-    def current(self, versions: np.ndarray) -> bool:
+    def current(self, versions: np.ndarray, through: int) -> bool:
         """Whether no row lacks its step (read from the first row not yet seen current)."""
         i, n = self._first, self.rows.size
-        if i < n and versions[self.rows[i]] < self.need[i]:
+        if i < n and self.need[i] > through and versions[self.rows[i]] < self.need[i]:
             return False
         if i + 1 < n:  # row i has its step: read on from the next
-            i = self._first_lacking(torch.from_numpy(versions), self._rows, self._need, i + 1)
+            i = self._first_lacking(
+                torch.from_numpy(versions), self._rows, self._need, i + 1, through
+            )
         else:
             i = n
         self._first = i
@@ -701,7 +710,7 @@ class ShardedEngine:
         """Local step t's owned reads whose last planned update before t is not applied yet
         ([K] local ids), and the oldest local step of an update they lack (None: K = 0)."""
         test = self._path(t).own_test
-        rows = test.rows[test.lacking(self._versions)]
+        rows = test.rows[test.lacking(self._versions, self.log.settle_versions())]
         if rows.size == 0:
             return rows, None
         return rows, self.log.oldest_unapplied(t, torch.from_numpy(rows))
@@ -711,9 +720,12 @@ class ShardedEngine:
         global ids, [K] the global step each row has applied, [K] the step quality-first
         reads it at: its last planned update before t, or the one it has if the phase
         planned none). Throughput-first's reads around an admitted update have the first
-        below the second."""
+        below the second. The applied steps are the apply op's exact vector, a read of the
+        parameters' device: for inspection (tests, reports), not called on the step path
+        (which asks ``current_reads``)."""
         st = self.steps[t]
-        have = self._versions[st.own_rows].copy()
+        exact = self.log.versions_data.index_select(0, self._path(t).own_rows)
+        have = exact.cpu().numpy()
         need = np.where(st.own_prev >= 0, self.offset + st.own_prev, have)
         return self.layout.gids[st.own_rows], have, need
 
@@ -728,8 +740,11 @@ class ShardedEngine:
         """[K] int64 host global ids: local step t's owned reads at the version
         quality-first reads them at (all of them, except where throughput-first reads
         around a pending update)."""
-        ids, have, need = self.read_versions(t)
-        return torch.from_numpy(ids[have >= need])
+        st = self.steps[t]
+        through = self.log.settle_versions()
+        need = self.offset + st.own_prev
+        current = (st.own_prev < 0) | (need <= through) | (self._versions[st.own_rows] >= need)
+        return torch.from_numpy(self.layout.gids[st.own_rows][current])
 
     @torch.no_grad()
     def _apply_ready(self) -> None:
@@ -749,12 +764,14 @@ class ShardedEngine:
         before the read applied): at once while the reader has credits, else packed now
         (the rows change at a later apply) and queued behind the pair's earlier pushes
         (``_send_deferred``)."""
-        moved = self._versions[self._awaited_rows] >= self._awaited_steps
+        through = self.log.settle_versions()
+        awaited = self._awaited_steps
+        moved = (awaited <= through) | (self._versions[self._awaited_rows] >= awaited)
         for i in np.flatnonzero(moved).tolist():
             q = self._readers[i]
             pushes = self.out[q]
             k = self.push_sent[q]
-            while k < len(pushes) and self._push_tests[q][k].current(self._versions):
+            while k < len(pushes) and self._push_tests[q][k].current(self._versions, through):
                 rows = self._push_rows_out[q][k]
                 buf = self._row_ops.pack_rows(rows, self._table)
                 if self.admission is not None:
@@ -830,7 +847,7 @@ class ShardedEngine:
         """What local step t still needs before it reads (quality-first and barrier): the
         oldest gradient its owned reads lack, a push of its cached reads, or (barrier)
         every rank's step t - 1; None when nothing."""
-        if not self._path(t).own_test.current(self._versions):
+        if not self._path(t).own_test.current(self._versions, self.log.settle_versions()):
             return self.log.first_missing(t)
         if self.dense and self.log.oldest_unapplied(t) is not None:
             return self.log.first_missing(t)  # ddp: the sum of every earlier step, applied
@@ -886,7 +903,9 @@ class ShardedEngine:
                     self.rank,
                     rows,
                     s,
-                    lambda lagging=lagging: not lagging.lacking(self._versions).all(),
+                    lambda lagging=lagging: (
+                        not lagging.lacking(self._versions, self.log.settle_versions()).all()
+                    ),
                 )
             )
         for o, rows in st.push_in.items():
@@ -1095,6 +1114,7 @@ class ShardedEngine:
             return None
 
         self._wait(unsent, f"drain after step {self.offset + last} (sends)")
+        self.log.settle_after_drain()
         if self.versions is not self.log.versions:  # the caller's copy on the device
             self.versions.copy_(self.log.versions)
         self.ledger.drains += 1

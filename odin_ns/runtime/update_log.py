@@ -22,6 +22,14 @@ hands on the rows of those it completed (``add_arrivals``); an apply looks only 
 (``take_ready``). So a step of U rows costs O(U) once, however many rows its publications
 carry and however many times the engine asks.
 
+Which steps a row has applied: every step through ``applied_through`` (the log's prefix of
+fully applied steps), and beyond it what the host's ``versions`` says. The apply op keeps
+the exact vector on the parameters' device; the host vector is written only for rows of
+steps past ``applied_through``, and only when something asks (``settle_versions``), so a
+step that completes first, as every step does while the peers keep up, writes nothing on
+the host (at 1M rows and R = 8 replicated those writes were a third of ``take_ready``'s
+time: a cache miss a row into an 8 MB vector); a drain copies the exact vector back.
+
 An optional ``ApplyHook`` sees every applied row set around its Adam update (the MCMC
 strategy's lazy position noise, ``odin_ns.distributed.mcmc_noise``); with the default
 ``hook=None`` the apply path is unchanged. The engine (``runtime.sharded``) keeps its owned
@@ -41,8 +49,6 @@ from torch import Tensor
 from odin_ns.cuda import ops
 from odin_ns.runtime.config import ParamGroupState
 from odin_ns.runtime.uploads import upload
-
-HOST = torch.device("cpu")
 
 
 class ApplyHook(Protocol):
@@ -141,29 +147,27 @@ def take_ready_reference(
     prev: Tensor,
     offset: int,
     versions: Tensor,
-    step: int,
-    in_order: bool,
+    applied_through: int,
 ) -> tuple[Tensor, int, Tensor]:
     """Of a pending step's rows whose writers have all arrived (``candidates``: [K] int64
     distinct positions, none applied), those whose previous planned write is applied:
     ``prev`` [U] int64 local step of it (-1: none in the phase), applied when
-    ``versions[ids] >= prev + offset``; taken as true when ``in_order`` (every earlier step
-    is applied). Those rows are marked in ``applied`` ([U] bool) and get
-    ``versions[ids] = step`` ([N] int64), in place. Returns (ready [U] bool, their count,
-    the candidates held back, [K'] int64 in increasing order). Host tensors. The torch twin
-    of the host kernel ``torch.ops.odin.take_ready``."""
+    ``prev + offset <= applied_through`` (every step through that global step is applied)
+    or else ``versions[ids] >= prev + offset`` ([N] int64, read only there). Those rows are
+    marked in ``applied`` ([U] bool), in place; their versions are the caller's to write.
+    Returns (ready [U] bool, their count, the candidates held back, [K'] int64 in increasing
+    order). Host tensors. The torch twin of the host kernel ``torch.ops.odin.take_ready``."""
     if candidates.numel() and bool(applied[candidates].any()):
         raise RuntimeError("take_ready: a candidate is already applied")
-    if in_order:
-        ok = torch.ones(candidates.shape, dtype=torch.bool)
-    else:
-        need = prev[candidates]
-        ok = (need < 0) | (versions[ids[candidates]] >= need + offset)
+    need = prev[candidates]
+    ok = need + offset <= applied_through  # (-1: no write in the phase, so always)
+    later = (~ok).nonzero().squeeze(1)
+    if later.numel():
+        ok[later] = versions[ids[candidates[later]]] >= need[later] + offset
     take = candidates[ok]
     ready = torch.zeros(ids.shape, dtype=torch.bool)
     ready[take] = True
     applied[take] = True
-    versions[ids[take]] = step
     return ready, int(take.numel()), candidates[~ok].sort().values
 
 
@@ -283,6 +287,8 @@ class PendingStep:
         # a writer with no row of the step sends nothing: its part counts as received
         self.received = [pos.numel() == 0 for pos in self.positions]
         self.done = self.ids.numel() == 0  # every row applied
+        # [U] bool masks of applied rows whose host versions the log has not written yet
+        self.unversioned: list[Tensor] = []
 
     def add(self, q: int, rows: Tensor) -> None:
         """Rank q's contribution: [M_q, W] float32 on the parameters' device."""
@@ -302,14 +308,14 @@ class PendingStep:
         self.need.zero_()
         self.complete = [(~self.applied).nonzero().squeeze(1)]
 
-    def take_ready(self, versions: Tensor, offset: int, in_order: bool) -> tuple[Tensor, int]:
+    def take_ready(self, versions: Tensor, offset: int, applied_through: int) -> tuple[Tensor, int]:
         """(ready [U] bool, count): of the complete rows, those whose previous planned write
-        is applied (all of them when ``in_order``: every earlier step is), now marked applied
-        with ``versions`` ([N] int64 host, global steps; ``offset``: the global step of local
-        step 0) set to this step; the others stay complete for a later look."""
+        is applied (every step through global step ``applied_through`` is; a later one where
+        ``versions``, [N] int64 host, says so; ``offset``: the global step of local step 0),
+        now marked applied; the others stay complete for a later look."""
         candidates = self.complete[0] if len(self.complete) == 1 else torch.cat(self.complete)
         ready, n, held = self.kernels.take_ready(
-            candidates, self.applied, self.ids, self.prev, offset, versions, self.step, in_order
+            candidates, self.applied, self.ids, self.prev, offset, versions, applied_through
         )
         self.complete = [held] if held.numel() else []
         self.unapplied -= n
@@ -325,7 +331,8 @@ class UpdateLog:
         writes: who writes which rows at each local step (``StepWrites``).
         world_size: R.
         step_offset: global step of the plan's local step 0.
-        versions: [N] int64 host version vector to continue from (updated in place).
+        versions: [N] int64 host version vector to continue from (updated in place, see
+            ``settle_versions``); every step before ``step_offset`` is applied.
         hook: optional ``ApplyHook`` called around every apply (None: no call).
         observe_sum: optional ``f(ids, acc, applied)`` called after every apply with the
             step's rows ([U] int64), their summed rows ([U, W] float32, visible count last)
@@ -351,8 +358,11 @@ class UpdateLog:
         self.step_offset = step_offset
         self.device = self.groups[0].param.device
         self.width = sum(g.row_dim for g in self.groups) + 1  # W: columns, then visible
-        self.versions = versions  # [N] int64 host: last applied global step per primitive
-        self.versions_data = versions if self.device == HOST else versions.to(self.device)
+        self.versions = versions  # [N] int64 host: see ``settle_versions``
+        # [N] int64 on the parameters' device, kept exact by the apply op (a copy of its own
+        # on the host too, so that CPU ranks run the host vector's path a device's run)
+        self.versions_data = versions.to(self.device, copy=True)
+        self.applied_through = step_offset - 1  # every step through this one is applied
         self.kernels = StepKernels.resolve()
         self.row_ops = ops.RowOps(self.device)
         self.sums = SumBuffers(self.width, self.device)
@@ -415,28 +425,63 @@ class UpdateLog:
 
     def apply_ready(self) -> int:
         """Apply every ready row of every pending step in step order (so per primitive in
-        version order; a row's version is set as it is taken, before its update is written,
-        which nothing between reads); retire steps fully applied and received. Returns rows
-        applied."""
+        version order); retire steps fully applied and received; advance
+        ``applied_through``. Returns rows applied."""
         if not self.dirty:
             return 0
         self.dirty = False
         total = 0
-        earlier_done = True  # every step before s fully applied (retired steps are)
+        through = self.applied_through
+        in_order = True  # every step before s fully applied (retired steps are)
         for s in list(self.pending):
             rec = self.pending[s]
             if rec.complete:  # rows whose writers all arrived, not applied yet
-                ready, n = rec.take_ready(self.versions, self.step_offset, earlier_done)
+                if not in_order:  # its look reads the versions of steps after ``through``
+                    self._write_versions(through, before=rec.step)
+                ready, n = rec.take_ready(self.versions, self.step_offset, through)
                 if n:
+                    rec.unversioned.append(ready)
                     self._apply(rec, ready)
                     total += n
                     if rec.done:
                         self.sums.give(rec.acc)
                         rec.parts, rec.acc = [None] * self.world_size, None
-            earlier_done = earlier_done and rec.done
+            in_order = in_order and rec.done
+            if in_order:
+                through = rec.step
             if rec.done and all(rec.received):
+                if rec.step > through:  # retired out of order: its versions are due now
+                    self._write_versions(through, before=rec.step + 1)
                 del self.pending[s]
+        self.applied_through = through
         return total
+
+    def settle_versions(self) -> int:
+        """Write the host versions of every applied row of a step after ``applied_through``
+        and return it: a row then has global step n applied iff ``n <= applied_through`` or
+        ``versions[row] >= n``. (On a device, a step's rows are applied without writing the
+        host vector: when the step completes before anything asks, as every step of a rank
+        whose peers keep up does, ``applied_through`` covers them and nothing is written.)"""
+        self._write_versions(self.applied_through, before=None)
+        return self.applied_through
+
+    def settle_after_drain(self) -> None:
+        """Every step is applied (a drain): the host vector from the device's, which the
+        apply op keeps exact (one copy per drain)."""
+        self.versions.copy_(self.versions_data)
+        for rec in self.pending.values():
+            rec.unversioned.clear()
+
+    def _write_versions(self, through: int, before: int | None) -> None:
+        """Write the deferred versions of the pending steps after global step ``through``
+        and before ``before`` (None: every one); drop those at or before ``through``."""
+        for rec in self.pending.values():
+            if before is not None and rec.step >= before:
+                break
+            if rec.unversioned and rec.step > through:
+                for ready in rec.unversioned:
+                    self.versions.index_fill_(0, rec.ids[ready], rec.step)
+            rec.unversioned.clear()
 
     def _apply(self, rec: PendingStep, ready: Tensor) -> None:
         ready_data = upload(ready, self.device)
