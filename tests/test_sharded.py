@@ -27,14 +27,8 @@ import torch
 from harness.runs import ns_eval_in_process, ns_export_splat_in_process, preflight_last_line
 
 from odin_ns.cuda import ops
-from odin_ns.runtime.sharded import (
-    ShardLayout,
-    VersionTest,
-    cache_of,
-    first_lacking_reference,
-    phase_read_sets,
-    step_tables,
-)
+from odin_ns.runtime.sharded import ShardLayout, cache_of, phase_read_sets, step_tables
+from odin_ns.runtime.update_log import VersionTest, first_lacking_reference
 from odin_ns.schedule import build_plan
 from odin_ns.schedule.ownership import random_ownership
 

@@ -83,6 +83,7 @@ from odin_ns.runtime.update_log import (
     ApplyHook,
     StepRows,
     UpdateLog,
+    VersionTest,
     step_record_reference,
     writer_groups_reference,
 )
@@ -90,6 +91,7 @@ from odin_ns.runtime.uploads import upload
 
 GRAD, PUSH = 0, 1
 EVERY_RANK = -1  # an ``owner`` entry: the row is replicated, every rank owns it
+NOTHING_LEFT = np.iinfo(np.int64).max  # the step a reader's next push waits on: none left
 
 
 def owned_by(owner: np.ndarray, rank: int) -> np.ndarray:
@@ -204,70 +206,6 @@ class StepPath:
     # packed once however many owners it goes to (rows every rank owns: to every peer)
     grad_sends: list[tuple[Tensor, list[int]]]
     own_test: VersionTest  # the owned reads against their last update before the step
-
-
-def first_lacking_reference(
-    versions: Tensor, rows: Tensor, need: Tensor, start: int, applied_through: int
-) -> int:
-    """The first i >= ``start`` with ``need[i] > applied_through`` and ``versions[rows[i]] <
-    need[i]``, else K: where a version test stops (the twin of the host kernel
-    ``first_lacking``).
-
-    Args:
-        versions: [O] int64, the owned rows' last applied global step, for steps after
-            ``applied_through`` (``UpdateLog.settle_versions``).
-        rows: [K] int64 owned local ids.
-        need: [K] int64 the global step each row must have applied.
-        start: where to read from, in [0, K].
-        applied_through: every step through this global step is applied.
-    """
-    later = need[start:] > applied_through
-    lacking = (later & (versions[rows[start:]] < need[start:])).nonzero()
-    return start + int(lacking[0]) if lacking.numel() else rows.numel()
-
-
-class VersionTest:
-    """Whether owned local ``rows`` have applied the global steps they ``need`` ([K] int64
-    each), asked again and again while a step or a push waits. A row that has its step keeps
-    it (versions only grow), so a test reads on from the first row not yet seen current:
-    that row alone first (most tests are of rows still waiting), then the rows after it, up
-    to the first that lacks its step (``first_lacking``: the host kernel, or its twin).
-    Each question gives the versions as the update log has them: ``versions`` ([O] int64
-    host) and ``through`` (every step through it is applied; ``UpdateLog.settle_versions``)."""
-
-    def __init__(
-        self, rows: np.ndarray, need: np.ndarray, first_lacking: Callable = first_lacking_reference
-    ):
-        self.rows = np.ascontiguousarray(rows, dtype=np.int64)
-        self.need = np.ascontiguousarray(need, dtype=np.int64)
-        self._rows, self._need = torch.from_numpy(self.rows), torch.from_numpy(self.need)
-        self._first_lacking = first_lacking
-        self._first = 0  # rows before it were seen current
-
-    def lacking(self, versions: np.ndarray, through: int) -> np.ndarray:
-        """[K] bool: the rows that lack their step."""
-        return (self.need > through) & (versions[self.rows] < self.need)
-
-    def waiting_on(self) -> tuple[int, int]:
-        """(row, step): the first row not yet seen current and the step it needs; the test
-        cannot pass before that row has it. (0, the least int64) once seen current."""
-        if self._first >= self.rows.size:
-            return 0, np.iinfo(np.int64).min
-        return int(self.rows[self._first]), int(self.need[self._first])
-
-    def current(self, versions: np.ndarray, through: int) -> bool:
-        """Whether no row lacks its step (read from the first row not yet seen current)."""
-        i, n = self._first, self.rows.size
-        if i < n and self.need[i] > through and versions[self.rows[i]] < self.need[i]:
-            return False
-        if i + 1 < n:  # row i has its step: read on from the next
-            i = self._first_lacking(
-                torch.from_numpy(versions), self._rows, self._need, i + 1, through
-            )
-        else:
-            i = n
-        self._first = i
-        return i == n
 
 
 class PhaseSteps:
@@ -566,7 +504,6 @@ class ShardedEngine:
         (``_path``) are made here too where every step's tables are (a layout with pushes),
         else when the step is first needed."""
         device, num_local = self.device, self.layout.num_local
-        self._first_lacking = ops.host_op("first_lacking") or first_lacking_reference
         self._table = [
             g.param.data.view(num_local, d) for g, d in zip(self.groups, self.dims, strict=True)
         ]
@@ -632,7 +569,7 @@ class ShardedEngine:
         """The test of owned local ``rows`` against their last planned update before a read
         (``prev``: local steps, -1: none in the phase, so nothing is needed)."""
         has = prev >= 0
-        return VersionTest(rows[has], self.offset + prev[has], self._first_lacking)
+        return VersionTest(rows[has], self.offset + prev[has], self.log.kernels.first_lacking)
 
     # ------------------------------------------------------------ keys and posting
     def _key(self, kind: int, t: int) -> int:
@@ -710,7 +647,8 @@ class ShardedEngine:
         """Local step t's owned reads whose last planned update before t is not applied yet
         ([K] local ids), and the oldest local step of an update they lack (None: K = 0)."""
         test = self._path(t).own_test
-        rows = test.rows[test.lacking(self._versions, self.log.settle_versions())]
+        through = self.log.settle_versions(self.offset + t)
+        rows = test.rows[test.lacking(self._versions, through)]
         if rows.size == 0:
             return rows, None
         return rows, self.log.oldest_unapplied(t, torch.from_numpy(rows))
@@ -741,7 +679,7 @@ class ShardedEngine:
         quality-first reads them at (all of them, except where throughput-first reads
         around a pending update)."""
         st = self.steps[t]
-        through = self.log.settle_versions()
+        through = self.log.settle_versions(self.offset + t)
         need = self.offset + st.own_prev
         current = (st.own_prev < 0) | (need <= through) | (self._versions[st.own_rows] >= need)
         return torch.from_numpy(self.layout.gids[st.own_rows][current])
@@ -764,14 +702,19 @@ class ShardedEngine:
         before the read applied): at once while the reader has credits, else packed now
         (the rows change at a later apply) and queued behind the pair's earlier pushes
         (``_send_deferred``)."""
-        through = self.log.settle_versions()
-        awaited = self._awaited_steps
-        moved = (awaited <= through) | (self._versions[self._awaited_rows] >= awaited)
+        awaited = self._awaited_steps  # a step the next push's rows need (one before its read)
+        later = awaited > self.log.applied_through
+        asks = later & (awaited < NOTHING_LEFT)
+        if asks.any():
+            self.log.settle_versions(int(awaited[asks].max()) + 1)
+        moved = ~later | (self._versions[self._awaited_rows] >= awaited)
         for i in np.flatnonzero(moved).tolist():
             q = self._readers[i]
             pushes = self.out[q]
             k = self.push_sent[q]
-            while k < len(pushes) and self._push_tests[q][k].current(self._versions, through):
+            while k < len(pushes) and self._push_tests[q][k].current(
+                self._versions, self.log.settle_versions(self.offset + pushes[k].step)
+            ):
                 rows = self._push_rows_out[q][k]
                 buf = self._row_ops.pack_rows(rows, self._table)
                 if self.admission is not None:
@@ -796,7 +739,7 @@ class ShardedEngine:
         q = self._readers[i]
         k = self.push_sent[q]
         tests = self._push_tests[q]
-        row, step = tests[k].waiting_on() if k < len(tests) else (0, np.iinfo(np.int64).max)
+        row, step = tests[k].waiting_on() if k < len(tests) else (0, NOTHING_LEFT)
         self._awaited_rows[i], self._awaited_steps[i] = row, step
 
     def _send_deferred(self) -> None:
@@ -847,7 +790,8 @@ class ShardedEngine:
         """What local step t still needs before it reads (quality-first and barrier): the
         oldest gradient its owned reads lack, a push of its cached reads, or (barrier)
         every rank's step t - 1; None when nothing."""
-        if not self._path(t).own_test.current(self._versions, self.log.settle_versions()):
+        through = self.log.settle_versions(self.offset + t)
+        if not self._path(t).own_test.current(self._versions, through):
             return self.log.first_missing(t)
         if self.dense and self.log.oldest_unapplied(t) is not None:
             return self.log.first_missing(t)  # ddp: the sum of every earlier step, applied
@@ -897,14 +841,16 @@ class ShardedEngine:
         rows, s = self.lagging_owned_reads(t)
         if rows.size:
             own = self._path(t).own_test
-            lagging = VersionTest(rows, own.need[np.searchsorted(own.rows, rows)])
+            need = own.need[np.searchsorted(own.rows, rows)]
+            lagging = VersionTest(rows, need, self.log.kernels.first_lacking)
+            step = self.offset + t
             out.append(
                 PendingSource(
                     self.rank,
                     rows,
                     s,
                     lambda lagging=lagging: (
-                        not lagging.lacking(self._versions, self.log.settle_versions()).all()
+                        not lagging.lacking(self._versions, self.log.settle_versions(step)).all()
                     ),
                 )
             )

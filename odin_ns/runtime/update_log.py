@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -171,6 +172,70 @@ def take_ready_reference(
     return ready, int(take.numel()), candidates[~ok].sort().values
 
 
+def first_lacking_reference(
+    versions: Tensor, rows: Tensor, need: Tensor, start: int, applied_through: int
+) -> int:
+    """The first i >= ``start`` with ``need[i] > applied_through`` and ``versions[rows[i]] <
+    need[i]``, else K: where a version test stops (the twin of the host kernel
+    ``first_lacking``).
+
+    Args:
+        versions: [O] int64, the owned rows' last applied global step, for steps after
+            ``applied_through`` (``UpdateLog.settle_versions``).
+        rows: [K] int64 owned local ids.
+        need: [K] int64 the global step each row must have applied.
+        start: where to read from, in [0, K].
+        applied_through: every step through this global step is applied.
+    """
+    later = need[start:] > applied_through
+    lacking = (later & (versions[rows[start:]] < need[start:])).nonzero()
+    return start + int(lacking[0]) if lacking.numel() else rows.numel()
+
+
+class VersionTest:
+    """Whether owned local ``rows`` have applied the global steps they ``need`` ([K] int64
+    each), asked again and again while a step or a push waits. A row that has its step keeps
+    it (versions only grow), so a test reads on from the first row not yet seen current:
+    that row alone first (most tests are of rows still waiting), then the rows after it, up
+    to the first that lacks its step (``first_lacking``: the host kernel, or its twin).
+    Each question gives the versions as the update log has them: ``versions`` ([O] int64
+    host) and ``through`` (every step through it is applied; ``UpdateLog.settle_versions``)."""
+
+    def __init__(
+        self, rows: np.ndarray, need: np.ndarray, first_lacking: Callable = first_lacking_reference
+    ):
+        self.rows = np.ascontiguousarray(rows, dtype=np.int64)
+        self.need = np.ascontiguousarray(need, dtype=np.int64)
+        self._rows, self._need = torch.from_numpy(self.rows), torch.from_numpy(self.need)
+        self._first_lacking = first_lacking
+        self._first = 0  # rows before it were seen current
+
+    def lacking(self, versions: np.ndarray, through: int) -> np.ndarray:
+        """[K] bool: the rows that lack their step."""
+        return (self.need > through) & (versions[self.rows] < self.need)
+
+    def waiting_on(self) -> tuple[int, int]:
+        """(row, step): the first row not yet seen current and the step it needs; the test
+        cannot pass before that row has it. (0, the least int64) once seen current."""
+        if self._first >= self.rows.size:
+            return 0, np.iinfo(np.int64).min
+        return int(self.rows[self._first]), int(self.need[self._first])
+
+    def current(self, versions: np.ndarray, through: int) -> bool:
+        """Whether no row lacks its step (read from the first row not yet seen current)."""
+        i, n = self._first, self.rows.size
+        if i < n and self.need[i] > through and versions[self.rows[i]] < self.need[i]:
+            return False
+        if i + 1 < n:  # row i has its step: read on from the next
+            i = self._first_lacking(
+                torch.from_numpy(versions), self._rows, self._need, i + 1, through
+            )
+        else:
+            i = n
+        self._first = i
+        return i == n
+
+
 @dataclass(frozen=True)
 class StepRows:
     """One step's rows as the update log reads them (``StepWrites.step_union``), host tensors.
@@ -199,16 +264,19 @@ class StepWrites(Protocol):
 @dataclass(frozen=True)
 class StepKernels:
     """The update log's per-step host kernels: the compiled ``torch.ops.odin`` ones where the
-    CPU library is built, else their torch twins (same results). Resolved once per log."""
+    CPU library is built, else their torch twins (same results). Resolved once per log (and
+    ``first_lacking`` for the engine's version tests)."""
 
     add_arrivals: Callable = add_arrivals_reference
     take_ready: Callable = take_ready_reference
+    first_lacking: Callable = first_lacking_reference
 
     @classmethod
     def resolve(cls) -> StepKernels:
         return cls(
             ops.host_op("add_arrivals") or add_arrivals_reference,
             ops.host_op("take_ready") or take_ready_reference,
+            ops.host_op("first_lacking") or first_lacking_reference,
         )
 
 
@@ -456,13 +524,16 @@ class UpdateLog:
         self.applied_through = through
         return total
 
-    def settle_versions(self) -> int:
-        """Write the host versions of every applied row of a step after ``applied_through``
-        and return it: a row then has global step n applied iff ``n <= applied_through`` or
-        ``versions[row] >= n``. (On a device, a step's rows are applied without writing the
-        host vector: when the step completes before anything asks, as every step of a rank
-        whose peers keep up does, ``applied_through`` covers them and nothing is written.)"""
-        self._write_versions(self.applied_through, before=None)
+    def settle_versions(self, before: int) -> int:
+        """Write the host versions of the applied rows of every step after
+        ``applied_through`` and before global step ``before`` (what a read at ``before``
+        can need), and return ``applied_through``: a row then has global step n < ``before``
+        applied iff ``n <= applied_through`` or ``versions[row] >= n``. (A step's rows are
+        applied without writing the host vector; when the step completes before a read of a
+        later step asks, as every step does while the peers keep up, ``applied_through``
+        covers them and nothing is written.)"""
+        if before > self.applied_through + 1:  # (else no step lies between)
+            self._write_versions(self.applied_through, before)
         return self.applied_through
 
     def settle_after_drain(self) -> None:
@@ -472,11 +543,11 @@ class UpdateLog:
         for rec in self.pending.values():
             rec.unversioned.clear()
 
-    def _write_versions(self, through: int, before: int | None) -> None:
+    def _write_versions(self, through: int, before: int) -> None:
         """Write the deferred versions of the pending steps after global step ``through``
-        and before ``before`` (None: every one); drop those at or before ``through``."""
+        and before global step ``before``; drop those at or before ``through``."""
         for rec in self.pending.values():
-            if before is not None and rec.step >= before:
+            if rec.step >= before:
                 break
             if rec.unversioned and rec.step > through:
                 for ready in rec.unversioned:
@@ -515,4 +586,12 @@ class UpdateLog:
             self.observe_sum(rec.ids_data, acc, ready_data)
 
 
-__all__ = ["ApplyHook", "PendingStep", "StepKernels", "StepRows", "SumBuffers", "UpdateLog"]
+__all__ = [
+    "ApplyHook",
+    "PendingStep",
+    "StepKernels",
+    "StepRows",
+    "SumBuffers",
+    "UpdateLog",
+    "VersionTest",
+]

@@ -17,7 +17,7 @@
 //
 // Their specifications are the torch twins update_log.step_record_reference,
 // writer_groups_reference, add_arrivals_reference, take_ready_reference and
-// sharded.first_lacking_reference, checked equal in tests/test_runtime.py and
+// first_lacking_reference, checked equal in tests/test_runtime.py and
 // tests/test_sharded.py. Each replaces several torch operations per step (a unique and a
 // searchsorted, a gather and a fill; a unique of writer sets and a sort; an index_add, a
 // compare and a boolean-mask index; a gather, a compare, a fill and a scatter), one pass
