@@ -197,9 +197,10 @@ def test_step_kernels_equal_their_twins():
             v_want = versions.clone()
             a = take_ready(candidates, done, ids, local_prev, 3, versions, through)
             b = take_ready_reference(candidates, done_want, ids, local_prev, 3, v_want, through)
-            assert torch.equal(a[0], b[0]) and a[1] == b[1] and torch.equal(a[2], b[2])
+            assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
             assert torch.equal(done, done_want) and torch.equal(versions, v_want)  # only read
-            assert a[1] + a[2].numel() == candidates.numel()
+            assert a[1].numel() + a[2].numel() == candidates.numel()
+            assert torch.equal(a[1], a[0].nonzero().squeeze(1))  # the rows taken, in order
             # taken: covered by ``through`` or by the versions; held: neither
             wants = local_prev[candidates] + 3
             taken = (wants <= through) | (versions[ids[candidates]] >= wants)

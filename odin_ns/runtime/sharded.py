@@ -480,7 +480,7 @@ class ShardedEngine:
             hook=hook,
             observe_sum=None if self.admission is None else self.admission.observe_apply,
         )
-        self._versions = self.log.versions.numpy()  # [O] host view of the applied steps
+        self._versions = self.log.versions.numpy()  # [O] host view (``settle_versions``)
         self._row_ops = self.log.row_ops  # pack and scatter, resolved for the device once
         self.config = sync if sync is not None else SyncConfig(mode=self._mode())
         self.ledger = ledger if ledger is not None else RunLedger()
@@ -522,8 +522,9 @@ class ShardedEngine:
         }
         # per reader (``self._readers[i]``), what its next unsent push waits on: a row and
         # the step it needs (``VersionTest.waiting_on``), so that ``_flush_pushes`` tests
-        # only the pushes whose awaited row has its step, in one array read
-        self._readers = list(self.out)
+        # only the pushes whose awaited row has its step, in one array read (readers this
+        # rank pushes nothing to are left out)
+        self._readers = [q for q, pushes in self.out.items() if pushes]
         self._awaited_rows = np.zeros(len(self._readers), dtype=np.int64)
         self._awaited_steps = np.zeros(len(self._readers), dtype=np.int64)
         for i in range(len(self._readers)):
@@ -702,19 +703,18 @@ class ShardedEngine:
         before the read applied): at once while the reader has credits, else packed now
         (the rows change at a later apply) and queued behind the pair's earlier pushes
         (``_send_deferred``)."""
-        awaited = self._awaited_steps  # a step the next push's rows need (one before its read)
-        later = awaited > self.log.applied_through
-        asks = later & (awaited < NOTHING_LEFT)
-        if asks.any():
-            self.log.settle_versions(int(awaited[asks].max()) + 1)
-        moved = ~later | (self._versions[self._awaited_rows] >= awaited)
+        if not self._readers:  # (every rank owns every row, say: no pushes)
+            return
+        # every applied row's host version: a push may need any step applied so far
+        through = self.log.settle_versions(NOTHING_LEFT)
+        versions = self._versions
+        # (a reader's next push waits on a row's step: moved if applied, by either rule)
+        moved = np.maximum(versions[self._awaited_rows], through) >= self._awaited_steps
         for i in np.flatnonzero(moved).tolist():
             q = self._readers[i]
             pushes = self.out[q]
             k = self.push_sent[q]
-            while k < len(pushes) and self._push_tests[q][k].current(
-                self._versions, self.log.settle_versions(self.offset + pushes[k].step)
-            ):
+            while k < len(pushes) and self._push_tests[q][k].current(versions, through):
                 rows = self._push_rows_out[q][k]
                 buf = self._row_ops.pack_rows(rows, self._table)
                 if self.admission is not None:

@@ -156,8 +156,9 @@ def take_ready_reference(
     ``prev + offset <= applied_through`` (every step through that global step is applied)
     or else ``versions[ids] >= prev + offset`` ([N] int64, read only there). Those rows are
     marked in ``applied`` ([U] bool), in place; their versions are the caller's to write.
-    Returns (ready [U] bool, their count, the candidates held back, [K'] int64 in increasing
-    order). Host tensors. The torch twin of the host kernel ``torch.ops.odin.take_ready``."""
+    Returns (ready [U] bool, the rows taken, [n] int64, and the candidates held back, [K']
+    int64, both in increasing order). Host tensors. The torch twin of the host kernel
+    ``torch.ops.odin.take_ready``."""
     if candidates.numel() and bool(applied[candidates].any()):
         raise RuntimeError("take_ready: a candidate is already applied")
     need = prev[candidates]
@@ -165,11 +166,11 @@ def take_ready_reference(
     later = (~ok).nonzero().squeeze(1)
     if later.numel():
         ok[later] = versions[ids[candidates[later]]] >= need[later] + offset
-    take = candidates[ok]
+    take = candidates[ok].sort().values
     ready = torch.zeros(ids.shape, dtype=torch.bool)
     ready[take] = True
     applied[take] = True
-    return ready, int(take.numel()), candidates[~ok].sort().values
+    return ready, take, candidates[~ok].sort().values
 
 
 def first_lacking_reference(
@@ -355,7 +356,7 @@ class PendingStep:
         # a writer with no row of the step sends nothing: its part counts as received
         self.received = [pos.numel() == 0 for pos in self.positions]
         self.done = self.ids.numel() == 0  # every row applied
-        # [U] bool masks of applied rows whose host versions the log has not written yet
+        # applied rows ([K] int64 positions) whose host versions the log has not written yet
         self.unversioned: list[Tensor] = []
 
     def add(self, q: int, rows: Tensor) -> None:
@@ -380,12 +381,16 @@ class PendingStep:
         """(ready [U] bool, count): of the complete rows, those whose previous planned write
         is applied (every step through global step ``applied_through`` is; a later one where
         ``versions``, [N] int64 host, says so; ``offset``: the global step of local step 0),
-        now marked applied; the others stay complete for a later look."""
+        now marked applied and noted in ``unversioned``; the others stay complete for a
+        later look."""
         candidates = self.complete[0] if len(self.complete) == 1 else torch.cat(self.complete)
-        ready, n, held = self.kernels.take_ready(
+        ready, taken, held = self.kernels.take_ready(
             candidates, self.applied, self.ids, self.prev, offset, versions, applied_through
         )
         self.complete = [held] if held.numel() else []
+        n = taken.numel()
+        if n:
+            self.unversioned.append(taken)
         self.unapplied -= n
         self.done = self.unapplied == 0
         return ready, n
@@ -428,7 +433,7 @@ class UpdateLog:
         self.width = sum(g.row_dim for g in self.groups) + 1  # W: columns, then visible
         self.versions = versions  # [N] int64 host: see ``settle_versions``
         # [N] int64 on the parameters' device, kept exact by the apply op (a copy of its own
-        # on the host too, so that CPU ranks run the host vector's path a device's run)
+        # on the host too, so that CPU ranks take the path a device's ranks take)
         self.versions_data = versions.to(self.device, copy=True)
         self.applied_through = step_offset - 1  # every step through this one is applied
         self.kernels = StepKernels.resolve()
@@ -508,7 +513,6 @@ class UpdateLog:
                     self._write_versions(through, before=rec.step)
                 ready, n = rec.take_ready(self.versions, self.step_offset, through)
                 if n:
-                    rec.unversioned.append(ready)
                     self._apply(rec, ready)
                     total += n
                     if rec.done:
@@ -550,8 +554,8 @@ class UpdateLog:
             if rec.step >= before:
                 break
             if rec.unversioned and rec.step > through:
-                for ready in rec.unversioned:
-                    self.versions.index_fill_(0, rec.ids[ready], rec.step)
+                for taken in rec.unversioned:
+                    self.versions.index_fill_(0, rec.ids.index_select(0, taken), rec.step)
             rec.unversioned.clear()
 
     def _apply(self, rec: PendingStep, ready: Tensor) -> None:

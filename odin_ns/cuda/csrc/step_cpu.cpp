@@ -7,7 +7,8 @@
 // - add_arrivals: one more writer arrived for each of its groups; the rows of the groups
 //   whose writers are now all in;
 // - take_ready: of those rows, the ones whose previous planned write is applied: marked
-//   applied, and the step's ready mask (their versions are the update log's to write);
+//   applied, the step's ready mask and the rows taken (their versions are the update
+//   log's to write);
 // - first_lacking: the first of a read's rows, from a start, whose version is below the
 //   step it needs (the engine's version tests: a step's owned reads, a push's rows).
 //
@@ -297,7 +298,7 @@ at::Tensor add_arrivals_cpu(const at::Tensor& need, const at::Tensor& groups,
   return out;
 }
 
-std::tuple<at::Tensor, int64_t, at::Tensor> take_ready_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> take_ready_cpu(
     const at::Tensor& candidates, const at::Tensor& applied, const at::Tensor& ids,
     const at::Tensor& prev, int64_t offset, const at::Tensor& versions,
     int64_t applied_through) {
@@ -338,6 +339,8 @@ std::tuple<at::Tensor, int64_t, at::Tensor> take_ready_cpu(
   const int64_t* before = prev.data_ptr<int64_t>();
   const int64_t through = applied_through - offset;  // as a local step
   const int64_t* version = versions.data_ptr<int64_t>();
+  at::Tensor taken = at::empty({m}, at::kLong);  // the rows taken, in row order
+  int64_t* take = taken.data_ptr<int64_t>();
   int64_t n = 0;
   int64_t b = 0;  // held back, written over order[0, b) as it is read (b <= j)
   for (int64_t j = 0; j < m; ++j) {
@@ -351,13 +354,13 @@ std::tuple<at::Tensor, int64_t, at::Tensor> take_ready_cpu(
     }
     if (ok) {
       done[c] = true;
-      ++n;
+      take[n++] = c;
     } else {
       out[c] = false;
       order[b++] = c;
     }
   }
-  return {ready, n, rows_in_order.narrow(0, 0, b)};
+  return {ready, taken.narrow(0, 0, n), rows_in_order.narrow(0, 0, b)};
 }
 
 // A version test reads on from where the last one stopped, one row at a time, and stops at
@@ -400,7 +403,7 @@ TORCH_LIBRARY_FRAGMENT(odin, m) {
       "Tensor");
   m.def(
       "take_ready(Tensor candidates, Tensor(a!) applied, Tensor ids, Tensor prev, int offset, "
-      "Tensor versions, int applied_through) -> (Tensor, int, Tensor)");
+      "Tensor versions, int applied_through) -> (Tensor, Tensor, Tensor)");
   m.def(
       "first_lacking(Tensor versions, Tensor rows, Tensor need, int start, int applied_through) "
       "-> int");
