@@ -192,13 +192,18 @@ def test_step_kernels_equal_their_twins():
         candidates = complete[u // 5 :]
         versions = torch.from_numpy(rng.integers(-1, 12, 500))
         local_prev = torch.where(prev >= 0, prev - 3, torch.full_like(prev, -1))  # offset 3
-        for through in (10, 6, 2):  # 10: every earlier step applied (the look in order)
-            done, done_want = applied.clone(), applied.clone()
-            v_want = versions.clone()
-            a = take_ready(candidates, done, ids, local_prev, 3, versions, through)
-            b = take_ready_reference(candidates, done_want, ids, local_prev, 3, v_want, through)
+        for through, write in ((10, -1), (6, -1), (2, -1), (6, 11)):  # 10: every earlier
+            done, done_want = applied.clone(), applied.clone()  # step applied (in order)
+            v, v_want = versions.clone(), versions.clone()
+            a = take_ready(candidates, done, ids, local_prev, 3, v, through, write)
+            b = take_ready_reference(
+                candidates, done_want, ids, local_prev, 3, v_want, through, write
+            )
             assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-            assert torch.equal(done, done_want) and torch.equal(versions, v_want)  # only read
+            assert torch.equal(done, done_want) and torch.equal(v, v_want)
+            expect = versions.clone()  # -1: only read; else the taken rows' versions set
+            expect[ids[a[1]]] = write if write >= 0 else expect[ids[a[1]]]
+            assert torch.equal(v, expect)
             assert a[1].numel() + a[2].numel() == candidates.numel()
             assert torch.equal(a[1], a[0].nonzero().squeeze(1))  # the rows taken, in order
             # taken: covered by ``through`` or by the versions; held: neither
@@ -208,11 +213,13 @@ def test_step_kernels_equal_their_twins():
             assert torch.equal(a[2], candidates[~taken].sort().values)
             if through == 10:
                 assert a[2].numel() == 0
-            else:
+            elif write < 0:
                 held.append(0 < a[2].numel() < candidates.numel())
     assert any(held)  # the version test held some rows back, not all
     with pytest.raises(RuntimeError, match="already applied"):
-        take_ready(candidates, torch.ones(u, dtype=torch.bool), ids, local_prev, 3, versions, 10)
+        take_ready(
+            candidates, torch.ones(u, dtype=torch.bool), ids, local_prev, 3, versions, 10, -1
+        )
     last = torch.zeros(500, dtype=torch.int64)
     with pytest.raises(ValueError, match="out of range"):
         record([torch.tensor([3, 500])], last, 1)
@@ -227,11 +234,12 @@ def test_step_kernels_equal_their_twins():
     for a, b in zip(group(none, 0), writer_groups_reference(none, 0), strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)
     with pytest.raises(ValueError, match="versions must be torch.int64"):
-        take_ready(candidates, applied, ids, local_prev, 3, versions.int(), 2)
-    applied_before = applied.clone()
+        take_ready(candidates, applied, ids, local_prev, 3, versions.int(), 2, -1)
+    applied_before, versions_before = applied.clone(), versions.clone()
     with pytest.raises(ValueError, match="candidates out of range"):
-        take_ready(torch.tensor([0, u]), applied, ids, local_prev, 3, versions, 10)
+        take_ready(torch.tensor([0, u]), applied, ids, local_prev, 3, versions, 10, 11)
     assert torch.equal(applied, applied_before)  # refused before anything was written
+    assert torch.equal(versions, versions_before)
     # the tables it keeps between calls are left clear: a smaller step after a larger one,
     # and a refused call in between, give the twin's answer
     small = [torch.tensor([7, 9]), torch.tensor([2, 9])]
@@ -372,14 +380,16 @@ class _RandomWrites:
         return self.rows[s]
 
 
-def test_host_versions_are_written_when_asked():
-    """The update log applies rows without writing the host's version vector; asked
-    (``settle_versions``), the host vector says, of every row, what the apply op's exact
-    vector says wherever that is after ``applied_through``, and never more; every step
-    through ``applied_through`` is applied. Arrivals in random order across steps and
-    writers (rows applied out of step order, steps retired out of order), checked after
-    every arrival; at the end (a drain) the host vector is the exact one, and the
-    parameters equal those of arrivals in step order, bit for bit."""
+@pytest.mark.parametrize("on_take", [False, True])
+def test_host_versions_are_written_when_asked(on_take):
+    """The update log applies rows without writing the host's version vector (or, with
+    ``versions_on_take``, as it takes them); asked (``settle_versions``), the host vector
+    says, of every row, what the apply op's exact vector says wherever that is after
+    ``applied_through``, and never more; every step through ``applied_through`` is
+    applied. Arrivals in random order across steps and writers (rows applied out of step
+    order, steps retired out of order), checked after every arrival; at the end (a drain)
+    the host vector is the exact one, and the parameters equal those of arrivals in step
+    order, bit for bit."""
     n, steps, world, offset = 90, 10, 3, 7
     writes = _RandomWrites(n, steps, world, seed=2)
     width = 3 + 12 + 1 + 1
@@ -395,7 +405,8 @@ def test_host_versions_are_written_when_asked():
     results = []
     for order in (sorted(parts), [list(parts)[i] for i in rng.permutation(len(parts))]):
         groups = toy_groups(n)
-        log = UpdateLog(groups, writes, world, offset, torch.full((n,), offset - 1))
+        versions = torch.full((n,), offset - 1)
+        log = UpdateLog(groups, writes, world, offset, versions, versions_on_take=on_take)
         skipped = ahead = False  # host rows left unwritten; rows applied past the prefix
         for t, q in order:
             log.add(t, q, parts[(t, q)].clone())
@@ -411,7 +422,7 @@ def test_host_versions_are_written_when_asked():
         log.settle_after_drain()
         assert torch.equal(log.versions, log.versions_data)
         results.append(groups)
-        assert skipped and ahead  # both cases arose in each order
+        assert skipped != on_take and ahead  # (written on take: the host vector is exact)
     assert _same(*results)
 
 

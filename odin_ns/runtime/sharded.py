@@ -479,6 +479,7 @@ class ShardedEngine:
             versions if versions.device.type == "cpu" else versions.cpu(),
             hook=hook,
             observe_sum=None if self.admission is None else self.admission.observe_apply,
+            versions_on_take=any(self.out.values()),  # pushes ask as rows are applied
         )
         self._versions = self.log.versions.numpy()  # [O] host view (``settle_versions``)
         self._row_ops = self.log.row_ops  # pack and scatter, resolved for the device once

@@ -28,7 +28,9 @@ the exact vector on the parameters' device; the host vector is written only for 
 steps past ``applied_through``, and only when something asks (``settle_versions``), so a
 step that completes first, as every step does while the peers keep up, writes nothing on
 the host (at 1M rows and R = 8 replicated those writes were a third of ``take_ready``'s
-time: a cache miss a row into an 8 MB vector); a drain copies the exact vector back.
+time: a cache miss a row into an 8 MB vector); a drain copies the exact vector back. An
+owner that pushes rows writes them as it takes them (``versions_on_take``): its pushes ask
+at once.
 
 An optional ``ApplyHook`` sees every applied row set around its Adam update (the MCMC
 strategy's lazy position noise, ``odin_ns.distributed.mcmc_noise``); with the default
@@ -149,13 +151,15 @@ def take_ready_reference(
     offset: int,
     versions: Tensor,
     applied_through: int,
-) -> tuple[Tensor, int, Tensor]:
+    write_step: int,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Of a pending step's rows whose writers have all arrived (``candidates``: [K] int64
     distinct positions, none applied), those whose previous planned write is applied:
     ``prev`` [U] int64 local step of it (-1: none in the phase), applied when
     ``prev + offset <= applied_through`` (every step through that global step is applied)
     or else ``versions[ids] >= prev + offset`` ([N] int64, read only there). Those rows are
-    marked in ``applied`` ([U] bool), in place; their versions are the caller's to write.
+    marked in ``applied`` ([U] bool) and, where ``write_step >= 0``, get ``versions[ids] =
+    write_step``, in place (-1: their versions are the caller's to write).
     Returns (ready [U] bool, the rows taken, [n] int64, and the candidates held back, [K']
     int64, both in increasing order). Host tensors. The torch twin of the host kernel
     ``torch.ops.odin.take_ready``."""
@@ -170,6 +174,8 @@ def take_ready_reference(
     ready = torch.zeros(ids.shape, dtype=torch.bool)
     ready[take] = True
     applied[take] = True
+    if write_step >= 0:
+        versions[ids[take]] = write_step
     return ready, take, candidates[~ok].sort().values
 
 
@@ -377,19 +383,22 @@ class PendingStep:
         self.need.zero_()
         self.complete = [(~self.applied).nonzero().squeeze(1)]
 
-    def take_ready(self, versions: Tensor, offset: int, applied_through: int) -> tuple[Tensor, int]:
+    def take_ready(
+        self, versions: Tensor, offset: int, applied_through: int, write: bool
+    ) -> tuple[Tensor, int]:
         """(ready [U] bool, count): of the complete rows, those whose previous planned write
         is applied (every step through global step ``applied_through`` is; a later one where
         ``versions``, [N] int64 host, says so; ``offset``: the global step of local step 0),
-        now marked applied and noted in ``unversioned``; the others stay complete for a
-        later look."""
+        now marked applied, their host versions written (``write``) or noted in
+        ``unversioned``; the others stay complete for a later look."""
         candidates = self.complete[0] if len(self.complete) == 1 else torch.cat(self.complete)
         ready, taken, held = self.kernels.take_ready(
-            candidates, self.applied, self.ids, self.prev, offset, versions, applied_through
-        )
+            candidates, self.applied, self.ids, self.prev, offset, versions, applied_through,
+            self.step if write else -1,
+        )  # fmt: skip
         self.complete = [held] if held.numel() else []
         n = taken.numel()
-        if n:
+        if n and not write:
             self.unversioned.append(taken)
         self.unapplied -= n
         self.done = self.unapplied == 0
@@ -407,6 +416,9 @@ class UpdateLog:
         versions: [N] int64 host version vector to continue from (updated in place, see
             ``settle_versions``); every step before ``step_offset`` is applied.
         hook: optional ``ApplyHook`` called around every apply (None: no call).
+        versions_on_take: write the host versions of rows as they are taken (an owner that
+            pushes rows: its pushes ask for them as soon as the rows are applied); else only
+            when asked (``settle_versions``).
         observe_sum: optional ``f(ids, acc, applied)`` called after every apply with the
             step's rows ([U] int64), their summed rows ([U, W] float32, visible count last)
             and which were applied ([U] bool), all on the parameters' device (no read of
@@ -422,8 +434,10 @@ class UpdateLog:
         versions: Tensor,
         hook: ApplyHook | None = None,
         observe_sum: Callable[[Tensor, Tensor, Tensor], None] | None = None,
+        versions_on_take: bool = False,
     ):
         self.groups = list(groups)
+        self.versions_on_take = versions_on_take
         self.hook = hook
         self.observe_sum = observe_sum
         self.writes = writes
@@ -511,7 +525,9 @@ class UpdateLog:
             if rec.complete:  # rows whose writers all arrived, not applied yet
                 if not in_order:  # its look reads the versions of steps after ``through``
                     self._write_versions(through, before=rec.step)
-                ready, n = rec.take_ready(self.versions, self.step_offset, through)
+                ready, n = rec.take_ready(
+                    self.versions, self.step_offset, through, self.versions_on_take
+                )
                 if n:
                     self._apply(rec, ready)
                     total += n

@@ -7,8 +7,8 @@
 // - add_arrivals: one more writer arrived for each of its groups; the rows of the groups
 //   whose writers are now all in;
 // - take_ready: of those rows, the ones whose previous planned write is applied: marked
-//   applied, the step's ready mask and the rows taken (their versions are the update
-//   log's to write);
+//   applied, their versions set (or left to the update log), the step's ready mask and
+//   the rows taken;
 // - first_lacking: the first of a read's rows, from a start, whose version is below the
 //   step it needs (the engine's version tests: a step's owned reads, a push's rows).
 //
@@ -301,7 +301,7 @@ at::Tensor add_arrivals_cpu(const at::Tensor& need, const at::Tensor& groups,
 std::tuple<at::Tensor, at::Tensor, at::Tensor> take_ready_cpu(
     const at::Tensor& candidates, const at::Tensor& applied, const at::Tensor& ids,
     const at::Tensor& prev, int64_t offset, const at::Tensor& versions,
-    int64_t applied_through) {
+    int64_t applied_through, int64_t write_step) {
   const char* op = "take_ready";
   const int64_t U = check_ids_and_versions(ids, versions, op);
   check_step_rows(applied, U, at::kBool, op, "applied");
@@ -338,7 +338,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> take_ready_cpu(
   }
   const int64_t* before = prev.data_ptr<int64_t>();
   const int64_t through = applied_through - offset;  // as a local step
-  const int64_t* version = versions.data_ptr<int64_t>();
+  int64_t* version = versions.data_ptr<int64_t>();
+  const bool write = write_step >= 0;
   at::Tensor taken = at::empty({m}, at::kLong);  // the rows taken, in row order
   int64_t* take = taken.data_ptr<int64_t>();
   int64_t n = 0;
@@ -346,11 +347,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> take_ready_cpu(
   for (int64_t j = 0; j < m; ++j) {
     const int64_t c = order[j];
     bool ok = before[c] <= through;  // (-1: no write in the phase, so always)
-    if (!ok) {
+    if (!ok || write) {
       const int64_t p = id[c];
       // an invariant of the update log (union ids index versions), checked where read
       TORCH_CHECK(p >= 0 && p < N, op, ": union id ", p, " out of range [0, ", N, ")");
-      ok = version[p] >= before[c] + offset;
+      ok = ok || version[p] >= before[c] + offset;
+      if (ok && write) version[p] = write_step;
     }
     if (ok) {
       done[c] = true;
@@ -403,7 +405,7 @@ TORCH_LIBRARY_FRAGMENT(odin, m) {
       "Tensor");
   m.def(
       "take_ready(Tensor candidates, Tensor(a!) applied, Tensor ids, Tensor prev, int offset, "
-      "Tensor versions, int applied_through) -> (Tensor, Tensor, Tensor)");
+      "Tensor(b!) versions, int applied_through, int write_step) -> (Tensor, Tensor, Tensor)");
   m.def(
       "first_lacking(Tensor versions, Tensor rows, Tensor need, int start, int applied_through) "
       "-> int");
