@@ -31,9 +31,14 @@ from harness import (
 
 from odin_ns.cuda import ops
 from odin_ns.runtime import MODES, SyncConfig
-from odin_ns.runtime.sharded import ShardedEngine, ShardLayout
+from odin_ns.runtime.sharded import (
+    PhaseSteps,
+    ShardedEngine,
+    ShardLayout,
+    replicated_layout,
+    step_rows,
+)
 from odin_ns.runtime.update_log import (
-    StepRows,
     SumBuffers,
     UpdateLog,
     add_arrivals_reference,
@@ -362,24 +367,6 @@ def test_version_order_across_peers():
         assert torch.equal(eng.versions, ref_versions)
 
 
-class _RandomWrites:
-    """``StepWrites`` of random footprints: ``steps`` steps of ``world`` writers on N rows."""
-
-    def __init__(self, num_rows: int, steps: int, world: int, seed: int):
-        rng = np.random.default_rng(seed)
-        last = torch.full((num_rows,), -1, dtype=torch.int64)
-        self.rows: list[StepRows] = []
-        for t in range(steps):
-            sizes = rng.integers(1, num_rows // 3, world)
-            fps = [torch.from_numpy(np.sort(rng.choice(num_rows, k, replace=False))) for k in sizes]
-            ids, positions, prev = step_record_reference(fps, last, t)
-            groups = writer_groups_reference(positions, ids.numel())
-            self.rows.append(StepRows(ids, positions, prev, groups))
-
-    def step_union(self, s: int) -> StepRows:
-        return self.rows[s]
-
-
 @pytest.mark.parametrize("on_take", [False, True])
 def test_host_versions_are_written_when_asked(on_take):
     """The update log applies rows without writing the host's version vector (or, with
@@ -391,13 +378,15 @@ def test_host_versions_are_written_when_asked(on_take):
     the host vector is the exact one, and the parameters equal those of arrivals in step
     order, bit for bit."""
     n, steps, world, offset = 90, 10, 3, 7
-    writes = _RandomWrites(n, steps, world, seed=2)
+    plan = ListPlan(random_footprints(n, steps, world, seed=2))
+    tables = step_rows(plan, replicated_layout(n, 0), world)  # the engine's step tables
+    writes = PhaseSteps((step for step, _, _ in tables), steps, world)
     width = 3 + 12 + 1 + 1
     gen = torch.Generator().manual_seed(5)
-    parts = {
-        (t, q): torch.randn(writes.rows[t].positions[q].numel(), width, generator=gen)
+    parts = {  # (a writer with no row of a step sends nothing)
+        (t, q): torch.randn(rows.size, width, generator=gen)
         for t in range(steps)
-        for q in range(world)
+        for q, rows in writes[t].positions.items()
     }
     for part in parts.values():
         part[:, -1] = 1.0  # every writer saw its rows
