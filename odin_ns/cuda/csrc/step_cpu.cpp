@@ -14,7 +14,8 @@
 //
 // Both take the step through which every update is applied (applied_through): a row whose
 // step is at or below it has it, whatever the version vector says, so neither reads the
-// vector for it (the update log writes the vector only for rows of steps beyond it).
+// vector for it (the update log writes the vector when asked, only for rows of steps beyond
+// it, or take_ready writes it as it takes rows: write_step).
 //
 // Their specifications are the torch twins update_log.step_record_reference,
 // writer_groups_reference, add_arrivals_reference, take_ready_reference and
