@@ -42,6 +42,7 @@ from odin_ns.runtime.update_log import (
     SumBuffers,
     UpdateLog,
     add_arrivals_reference,
+    mark_ready_reference,
     step_record_reference,
     take_ready_reference,
     writer_groups_reference,
@@ -151,10 +152,10 @@ def test_step_kernels_equal_their_twins():
     """The update log's per-step host kernels equal their torch twins bit for bit:
     ``step_record`` (union, positions, previous writes; row tables reused across calls, and
     ``last_write`` advanced in place), ``writer_groups`` (the rows grouped by their writers),
-    ``add_arrivals`` (the rows each arrival completes) and ``take_ready`` (in order, or
+    ``add_arrivals`` (the rows each arrival completes), ``take_ready`` (in order, or
     checking versions against the planned previous writes beyond the step every earlier
-    one is applied through, the versions only read); empty footprints and refused calls
-    included."""
+    one is applied through, the versions only read) and ``mark_ready`` (every candidate);
+    empty footprints and refused calls included."""
     record, group, arrivals, take_ready = (
         ops.host_op(name) for name in ("step_record", "writer_groups", "add_arrivals", "take_ready")
     )
@@ -221,6 +222,23 @@ def test_step_kernels_equal_their_twins():
             elif write < 0:
                 held.append(0 < a[2].numel() < candidates.numel())
     assert any(held)  # the version test held some rows back, not all
+    # mark_ready: every candidate ready (every previous write applied), none looked at
+    mark = ops.host_op("mark_ready")
+    done, done_want = applied.clone(), applied.clone()
+    a, b = mark(candidates, done), mark_ready_reference(candidates, done_want)
+    assert torch.equal(a, b) and torch.equal(done, done_want)
+    assert torch.equal(a.nonzero().squeeze(1), candidates.sort().values)
+    assert torch.equal(done, applied | a) and bool(done.all())
+    for bad, error, match in (
+        (candidates[:1].repeat(2), RuntimeError, "twice"),
+        (complete[:1], RuntimeError, "already applied"),
+        (torch.tensor([0, u]), ValueError, "out of range"),
+    ):
+        for kernel in (mark, mark_ready_reference):
+            before = applied.clone()
+            with pytest.raises(error, match=match):
+                kernel(bad, before)
+            assert torch.equal(before, applied)  # refused before anything was written
     with pytest.raises(RuntimeError, match="already applied"):
         take_ready(
             candidates, torch.ones(u, dtype=torch.bool), ids, local_prev, 3, versions, 10, -1

@@ -8,7 +8,7 @@
 //   whose writers are now all in;
 // - take_ready: of those rows, the ones whose previous planned write is applied: marked
 //   applied, their versions set (or left to the update log), the step's ready mask and
-//   the rows taken;
+//   the rows taken; mark_ready: all of them, where every previous write is applied;
 // - first_lacking: the first of a read's rows, from a start, whose version is below the
 //   step it needs (the engine's version tests: a step's owned reads, a push's rows).
 //
@@ -18,8 +18,8 @@
 // it, or take_ready writes it as it takes rows: write_step).
 //
 // Their specifications are the torch twins update_log.step_record_reference,
-// writer_groups_reference, add_arrivals_reference, take_ready_reference and
-// first_lacking_reference, checked equal in tests/test_runtime.py and
+// writer_groups_reference, add_arrivals_reference, take_ready_reference,
+// mark_ready_reference and first_lacking_reference, checked equal in tests/test_runtime.py and
 // tests/test_sharded.py. Each replaces several torch operations per step (a unique and a
 // searchsorted, a gather and a fill; a unique of writer sets and a sort; an index_add, a
 // compare and a boolean-mask index; a gather, a compare, a fill and a scatter), one pass
@@ -366,6 +366,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> take_ready_cpu(
   return {ready, taken.narrow(0, 0, n), rows_in_order.narrow(0, 0, b)};
 }
 
+// Every candidate is ready (the caller knows every previous write of the step is applied):
+// marked in the output, checked as marked (in range, not applied, not repeated), then
+// applied |= ready in one pass. Two byte writes a candidate into [U] tables that stay in the
+// cache, no read of the rows' previous writes: 0.22 ms for 240K candidates of a 290K-row
+// step, where take_ready's look at each row costs 0.6-0.8.
+at::Tensor mark_ready_cpu(const at::Tensor& candidates, const at::Tensor& applied) {
+  const char* op = "mark_ready";
+  check_step_rows(applied, -1, at::kBool, op, "applied");
+  check_step_rows(candidates, -1, at::kLong, op, "candidates");
+  const int64_t U = applied.size(0);
+  const int64_t K = candidates.size(0);
+  const int64_t* cand = candidates.data_ptr<int64_t>();
+  at::Tensor ready = at::zeros({U}, at::kBool);
+  bool* out = ready.data_ptr<bool>();
+  bool* done = applied.data_ptr<bool>();
+  for (int64_t i = 0; i < K; ++i) {  // checked before applied is written
+    const int64_t c = cand[i];
+    TORCH_CHECK_VALUE(c >= 0 && c < U, op, ": candidates out of range: ", c,
+                      " but must lie in [0, ", U, ")");
+    TORCH_CHECK(!done[c], op, ": union row ", c, " is already applied");
+    TORCH_CHECK(!out[c], op, ": union row ", c, " is a candidate twice");
+    out[c] = true;
+  }
+  for (int64_t u = 0; u < U; ++u) done[u] = done[u] || out[u];
+  return ready;
+}
+
 // A version test reads on from where the last one stopped, one row at a time, and stops at
 // the first row that lacks its step: no temporaries, and a test that fails early reads
 // little (numpy's gather, compare and argmax over the rest cost 5 ns a row and read all of
@@ -407,6 +434,7 @@ TORCH_LIBRARY_FRAGMENT(odin, m) {
   m.def(
       "take_ready(Tensor candidates, Tensor(a!) applied, Tensor ids, Tensor prev, int offset, "
       "Tensor(b!) versions, int applied_through, int write_step) -> (Tensor, Tensor, Tensor)");
+  m.def("mark_ready(Tensor candidates, Tensor(a!) applied) -> Tensor");
   m.def(
       "first_lacking(Tensor versions, Tensor rows, Tensor need, int start, int applied_through) "
       "-> int");
@@ -417,6 +445,7 @@ TORCH_LIBRARY_IMPL(odin, CPU, m) {
   m.impl("writer_groups", &writer_groups_cpu);
   m.impl("add_arrivals", &add_arrivals_cpu);
   m.impl("take_ready", &take_ready_cpu);
+  m.impl("mark_ready", &mark_ready_cpu);
   m.impl("first_lacking", &first_lacking_cpu);
 }
 
