@@ -222,23 +222,31 @@ def test_step_kernels_equal_their_twins():
             elif write < 0:
                 held.append(0 < a[2].numel() < candidates.numel())
     assert any(held)  # the version test held some rows back, not all
-    # mark_ready: every candidate ready (every previous write applied), none looked at
+    # mark_ready: every candidate ready (every previous write applied), none looked at;
+    # without candidates every row not applied; versions only read, or the ready rows' set
     mark = ops.host_op("mark_ready")
-    done, done_want = applied.clone(), applied.clone()
-    a, b = mark(candidates, done), mark_ready_reference(candidates, done_want)
-    assert torch.equal(a, b) and torch.equal(done, done_want)
-    assert torch.equal(a.nonzero().squeeze(1), candidates.sort().values)
-    assert torch.equal(done, applied | a) and bool(done.all())
+    for cands, write in ((candidates, -1), (candidates, 11), (None, -1), (None, 11)):
+        done, done_want = applied.clone(), applied.clone()
+        v, v_want = versions.clone(), versions.clone()
+        a = mark(cands, done, ids, v, write)
+        b = mark_ready_reference(cands, done_want, ids, v_want, write)
+        assert torch.equal(a, b) and torch.equal(done, done_want) and torch.equal(v, v_want)
+        assert torch.equal(a, ~applied)  # (the candidates are every row not applied)
+        assert bool(done.all())
+        expect = versions.clone()
+        if write >= 0:
+            expect[ids[a]] = write
+        assert torch.equal(v, expect)
     for bad, error, match in (
         (candidates[:1].repeat(2), RuntimeError, "twice"),
         (complete[:1], RuntimeError, "already applied"),
         (torch.tensor([0, u]), ValueError, "out of range"),
     ):
         for kernel in (mark, mark_ready_reference):
-            before = applied.clone()
+            before, v = applied.clone(), versions.clone()
             with pytest.raises(error, match=match):
-                kernel(bad, before)
-            assert torch.equal(before, applied)  # refused before anything was written
+                kernel(bad, before, ids, v, 11)
+            assert torch.equal(before, applied) and torch.equal(v, versions)  # nothing written
     with pytest.raises(RuntimeError, match="already applied"):
         take_ready(
             candidates, torch.ones(u, dtype=torch.bool), ids, local_prev, 3, versions, 10, -1

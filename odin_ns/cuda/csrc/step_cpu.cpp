@@ -36,6 +36,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
@@ -366,30 +367,52 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> take_ready_cpu(
   return {ready, taken.narrow(0, 0, n), rows_in_order.narrow(0, 0, b)};
 }
 
-// Every candidate is ready (the caller knows every previous write of the step is applied):
-// marked in the output, checked as marked (in range, not applied, not repeated), then
-// applied |= ready in one pass. Two byte writes a candidate into [U] tables that stay in the
-// cache, no read of the rows' previous writes: 0.22 ms for 240K candidates of a 290K-row
-// step, where take_ready's look at each row costs 0.6-0.8.
-at::Tensor mark_ready_cpu(const at::Tensor& candidates, const at::Tensor& applied) {
+// Every candidate is ready (the caller knows every previous write of the step is applied;
+// no candidates: every row not applied): marked in the output, checked as marked (in range,
+// not applied, not repeated), then in one pass in row order applied |= ready and, where
+// write_step >= 0, the ready rows' versions set. Two byte writes a candidate into [U]
+// tables that stay in the cache, no read of the rows' previous writes: 0.22 ms for 240K
+// candidates of a 290K-row step, where take_ready's look at each row costs 0.6-0.8.
+at::Tensor mark_ready_cpu(const std::optional<at::Tensor>& candidates, const at::Tensor& applied,
+                          const at::Tensor& ids, const at::Tensor& versions, int64_t write_step) {
   const char* op = "mark_ready";
-  check_step_rows(applied, -1, at::kBool, op, "applied");
-  check_step_rows(candidates, -1, at::kLong, op, "candidates");
-  const int64_t U = applied.size(0);
-  const int64_t K = candidates.size(0);
-  const int64_t* cand = candidates.data_ptr<int64_t>();
-  at::Tensor ready = at::zeros({U}, at::kBool);
-  bool* out = ready.data_ptr<bool>();
-  bool* done = applied.data_ptr<bool>();
-  for (int64_t i = 0; i < K; ++i) {  // checked before applied is written
-    const int64_t c = cand[i];
-    TORCH_CHECK_VALUE(c >= 0 && c < U, op, ": candidates out of range: ", c,
-                      " but must lie in [0, ", U, ")");
-    TORCH_CHECK(!done[c], op, ": union row ", c, " is already applied");
-    TORCH_CHECK(!out[c], op, ": union row ", c, " is a candidate twice");
-    out[c] = true;
+  const int64_t U = check_ids_and_versions(ids, versions, op);
+  check_step_rows(applied, U, at::kBool, op, "applied");
+  const int64_t* id = ids.data_ptr<int64_t>();
+  int64_t* version = versions.data_ptr<int64_t>();
+  const int64_t N = versions.size(0);
+  if (write_step >= 0) {  // an invariant of the update log (union ids index versions)
+    bool in_range = true;
+    for (int64_t u = 0; u < U; ++u) in_range &= (id[u] >= 0) & (id[u] < N);
+    TORCH_CHECK(in_range, op, ": a union id out of range [0, ", N, ")");
   }
-  for (int64_t u = 0; u < U; ++u) done[u] = done[u] || out[u];
+  at::Tensor ready = at::empty({U}, at::kBool);
+  // as bytes: logical operations on bool would branch per row, and the marks are scattered
+  auto* out = reinterpret_cast<uint8_t*>(ready.data_ptr<bool>());
+  auto* done = reinterpret_cast<uint8_t*>(applied.data_ptr<bool>());
+  if (candidates.has_value()) {
+    check_step_rows(*candidates, -1, at::kLong, op, "candidates");
+    const int64_t K = candidates->size(0);
+    const int64_t* cand = candidates->data_ptr<int64_t>();
+    std::fill(out, out + U, uint8_t{0});
+    for (int64_t i = 0; i < K; ++i) {  // checked before applied is written
+      const int64_t c = cand[i];
+      TORCH_CHECK_VALUE(c >= 0 && c < U, op, ": candidates out of range: ", c,
+                        " but must lie in [0, ", U, ")");
+      TORCH_CHECK(!done[c], op, ": union row ", c, " is already applied");
+      TORCH_CHECK(!out[c], op, ": union row ", c, " is a candidate twice");
+      out[c] = 1;
+    }
+  } else {
+    for (int64_t u = 0; u < U; ++u) out[u] = done[u] ^ uint8_t{1};
+  }
+  if (write_step >= 0) {
+    for (int64_t u = 0; u < U; ++u) {  // a select, not a branch
+      const int64_t p = id[u];
+      version[p] = out[u] ? write_step : version[p];
+    }
+  }
+  for (int64_t u = 0; u < U; ++u) done[u] |= out[u];
   return ready;
 }
 
@@ -434,7 +457,9 @@ TORCH_LIBRARY_FRAGMENT(odin, m) {
   m.def(
       "take_ready(Tensor candidates, Tensor(a!) applied, Tensor ids, Tensor prev, int offset, "
       "Tensor(b!) versions, int applied_through, int write_step) -> (Tensor, Tensor, Tensor)");
-  m.def("mark_ready(Tensor candidates, Tensor(a!) applied) -> Tensor");
+  m.def(
+      "mark_ready(Tensor? candidates, Tensor(a!) applied, Tensor ids, Tensor(b!) versions, "
+      "int write_step) -> Tensor");
   m.def(
       "first_lacking(Tensor versions, Tensor rows, Tensor need, int start, int applied_through) "
       "-> int");
