@@ -28,6 +28,7 @@ def test_op_timer_splits_row_data_from_control_and_counts_syncs():
 def test_tiny_run_reports_every_key(tmp_path):
     out = tmp_path / "cp.json"
     argv = ["--rows", "20000", "--ranks", "2", "--steps", "3", "--warmup", "1"]
+    argv += ["--calibration-steps", "4"]
     control_plane.main([*argv, "--profile-steps", "1", "--out", str(out)])
     result = json.loads(out.read_text())
     assert result["variants"] == ["r2_replicated", "r2_sharded"]
@@ -35,6 +36,9 @@ def test_tiny_run_reports_every_key(tmp_path):
         engine, host = result[f"engine_ms_per_step_{key}"], result[f"host_ms_per_step_{key}"]
         assert 0 < host < engine
         assert 0 < result[f"meta_ms_per_step_{key}"] < engine  # no data-plane work on meta
+        # the timer priced per operation on the rank's own step, and the former pricing
+        assert result[f"instrument_overhead_us_{key}"] >= 0
+        assert result[f"host_trivial_calibration_ms_per_step_{key}"] < engine
         # sync-like operations (the instrument: above) only on host control tensors, if any
         assert result[f"data_syncs_per_step_{key}_max"] == 0
         for mode in ("quality", "throughput"):

@@ -19,8 +19,14 @@ Measured per step, R values interleaved step by step:
 - ``data_ms``: time inside tensor operations that read or make floating-point tensors
   (row data: gradients, publications, accumulators, parameters, moments), each operation
   timed by a ``TorchDispatchMode``; on a GPU these are kernels the host only launches;
-- ``host_ms = engine_ms - data_ms - ops_per_step x dispatch overhead`` (the overhead per
-  operation calibrated on a trivial one, so what the instrument adds beyond it stays in): Python bookkeeping plus operations
+- ``host_ms = engine_ms - data_ms - ops_per_step x the instrument's cost per operation``,
+  calibrated on the same rank's own step (``instrument_overhead_us``: its twin with the data
+  plane on the meta device, stepped alternately under the timer and without it; a step's
+  operations carry lists of tensors, the apply's parameters and moments, that the timer
+  walks, so they cost it more than the trivial one of ``dispatch_overhead_us``: at R = 8,
+  5.4 µs against 12 µs an operation); ``host_trivial_calibration_ms``: the same with the
+  trivial operation's cost, as reported before 2026-12-06 (so what the instrument adds
+  beyond that stays in). Python bookkeeping plus operations
   on integer and boolean tensors only (``control_ms``: ids, versions, masks, positions,
   which the runtime keeps on the host): the host's work per step as it would run beside a
   GPU's kernels (an upper bound: a few of those integer operations, e.g. the visible
@@ -440,6 +446,27 @@ def dispatch_overhead_s(trials: int = 20_000) -> float:
     return max(0.0, (mode - (timer.data_s + timer.control_s) - plain) / trials)
 
 
+def instrument_overhead_s(rank: ShardedRankUnderTest, steps: int) -> float:
+    """Seconds the ``OpTimer`` adds per operation of ``rank``'s own steps (its data plane on
+    the meta device, so that an operation costs little beside the timer), outside what it
+    times: ``steps`` steps alternately timed and plain, (median timed - median plain) /
+    median operations per step."""
+    timed, plain, ops = [], [], []
+    for i in range(steps):
+        rank.prepare_step()
+        timer = OpTimer()
+        tic = time.perf_counter()
+        if i % 2:
+            with timer:
+                rank.run_step()
+            timed.append(time.perf_counter() - tic)
+            ops.append(timer.ops)
+        else:
+            rank.run_step()
+            plain.append(time.perf_counter() - tic)
+    return max(0.0, (float(np.median(timed)) - float(np.median(plain))) / float(np.median(ops)))
+
+
 def profile_split(rank: ShardedRankUnderTest, steps: int, top: int = 12) -> tuple[list, list]:
     """cProfile's own time per ``odin_ns`` function over ``steps`` steps (shares), then the
     integer / boolean operations' ms per step by line over ``steps`` more."""
@@ -482,7 +509,7 @@ def measure(args) -> dict:
     F = city_footprints(args.rows, args.share, views, args.seed)
     share = float(np.diff(F.indptr).mean() / args.rows)
     print(f"footprints {F.shape}, {share:.1%} of rows per view ({time.perf_counter() - tic:.0f} s)")
-    total_steps = args.warmup + args.steps + 3 * args.profile_steps
+    total_steps = args.warmup + args.steps + max(3 * args.profile_steps, args.calibration_steps)
     overhead = dispatch_overhead_s()
     result: dict = {
         "rows": args.rows,
@@ -523,7 +550,7 @@ def measure(args) -> dict:
                 "engine",
                 "data",
                 "control",
-                "host",
+                "host_trivial_calibration",
                 "cpu",
                 "syncs",
                 "data_syncs",
@@ -546,12 +573,13 @@ def measure(args) -> dict:
                 torch.cuda.synchronize(device)  # the step's kernels count as its wall time
             engine = time.perf_counter() - tic
             cpu = time.thread_time() - cpu
-            host = engine - timer.data_s - timer.ops * overhead
             rec = per[key]
             rec["engine"].append(1e3 * engine)
             rec["data"].append(1e3 * timer.data_s)
             rec["control"].append(1e3 * timer.control_s)
-            rec["host"].append(1e3 * host)
+            rec["host_trivial_calibration"].append(
+                1e3 * (engine - timer.data_s - timer.ops * overhead)
+            )
             rec["cpu"].append(1e3 * cpu)
             rec["syncs"].append(sum(timer.syncs.values()))
             rec["data_syncs"].append(timer.data_syncs)
@@ -564,10 +592,24 @@ def measure(args) -> dict:
             rec["meta"].append(1e3 * (time.perf_counter() - tic))
         if (i + 1) % 10 == 0:
             print(f"step {i + 1}/{args.steps}: " + ", ".join(
-                f"{k} host {np.median(per[k]['host']):.1f} ms" for k in keys))  # fmt: skip
+                f"{k} engine {np.median(per[k]['engine']):.1f} ms" for k in keys))  # fmt: skip
     for key in keys:
         rec = per[key]
-        for name in ("engine", "data", "control", "host", "cpu", "meta"):
+        cost = instrument_overhead_s(without_values[key], args.calibration_steps)
+        result[f"instrument_overhead_us_{key}"] = cost * 1e6
+        rec["host"] = [
+            e - d - n * cost * 1e3
+            for e, d, n in zip(rec["engine"], rec["data"], rec["ops"], strict=True)
+        ]
+        for name in (
+            "engine",
+            "data",
+            "control",
+            "host",
+            "host_trivial_calibration",
+            "cpu",
+            "meta",
+        ):
             put_spread(result, f"{name}_ms_per_step_{key}", rec[name])
         if cuda:  # real stream synchronizations, over as many steps as profiled
             counts = []
@@ -666,6 +708,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=100, help="measured steady-state steps")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--profile-steps", type=int, default=5, help="cProfile'd steps")
+    parser.add_argument(
+        "--calibration-steps", type=int, default=40,
+        help="steps of each rank's meta twin that price the timer per operation",
+    )  # fmt: skip
     parser.add_argument("--mode", default="quality-first", choices=("quality-first", "barrier",
                         "throughput-first"))  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
