@@ -23,8 +23,8 @@ Measured per step, R values interleaved step by step:
   calibrated on the same rank's own step (``instrument_overhead_us``: its twin with the data
   plane on the meta device, stepped alternately under the timer and without it; a step's
   operations carry lists of tensors, the apply's parameters and moments, that the timer
-  walks, so they cost it more than the trivial one of ``dispatch_overhead_us``: at R = 8,
-  5.4 µs against 12 µs an operation); ``host_trivial_calibration_ms``: the same with the
+  walks, so they cost it more than the trivial one of ``dispatch_overhead_us``: 7.7-10.9 µs
+  an operation against 5.7 on 2026-12-06); ``host_trivial_calibration_ms``: the same with the
   trivial operation's cost, as reported before 2026-12-06 (so what the instrument adds
   beyond that stays in). Python bookkeeping plus operations
   on integer and boolean tensors only (``control_ms``: ids, versions, masks, positions,
