@@ -380,9 +380,9 @@ class PendingStep:
         self.writer_bounds = writer_ptr.tolist()  # writer q's groups: [q] to [q + 1]
         self.applied = torch.zeros(self.ids.shape, dtype=torch.bool)  # [U]
         self.unapplied = self.ids.numel()  # rows not applied yet
-        self._prev_max: int | None = None  # ``prev_max``, once asked
+        # the latest previous planned write of any row (local step; -1: none)
+        self.prev_max = int(self.prev.max()) if self.ids.numel() else -1
         self.complete: list[Tensor] = []  # positions whose writers all arrived, not applied
-        self.all_arrived = False  # every writer arrived: every row not applied is complete
         self.device = device
         self.ids_data = upload(self.ids, device)  # [U] on the parameters' device
         # per rank (positions on device [M_q], rows [M_q, W] on device), in rank order
@@ -394,15 +394,13 @@ class PendingStep:
         # a writer with no row of the step sends nothing: its part counts as received
         self.received = [pos.numel() == 0 for pos in self.positions]
         self.done = self.ids.numel() == 0  # every row applied
-        # applied rows ([U] bool masks) whose host versions the log has not written yet
+        # [U] bool masks of applied rows whose host versions the log has not written yet
         self.unversioned: list[Tensor] = []
 
     @property
-    def prev_max(self) -> int:
-        """The latest previous planned write of any row (local step; -1: none)."""
-        if self._prev_max is None:
-            self._prev_max = int(self.prev.max()) if self.ids.numel() else -1
-        return self._prev_max
+    def all_arrived(self) -> bool:
+        """Every writer arrived: every row not applied is complete."""
+        return all(self.received)
 
     @property
     def has_complete(self) -> bool:
@@ -415,8 +413,8 @@ class PendingStep:
             raise RuntimeError(f"step {self.step}: rank {q}'s rows arrived twice")
         self.parts[q] = (upload(self.positions[q], self.device), rows)
         self.received[q] = True
-        if all(self.received):  # the last writer completes every group: nothing to count
-            self.all_arrived, self.complete = True, []
+        if self.all_arrived:  # the last writer completes every group: nothing to count
+            self.complete = []
             return
         mine = self.writer_groups[self.writer_bounds[q] : self.writer_bounds[q + 1]]
         complete = self.kernels.add_arrivals(self.need, mine, self.group_ptr, self.group_rows)
@@ -429,7 +427,7 @@ class PendingStep:
         self.parts = [(torch.arange(u, device=self.device), dense.index_select(0, self.ids_data))]
         self.parts += [None] * (len(self.received) - 1)
         self.received = [True] * len(self.received)
-        self.all_arrived, self.complete = True, []
+        self.complete = []
 
     def take_ready(
         self, versions: Tensor, offset: int, applied_through: int, write: bool
@@ -643,8 +641,8 @@ class UpdateLog:
             if rec.step >= before:
                 break
             if rec.unversioned and rec.step > through:
-                for taken in rec.unversioned:
-                    self.versions.index_fill_(0, rec.ids[taken], rec.step)
+                for ready in rec.unversioned:
+                    self.versions.index_fill_(0, rec.ids[ready], rec.step)
             rec.unversioned.clear()
 
     def _apply(self, rec: PendingStep, ready: Tensor) -> None:
