@@ -35,10 +35,10 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <tuple>
-#include <unordered_map>
 #include <vector>
 
 #include "host.h"
@@ -82,24 +82,28 @@ struct RankScratch {
 };
 
 // Bits set in a word: the POPCNT instruction where the CPU has it (every x86-64 CPU that
-// runs CUDA 13 or PyTorch 2), else the compiler's portable routine.
+// runs CUDA 13 or PyTorch 2), else the compiler's portable routine. Every function that
+// counts bits carries the target too: a function of another target cannot inline it (a call
+// per row was 13% of step_record's time).
 #if defined(__x86_64__)
-__attribute__((target("popcnt")))
+#define ODIN_POPCNT __attribute__((target("popcnt")))
+#else
+#define ODIN_POPCNT
 #endif
-inline int64_t bits_set(uint64_t word) {
+ODIN_POPCNT inline int64_t bits_set(uint64_t word) {
   return __builtin_popcountll(word);
 }
 
 // Position in the union of a row p it holds (held: its bits; rank: per word, the rows
 // before it).
-inline int64_t union_position(const uint64_t* held, const int32_t* rank, int64_t p) {
+ODIN_POPCNT inline int64_t union_position(const uint64_t* held, const int32_t* rank, int64_t p) {
   const uint64_t below = (uint64_t{1} << (p & 63)) - 1;
   return rank[p >> 6] + bits_set(held[p >> 6] & below);
 }
 
 // Mark every row of the footprints, number the marked rows in order (the union, sorted),
 // then each footprint's positions are ranks: O(sum M + N / 64), every input read in order.
-std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor> step_record_cpu(
+ODIN_POPCNT std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor> step_record_cpu(
     at::TensorList footprints, const at::Tensor& last_write, int64_t step) {
   const char* op = "step_record";
   TORCH_CHECK_VALUE(last_write.device().is_cpu(), op, ": last_write must be a host tensor");
@@ -185,8 +189,15 @@ int64_t check_ids_and_versions(const at::Tensor& ids, const at::Tensor& versions
 // listed in increasing order; each writer's groups in increasing order.
 //
 // The sets are nodes of a trie built writer by writer (a row's node after writer q is the
-// child of its node before, by q), so any number of writers works; consecutive rows of one
-// writer usually share their node, so most rows skip the hash lookup.
+// child of its node before, by q), so any number of writers works. While writer q is read,
+// only children by q are made, so they sit in an array indexed by node (reset per writer):
+// a row's step is an array read, not a hash lookup (with std::unordered_map: 2.5-3 ms for
+// the 400K positions of an R = 8 step at 1M rows, most of them a lookup).
+[[noreturn]] __attribute__((noinline)) void raise_no_writer(int64_t row, const char* op) {
+  TORCH_CHECK_VALUE(false, op, ": row ", row, " has no writer");
+  __builtin_unreachable();
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> writer_groups_cpu(
     at::TensorList positions, int64_t num_rows) {
   const char* op = "writer_groups";
@@ -202,40 +213,42 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> writer_gr
   std::vector<int32_t> parent{-1};
   std::vector<int32_t> writer{-1};  // the writer that leads from the parent to the node
   std::vector<int32_t> depth{0};
-  std::unordered_map<int64_t, int32_t> child;
-  for (int64_t q = 0; q < R; ++q) {
+  std::vector<int32_t> child;  // [nodes before writer q] its child by q (-1: none yet)
+  int32_t* node = node_of.data();  // raw pointers in the row loop: a vector's would be
+  for (int64_t q = 0; q < R; ++q) {  // reloaded from memory at every row (push_back)
     const int64_t* in = inputs[q].data_ptr<int64_t>();
     const int64_t m = inputs[q].numel();
-    int32_t from = -1;
-    int32_t to = -1;
+    child.assign(parent.size(), -1);  // (a child by q has no child by q: no resize below)
+    int32_t* kid = child.data();
     for (int64_t i = 0; i < m; ++i) {
-      const int32_t n = node_of[in[i]];
-      if (n != from) {
-        const int64_t key = static_cast<int64_t>(n) * R + q;
-        const auto [it, added] = child.try_emplace(key, static_cast<int32_t>(parent.size()));
-        if (added) {
-          parent.push_back(n);
-          writer.push_back(static_cast<int32_t>(q));
-          depth.push_back(depth[n] + 1);
-        }
-        from = n;
-        to = it->second;
+      const int32_t n = node[in[i]];
+      int32_t to = kid[n];
+      if (to < 0) {
+        to = kid[n] = static_cast<int32_t>(parent.size());
+        parent.push_back(n);
+        writer.push_back(static_cast<int32_t>(q));
+        depth.push_back(depth[n] + 1);
       }
-      node_of[in[i]] = to;
+      node[in[i]] = to;
     }
   }
+  // Each row's group (node_of is overwritten with it), then the rows listed group by group.
   std::vector<int32_t> group_of(parent.size(), -1);
   std::vector<int32_t> node_of_group;
-  std::vector<int64_t> size;
-  for (int64_t p = 0; p < num_rows; ++p) {
-    const int32_t n = node_of[p];
-    TORCH_CHECK_VALUE(n != 0, op, ": row ", p, " has no writer");
-    if (group_of[n] < 0) {
-      group_of[n] = static_cast<int32_t>(node_of_group.size());
-      node_of_group.push_back(n);
-      size.push_back(0);
+  std::vector<std::array<int64_t, 4>> size;  // four counts a group: (consecutive rows
+  for (int64_t p = 0; p < num_rows; ++p) {   // mostly share their group) no increment waits
+    const int32_t n = node[p];               // on the last one's store
+    if (n == 0) {  // (a check with p in its message, in the loop, keeps p in memory)
+      raise_no_writer(p, op);
     }
-    ++size[group_of[n]];
+    int32_t g = group_of[n];
+    if (g < 0) {
+      g = group_of[n] = static_cast<int32_t>(node_of_group.size());
+      node_of_group.push_back(n);
+      size.push_back({0, 0, 0, 0});
+    }
+    node[p] = g;
+    ++size[g][p & 3];
   }
   const auto G = static_cast<int64_t>(node_of_group.size());
   at::Tensor group_ptr = at::empty({G + 1}, at::kLong);
@@ -243,10 +256,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> writer_gr
   at::Tensor group_need = at::empty({G}, at::kInt);
   int64_t* ptr = group_ptr.data_ptr<int64_t>();
   ptr[0] = 0;
-  for (int64_t g = 0; g < G; ++g) ptr[g + 1] = ptr[g] + size[g];
+  for (int64_t g = 0; g < G; ++g) {
+    ptr[g + 1] = ptr[g] + size[g][0] + size[g][1] + size[g][2] + size[g][3];
+  }
   std::vector<int64_t> fill(ptr, ptr + G);
+  int64_t* fill_at = fill.data();
   int64_t* rows = group_rows.data_ptr<int64_t>();
-  for (int64_t p = 0; p < num_rows; ++p) rows[fill[group_of[node_of[p]]]++] = p;
+  for (int64_t p = 0; p < num_rows; ++p) rows[fill_at[node[p]]++] = p;
   std::vector<std::vector<int64_t>> groups_of_writer(R);
   int32_t* need = group_need.data_ptr<int32_t>();
   for (int64_t g = 0; g < G; ++g) {
