@@ -35,6 +35,9 @@ def test_tiny_run_reports_every_key(tmp_path):
     for key in result["variants"]:
         engine, host = result[f"engine_ms_per_step_{key}"], result[f"host_ms_per_step_{key}"]
         assert 0 < host < engine
+        # the phase start (the step tables of a layout with pushes) priced per plan step too
+        assert result[f"host_and_phase_start_ms_per_step_{key}"] >= host
+        assert result[f"tables_mb_per_step_{key}"] > 0
         assert 0 < result[f"meta_ms_per_step_{key}"] < engine  # no data-plane work on meta
         # the timer priced per operation on the rank's own step, and the former pricing
         assert result[f"instrument_overhead_us_{key}"] >= 0

@@ -46,8 +46,15 @@ Measured per step, R values interleaved step by step:
   a CUDA kernel costs the host, and the control plane is real: the host's time per step
   beside a GPU, without the CPU's cost of allocating and freeing large row buffers that
   ``host_ms`` carries;
+- ``bind_ms_per_plan_step``: the engine's phase start (``ShardedEngine``'s construction),
+  per step of the plan: a layout with pushes makes every step's tables there (their order
+  needs them all), the replicated layout makes each step's tables in the step, inside
+  ``host_ms`` (before 2026-12-06, fourth session, the benchmark made them before its timer
+  started: 5-8 ms a step at R = 8 left out of the replicated figures);
+  ``host_and_phase_start_ms_per_step``: their sum, what the host spends per step of a
+  phase, wherever it spends it;
 - ``tables_mb_per_step``: host memory of one step's tables (``sharded.Step``), median
-  over the measured steps: what a rank holds per step in flight (a layout with pushes
+  over the first 10 steps: what a rank holds per step in flight (a layout with pushes
   holds every step of the phase from its start);
 - ``split``: cProfile's own time per function of ``odin_ns`` over a few separate steps
   (shares of the profiled total; cProfile slows Python code, so shares, not milliseconds),
@@ -281,15 +288,23 @@ class ShardedRankUnderTest:
         ]
         self.visible = torch.zeros(layout.num_local, dtype=torch.bool, device=device)
         self.step = 0
-        self.table_bytes: list[int] = []  # host bytes of each step's tables
 
     def prepare_step(self) -> None:
-        """The model's part, not measured: this step's local rows are the visible ones."""
+        """The model's part, not measured: this step's local rows are the visible ones (read
+        off the plan: the engine's step tables are made by the engine, in the step where it
+        makes them)."""
         self.visible.zero_()
-        st = self.engine.steps[self.step]
-        self.table_bytes.append(step_table_bytes(st))
-        rows = torch.from_numpy(st.reads).to(self.visible.device)
+        reads = np.asarray(self.plan.step_footprint(self.step, 0), dtype=np.int64)
+        rows = torch.from_numpy(self.layout.local(reads)).to(self.visible.device)
         self.visible[rows] = True
+
+    def table_megabytes(self, steps: int) -> float:
+        """Median host MB of the first ``steps`` steps' tables (``sharded.Step``), made apart
+        by the function the engine makes them with."""
+        from odin_ns.runtime.sharded import step_rows
+
+        made = step_rows(self.plan, self.layout, self.plan.num_ranks, steps)
+        return float(np.median([step_table_bytes(st) for st, _, _ in made])) / 1e6
 
     def run_step(self) -> None:
         """One step's engine calls, as the sharded session makes them."""
@@ -621,7 +636,10 @@ def measure(args) -> dict:
         result[f"host_ms_per_step_{key}_p90"] = float(np.percentile(rec["host"], 90))
         plan_steps = int(np.asarray(tested[key].plan.views).shape[0])
         result[f"bind_ms_per_plan_step_{key}"] = 1e3 * tested[key].bind_s / plan_steps
-        result[f"tables_mb_per_step_{key}"] = float(np.median(tested[key].table_bytes)) / 1e6
+        result[f"host_and_phase_start_ms_per_step_{key}"] = (
+            result[f"host_ms_per_step_{key}"] + result[f"bind_ms_per_plan_step_{key}"]
+        )
+        result[f"tables_mb_per_step_{key}"] = tested[key].table_megabytes(min(10, args.steps))
         result[f"ops_per_step_{key}"] = float(np.median(rec["ops"]))
         result[f"any_tensor_syncs_per_step_{key}_max"] = int(max(rec["syncs"]))
         result[f"any_tensor_syncs_per_step_{key}_median"] = float(np.median(rec["syncs"]))
