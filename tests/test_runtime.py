@@ -223,29 +223,37 @@ def test_step_kernels_equal_their_twins():
                 held.append(0 < a[2].numel() < candidates.numel())
     assert any(held)  # the version test held some rows back, not all
     # mark_ready: every candidate ready (every previous write applied), none looked at;
-    # without candidates every row not applied; versions only read, or the ready rows' set
+    # without candidates every row not applied, less the blocked (missing writers') rows;
+    # versions only read, or the ready rows' set; the ready rows counted
     mark = ops.host_op("mark_ready")
-    for cands, write in ((candidates, -1), (candidates, 11), (None, -1), (None, 11)):
+    blocked = [positions[0], positions[-1]]  # two writers still missing
+    cases = [(c, [], w) for c in (candidates, None) for w in (-1, 11)]
+    for cands, stop, write in [*cases, (None, blocked, -1), (None, blocked, 11)]:
         done, done_want = applied.clone(), applied.clone()
         v, v_want = versions.clone(), versions.clone()
-        a = mark(cands, done, ids, v, write)
-        b = mark_ready_reference(cands, done_want, ids, v_want, write)
+        a, n = mark(cands, stop, done, ids, v, write)
+        b, m = mark_ready_reference(cands, stop, done_want, ids, v_want, write)
         assert torch.equal(a, b) and torch.equal(done, done_want) and torch.equal(v, v_want)
-        assert torch.equal(a, ~applied)  # (the candidates are every row not applied)
-        assert bool(done.all())
+        want = ~applied  # (the candidates are every row not applied)
+        for rows in stop:
+            want[rows] = False
+        assert torch.equal(a, want) and n == m == int(want.sum())
+        assert torch.equal(done, applied | want)
         expect = versions.clone()
         if write >= 0:
             expect[ids[a]] = write
         assert torch.equal(v, expect)
-    for bad, error, match in (
-        (candidates[:1].repeat(2), RuntimeError, "twice"),
-        (complete[:1], RuntimeError, "already applied"),
-        (torch.tensor([0, u]), ValueError, "out of range"),
+    for bad, stop, error, match in (
+        (candidates[:1].repeat(2), [], RuntimeError, "twice"),
+        (complete[:1], [], RuntimeError, "already applied"),
+        (torch.tensor([0, u]), [], ValueError, "out of range"),
+        (candidates, blocked, ValueError, "blocked rows go with no candidates"),
+        (None, [torch.tensor([0, u])], ValueError, "blocked rows out of range"),
     ):
         for kernel in (mark, mark_ready_reference):
             before, v = applied.clone(), versions.clone()
             with pytest.raises(error, match=match):
-                kernel(bad, before, ids, v, 11)
+                kernel(bad, stop, before, ids, v, 11)
             assert torch.equal(before, applied) and torch.equal(v, versions)  # nothing written
     with pytest.raises(RuntimeError, match="already applied"):
         take_ready(

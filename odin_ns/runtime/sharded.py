@@ -85,7 +85,6 @@ from odin_ns.runtime.update_log import (
     UpdateLog,
     VersionTest,
     step_record_reference,
-    writer_groups_reference,
 )
 from odin_ns.runtime.uploads import upload
 
@@ -176,9 +175,6 @@ class Step:
     union: np.ndarray  # [U] sorted owned local ids anyone writes at this step
     positions: dict[int, np.ndarray]  # writer q -> [M_q] positions in union (global order)
     union_prev: np.ndarray  # [U] int64 last planned write before t of each union row (-1: none)
-    # the union's rows grouped by their set of writers (``update_log.writer_groups_reference``):
-    # group_ptr [G + 1], group_rows [U], group_need [G], writer_ptr [R + 1], writer_groups [S]
-    groups: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     own_prev: np.ndarray  # [len(own_rows)] last planned write before t of each own read
     push_in: dict[int, np.ndarray]  # owner -> local cache ids refreshed by its push
 
@@ -256,10 +252,7 @@ class PhaseSteps:
         tables' memory."""
         st = self[s]
         positions = writer_rows(st.positions, self.num_ranks)
-        groups = tuple(torch.from_numpy(a) for a in st.groups)
-        return StepRows(
-            torch.from_numpy(st.union), positions, torch.from_numpy(st.union_prev), groups
-        )
+        return StepRows(torch.from_numpy(st.union), positions, torch.from_numpy(st.union_prev))
 
 
 def step_rows(
@@ -278,7 +271,6 @@ def step_rows(
     me, owner, local_of = layout.rank, layout.owner, layout.local_of
     identity = layout.identity
     record = ops.host_op("step_record") or step_record_reference
-    group = ops.host_op("writer_groups") or writer_groups_reference
     last = torch.full((owner.size,), -1, dtype=torch.int64)  # last write (local step) per row
     peers = [q for q in range(num_ranks) if q != me]
     for t in range(plan.num_steps if num_steps is None else num_steps):
@@ -288,7 +280,7 @@ def step_rows(
         ids, prev = ids.numpy(), prev.numpy()
         at = [p.numpy() for p in positions]  # per rank, its reads' positions in the union
         if layout.replicated:  # no owner to look up (1.5 ms a step at R = 8, 1M rows)
-            yield replicated_step(at, ids, prev, me, peers, group, num_ranks), [], []
+            yield replicated_step(at, ids, prev, me, peers), [], []
             continue
         local = ids if identity else local_of[ids]  # [U] local ids (-1: a row not held)
         owner_u = owner[ids]  # [U]
@@ -345,7 +337,6 @@ def step_rows(
             union=union,
             positions=positions,
             union_prev=union_prev,
-            groups=writer_sets(group, positions, union.size, num_ranks),
             own_prev=prev_me[mine_owned],
             push_in=push_in,
         )
@@ -358,8 +349,6 @@ def replicated_step(
     prev: np.ndarray,
     me: int,
     peers: list[int],
-    group,
-    num_ranks: int,
 ) -> Step:
     """``step_rows``' table of a step where every rank owns every row (local ids are global
     ids): ``at`` per rank its reads' positions in the union ``ids`` ([U] sorted), ``prev``
@@ -376,7 +365,6 @@ def replicated_step(
         union=ids,
         positions=positions,
         union_prev=prev,
-        groups=writer_sets(group, positions, ids.size, num_ranks),
         own_prev=prev[mine],
         push_in={},
     )
@@ -387,13 +375,6 @@ def writer_rows(positions: dict[int, np.ndarray], num_ranks: int) -> list[Tensor
     not in it writes none: an empty tensor), host tensors sharing the arrays' memory."""
     empty = torch.zeros(0, dtype=torch.int64)
     return [torch.from_numpy(positions[q]) if q in positions else empty for q in range(num_ranks)]
-
-
-def writer_sets(group, positions: dict[int, np.ndarray], num_rows: int, num_ranks: int):
-    """The step's ``num_rows`` union rows grouped by their set of writers (``group``: the
-    host kernel ``writer_groups`` or its twin; ``positions``: writer -> its rows), as numpy
-    arrays sharing the kernel's output."""
-    return tuple(a.numpy() for a in group(writer_rows(positions, num_ranks), num_rows))
 
 
 def step_tables(plan, layout: ShardLayout, num_ranks: int, num_steps: int | None = None):

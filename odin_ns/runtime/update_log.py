@@ -9,20 +9,24 @@ result bitwise identical in every mode and on every rank.
 
 Two planes:
 - control plane (host CPU tensors, decided only by the plan and by which publications have
-  arrived): union ids, per-rank positions, the writers each group of rows still waits for,
-  applied flags, the planned previous write of every row (from the step's tables), the
-  version vector ``versions``;
+  arrived): union ids, per-rank positions, which writers arrived, applied flags, the
+  planned previous write of every row (from the step's tables), the version vector
+  ``versions``;
 - data plane (the parameters' device): contributions, accumulators, parameters, moments,
   and a device mirror of ``versions`` that the apply op keeps.
 
-So deciding what is ready never reads the device; apply runs by mask. The control plane's
-work follows what arrives, not the step's size: a step's rows are grouped by their set of
-writers when its tables are made (``writer_groups``); an arrival counts down its groups and
-hands on the rows of those it completed (``add_arrivals``); an apply looks only at those rows
-(``take_ready``). So a step of U rows costs O(U) once, however many rows its publications
-carry and however many times the engine asks. The last writer to arrive completes every
-group: it is not counted, and once every previous write is applied the step's rows left
-are ready at once (a mask, not a look at each row).
+So deciding what is ready never reads the device; apply runs by mask. A row is complete
+once its writers have all arrived. While the writers still missing write at most half of
+the step's rows, the complete rows are those none of them writes: a byte pass over the
+step's rows with the missing writers' rows blocked, at each look (``mark_ready``); while
+the peers keep up, a step's first look has at most this rank's own rows missing, and the
+last writer completes every row. A step whose first look finds more missing (its writers
+trickle in, R large) groups its rows by their set of writers (``writer_groups``); an
+arrival then counts down its groups and hands on the rows of those it completed
+(``add_arrivals``), and an apply looks only at those rows (``take_ready``): the control
+plane's work follows what arrives, not the step's size, however many times the engine
+asks. Once every previous write of the step is applied, its complete rows are ready at
+once (marked, not looked at one by one).
 
 Which steps a row has applied: every step through ``applied_through`` (the log's prefix of
 fully applied steps), and beyond it what the host's ``versions`` says. The apply op keeps
@@ -182,16 +186,30 @@ def take_ready_reference(
 
 
 def mark_ready_reference(
-    candidates: Tensor | None, applied: Tensor, ids: Tensor, versions: Tensor, write_step: int
-) -> Tensor:
+    candidates: Tensor | None,
+    blocked: Sequence[Tensor],
+    applied: Tensor,
+    ids: Tensor,
+    versions: Tensor,
+    write_step: int,
+) -> tuple[Tensor, int]:
     """Every candidate ready (``candidates``: [K] int64 distinct positions, none applied;
-    None: every row not applied; the caller knows every previous planned write of the step
-    is applied): marked in ``applied`` ([U] bool) and, where ``write_step >= 0``, their
+    None: every row not applied and in none of the ``blocked`` lists, the missing writers'
+    [M_q] int64 positions; the caller knows every previous planned write of the step is
+    applied): marked in ``applied`` ([U] bool) and, where ``write_step >= 0``, their
     ``versions[ids]`` set to it ([U] int64 ids into [N] int64 versions), in place. Returns
-    ready [U] bool. Host tensors. The torch twin of the host kernel
+    (ready [U] bool, how many). Host tensors. The torch twin of the host kernel
     ``torch.ops.odin.mark_ready``."""
+    if candidates is not None and len(blocked):
+        raise ValueError("mark_ready: blocked rows go with no candidates")
+    for rows in blocked:
+        if rows.numel() and bool((rows < 0).any() | (rows >= applied.numel()).any()):
+            raise ValueError("mark_ready: blocked rows out of range")
     if candidates is None:
-        candidates = torch.logical_not(applied).nonzero().squeeze(1)
+        free = torch.logical_not(applied)
+        for rows in blocked:
+            free[rows] = False
+        candidates = free.nonzero().squeeze(1)
     elif candidates.numel():
         if bool((candidates < 0).any() | (candidates >= applied.numel()).any()):
             raise ValueError("mark_ready: candidates out of range")
@@ -204,7 +222,7 @@ def mark_ready_reference(
     applied |= ready
     if write_step >= 0:
         versions[ids[ready]] = write_step
-    return ready
+    return ready, candidates.numel()
 
 
 def first_lacking_reference(
@@ -279,14 +297,11 @@ class StepRows:
     positions: per writer q, [M_q] int64 the positions of its rows in ids.
     prev: [U] int64 each row's last planned write before the step, as a local step (-1:
         none in the phase).
-    groups: the rows grouped by their set of writers (``writer_groups_reference``'s five
-        tensors: group_ptr, group_rows, group_need, writer_ptr, writer_groups).
     """
 
     ids: Tensor
     positions: list[Tensor]
     prev: Tensor
-    groups: tuple[Tensor, Tensor, Tensor, Tensor, Tensor]
 
 
 class StepWrites(Protocol):
@@ -302,6 +317,7 @@ class StepKernels:
     CPU library is built, else their torch twins (same results). Resolved once per log (and
     ``first_lacking`` for the engine's version tests)."""
 
+    writer_groups: Callable = writer_groups_reference
     add_arrivals: Callable = add_arrivals_reference
     take_ready: Callable = take_ready_reference
     mark_ready: Callable = mark_ready_reference
@@ -310,6 +326,7 @@ class StepKernels:
     @classmethod
     def resolve(cls) -> StepKernels:
         return cls(
+            ops.host_op("writer_groups") or writer_groups_reference,
             ops.host_op("add_arrivals") or add_arrivals_reference,
             ops.host_op("take_ready") or take_ready_reference,
             ops.host_op("mark_ready") or mark_ready_reference,
@@ -359,8 +376,41 @@ class SumBuffers:
         del self.free[: max(0, len(self.free) - self.keep)]  # drop the smallest
 
 
+class WriterCounts:
+    """A pending step's rows grouped by their set of writers (``writer_groups``), each group
+    counting down the writers it still waits for, so that an arrival hands on the rows it
+    completes (``add_arrivals``) at the cost of its groups and those rows.
+
+    Args:
+        positions: per writer q, [M_q] int64 its rows' positions in the step's [U] rows.
+        num_rows: U.
+        kernels: the per-step host kernels.
+    """
+
+    def __init__(self, positions: Sequence[Tensor], num_rows: int, kernels: StepKernels):
+        self.kernels = kernels
+        self.group_ptr, self.group_rows, self.need, writer_ptr, self.writer_groups = (
+            kernels.writer_groups(positions, num_rows)
+        )  # (need: [G] int32 the writers each group still waits for, a fresh tensor)
+        self.writer_bounds = writer_ptr.tolist()  # writer q's groups: [q] to [q + 1]
+
+    def arrive(self, q: int) -> Tensor:
+        """Writer q arrived: [K] int64 the positions of the rows it completed."""
+        mine = self.writer_groups[self.writer_bounds[q] : self.writer_bounds[q + 1]]
+        return self.kernels.add_arrivals(self.need, mine, self.group_ptr, self.group_rows)
+
+
 class PendingStep:
     """One step's update (rows = sorted union U of what the step's writers wrote).
+
+    Which rows are complete (every writer of the row arrived): while the writers still
+    missing write at most half of the step's rows (``MASK_SHARE``), those no missing writer
+    writes, found at each look (``mark_ready`` with the missing writers' rows blocked, or
+    a mask); past that, the writers' groups are made (``WriterCounts``) and each arrival
+    counts down its groups, so that a step whose writers trickle in costs what arrives, not
+    a pass over its rows at each arrival. While the peers keep up, a step's first look has at
+    most this rank's own rows missing and no group is ever made (``writer_groups`` cost
+    1.8-2.6 ms a step at R = 8, 1M rows).
 
     Args:
         step: global step.
@@ -369,20 +419,21 @@ class PendingStep:
         kernels: the per-step host kernels (``StepKernels.resolve()``).
     """
 
+    MASK_SHARE = 0.5  # missing writes over U up to which complete rows are found by a mask
+
     def __init__(self, step: int, rows: StepRows, device, kernels: StepKernels):
         self.step = step
         self.kernels = kernels
         self.ids = rows.ids  # [U] int64 (host)
         self.prev = rows.prev  # [U] int64 planned previous write (local step, -1: none)
         self.positions = rows.positions  # per rank [M_q] int64 positions into U
-        self.group_ptr, self.group_rows, need, writer_ptr, self.writer_groups = rows.groups
-        self.need = need.clone()  # [G] int32 writers each group of rows still waits for
-        self.writer_bounds = writer_ptr.tolist()  # writer q's groups: [q] to [q + 1]
         self.applied = torch.zeros(self.ids.shape, dtype=torch.bool)  # [U]
         self.unapplied = self.ids.numel()  # rows not applied yet
         # the latest previous planned write of any row (local step; -1: none)
         self.prev_max = int(self.prev.max()) if self.ids.numel() else -1
-        self.complete: list[Tensor] = []  # positions whose writers all arrived, not applied
+        self.counts: WriterCounts | None = None  # made once many writes are missing
+        self.complete: list[Tensor] = []  # (with counts) complete positions, not applied
+        self.unlooked = False  # (without counts) an arrival or held rows since the last look
         self.device = device
         self.ids_data = upload(self.ids, device)  # [U] on the parameters' device
         # per rank (positions on device [M_q], rows [M_q, W] on device), in rank order
@@ -404,8 +455,11 @@ class PendingStep:
 
     @property
     def has_complete(self) -> bool:
-        """Whether some row's writers all arrived and the row is not applied yet."""
-        return bool(self.complete) or (self.all_arrived and not self.done)
+        """Whether some row's writers may all have arrived with the row not applied yet
+        (without counts: something arrived, or rows were held, since the last look)."""
+        if self.all_arrived:
+            return not self.done
+        return bool(self.complete) if self.counts is not None else self.unlooked
 
     def add(self, q: int, rows: Tensor) -> None:
         """Rank q's contribution: [M_q, W] float32 on the parameters' device."""
@@ -413,13 +467,14 @@ class PendingStep:
             raise RuntimeError(f"step {self.step}: rank {q}'s rows arrived twice")
         self.parts[q] = (upload(self.positions[q], self.device), rows)
         self.received[q] = True
-        if self.all_arrived:  # the last writer completes every group: nothing to count
+        if self.all_arrived:  # the last writer completes every row: nothing to count
             self.complete = []
-            return
-        mine = self.writer_groups[self.writer_bounds[q] : self.writer_bounds[q + 1]]
-        complete = self.kernels.add_arrivals(self.need, mine, self.group_ptr, self.group_rows)
-        if complete.numel():
-            self.complete.append(complete)
+        elif self.counts is not None:
+            complete = self.counts.arrive(q)
+            if complete.numel():
+                self.complete.append(complete)
+        else:
+            self.unlooked = True
 
     def add_sum(self, dense: Tensor) -> None:
         """Every writer's contribution already summed: [N, W] float32 (device), row p = p."""
@@ -440,30 +495,54 @@ class PendingStep:
 
         Once every previous write is applied (the steady state: the peers keep up), every
         complete row is ready, with no look at its previous write (``mark_ready``: 0.2-0.4 ms
-        for 250K rows of a 290K-row step, where the look costs 0.6-0.95), and once every
-        writer has arrived, the complete rows are every row not applied (no list of them)."""
+        for 250K rows of a 290K-row step, where the look costs 0.6-0.95), and without counts
+        the complete rows are no list: every row not applied, less the missing writers'."""
         write_step = self.step if write else -1
+        missing = [] if self.all_arrived else self._missing()
+        if missing and self.counts is None:
+            share = sum(self.positions[q].numel() for q in missing) / self.ids.numel()
+            if share > self.MASK_SHARE:
+                self._count_arrivals()
+        counted = self.counts is not None and not self.all_arrived
+        self.unlooked = False
         if self.prev_max + offset <= applied_through:
-            candidates = None if self.all_arrived else self._complete_rows()
-            n = self.unapplied if candidates is None else candidates.numel()
-            ready = self.kernels.mark_ready(
-                candidates, self.applied, self.ids, versions, write_step
+            candidates = self._complete_rows() if counted else None
+            blocked = [] if counted else [self.positions[q] for q in missing]
+            ready, n = self.kernels.mark_ready(
+                candidates, blocked, self.applied, self.ids, versions, write_step
             )
             self.complete = []
             return self._took(ready, n, write)
-        if self.all_arrived:
-            candidates = torch.logical_not(self.applied).nonzero().squeeze(1)
-        else:
+        if counted:
             candidates = self._complete_rows()
+        else:
+            free = torch.logical_not(self.applied)
+            for q in missing:
+                free.index_fill_(0, self.positions[q], False)
+            candidates = free.nonzero().squeeze(1)
         ready, taken, held = self.kernels.take_ready(
             candidates, self.applied, self.ids, self.prev, offset, versions, applied_through,
             write_step,
         )  # fmt: skip
-        self.complete = [held] if held.numel() and not self.all_arrived else []
+        self.complete = [held] if held.numel() and counted else []
+        self.unlooked = held.numel() > 0 and not counted
         return self._took(ready, taken.numel(), write)
 
+    def _missing(self) -> list[int]:
+        return [q for q, got in enumerate(self.received) if not got]
+
+    def _count_arrivals(self) -> None:
+        """Make the writer counts and count every writer arrived so far. Only at the step's
+        first look (the missing share only falls, so a later look never makes them): no
+        row is applied yet."""
+        self.counts = WriterCounts(self.positions, self.ids.numel(), self.kernels)
+        arrived = [self.counts.arrive(q) for q, got in enumerate(self.received) if got]
+        self.complete = [c for c in arrived if c.numel()]
+
     def _complete_rows(self) -> Tensor:
-        """[K] int64 the positions whose writers all arrived, not applied yet."""
+        """[K] int64 the positions whose writers all arrived, not applied yet (counted)."""
+        if not self.complete:
+            return torch.zeros(0, dtype=torch.int64)
         return self.complete[0] if len(self.complete) == 1 else torch.cat(self.complete)
 
     def _took(self, ready: Tensor, n: int, write: bool) -> tuple[Tensor, int]:

@@ -2,13 +2,14 @@
 //
 // - step_record: the union of a step's footprints, each footprint's positions in it, and
 //   every union row's planned previous write, read from and then advanced in last_write;
-// - writer_groups: a step's rows grouped by their set of writers (made with the step's
-//   tables), and each writer's groups;
+// - writer_groups: a step's rows grouped by their set of writers (made by a pending step
+//   whose first look finds more than half its rows missing), and each writer's groups;
 // - add_arrivals: one more writer arrived for each of its groups; the rows of the groups
 //   whose writers are now all in;
 // - take_ready: of those rows, the ones whose previous planned write is applied: marked
 //   applied, their versions set (or left to the update log), the step's ready mask and
-//   the rows taken; mark_ready: all of them, where every previous write is applied;
+//   the rows taken; mark_ready: all of them, where every previous write is applied (or, with
+//   no list, every row not applied and not written by a missing writer);
 // - first_lacking: the first of a read's rows, from a start, whose version is below the
 //   step it needs (the engine's version tests: a step's owned reads, a push's rows).
 //
@@ -183,9 +184,9 @@ int64_t check_ids_and_versions(const at::Tensor& ids, const at::Tensor& versions
   return U;
 }
 
-// Rows with the same writers complete together, so the step's rows are grouped by their set
-// of writers once, when the step's tables are made: an arrival then counts down its groups,
-// not its rows. Groups are numbered in the order of their first row; a group's rows are
+// Rows with the same writers complete together, so a step's rows are grouped by their set
+// of writers once (update_log.WriterCounts): an arrival then counts down its groups, not
+// its rows. Groups are numbered in the order of their first row; a group's rows are
 // listed in increasing order; each writer's groups in increasing order.
 //
 // The sets are nodes of a trie built writer by writer (a row's node after writer q is the
@@ -384,17 +385,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> take_ready_cpu(
 }
 
 // Every candidate is ready (the caller knows every previous write of the step is applied;
-// no candidates: every row not applied): marked in the output, checked as marked (in range,
-// not applied, not repeated); then, in row order, the ready rows' versions set where
-// write_step >= 0 (a select per row), and applied |= ready. Two byte writes a candidate into [U]
-// tables that stay in the cache, no read of the rows' previous writes: 0.2-0.4 ms for 250K
-// candidates of a 290K-row step (0.05 without candidates), where take_ready's look at each
-// row costs 0.6-0.95.
-at::Tensor mark_ready_cpu(const std::optional<at::Tensor>& candidates, const at::Tensor& applied,
-                          const at::Tensor& ids, const at::Tensor& versions, int64_t write_step) {
+// no candidates: every row not applied, less the rows of the blocked lists, the missing
+// writers' rows): marked in the output, checked as marked (in range, not applied, not
+// repeated); then, in row order, the ready rows' versions set where write_step >= 0 (a
+// select per row), applied |= ready, and the ready rows counted. Two byte writes a
+// candidate into [U] tables that stay in the cache, no read of the rows' previous writes:
+// 0.2-0.4 ms for 250K candidates of a 290K-row step (0.05 without candidates), where
+// take_ready's look at each row costs 0.6-0.95.
+std::tuple<at::Tensor, int64_t> mark_ready_cpu(const std::optional<at::Tensor>& candidates,
+                                               at::TensorList blocked, const at::Tensor& applied,
+                                               const at::Tensor& ids, const at::Tensor& versions,
+                                               int64_t write_step) {
   const char* op = "mark_ready";
   const int64_t U = check_ids_and_versions(ids, versions, op);
   check_step_rows(applied, U, at::kBool, op, "applied");
+  TORCH_CHECK_VALUE(!candidates.has_value() || blocked.empty(), op,
+                    ": blocked rows go with no candidates (every row not applied)");
+  for (const auto& rows : blocked) {
+    check_step_rows(rows, -1, at::kLong, op, "blocked rows");
+    check_ids(rows, U, op, "blocked rows");
+  }
   const int64_t* id = ids.data_ptr<int64_t>();
   int64_t* version = versions.data_ptr<int64_t>();
   const int64_t N = versions.size(0);
@@ -422,6 +432,11 @@ at::Tensor mark_ready_cpu(const std::optional<at::Tensor>& candidates, const at:
     }
   } else {
     for (int64_t u = 0; u < U; ++u) out[u] = done[u] ^ uint8_t{1};
+    for (const auto& rows : blocked) {
+      const int64_t* row = rows.data_ptr<int64_t>();
+      const int64_t m = rows.size(0);
+      for (int64_t i = 0; i < m; ++i) out[row[i]] = 0;
+    }
   }
   if (write_step >= 0) {
     for (int64_t u = 0; u < U; ++u) {  // a select, not a branch
@@ -429,8 +444,12 @@ at::Tensor mark_ready_cpu(const std::optional<at::Tensor>& candidates, const at:
       version[p] = out[u] ? write_step : version[p];
     }
   }
-  for (int64_t u = 0; u < U; ++u) done[u] |= out[u];
-  return ready;
+  int64_t count = 0;
+  for (int64_t u = 0; u < U; ++u) {
+    done[u] |= out[u];
+    count += out[u];
+  }
+  return {ready, count};
 }
 
 // A version test reads on from where the last one stopped, one row at a time, and stops at
@@ -475,8 +494,8 @@ TORCH_LIBRARY_FRAGMENT(odin, m) {
       "take_ready(Tensor candidates, Tensor(a!) applied, Tensor ids, Tensor prev, int offset, "
       "Tensor(b!) versions, int applied_through, int write_step) -> (Tensor, Tensor, Tensor)");
   m.def(
-      "mark_ready(Tensor? candidates, Tensor(a!) applied, Tensor ids, Tensor(b!) versions, "
-      "int write_step) -> Tensor");
+      "mark_ready(Tensor? candidates, Tensor[] blocked, Tensor(a!) applied, Tensor ids, "
+      "Tensor(b!) versions, int write_step) -> (Tensor, int)");
   m.def(
       "first_lacking(Tensor versions, Tensor rows, Tensor need, int start, int applied_through) "
       "-> int");
