@@ -300,13 +300,14 @@ def step_rows(
             grad_out = dict.fromkeys(peers, reads_local) if reads_local.size else {}
         else:
             to_all = local[mine[every]]
+            written = prev_me >= 0  # (an unwritten row: the phase start's cache fill holds it)
             for o in peers:
                 alone = own_of == o
                 if alone.any():
                     grad_out[o] = local[mine[alone | every]]
                 elif to_all.size:
                     grad_out[o] = to_all
-                sel = alone & (prev_me >= 0)  # a row this rank does not own
+                sel = alone & written  # a row this rank does not own
                 if sel.any():
                     rows = local[mine[sel]]
                     push_in[o] = rows
@@ -321,10 +322,11 @@ def step_rows(
             positions = {q: renumber[p] for q, p in parts.items() if p.size}
             union, union_prev = local[owns], prev[owns]
             mine_owned = owns[mine]
-        only_mine = owner_u == me  # rows this rank alone owns: pushed to their readers
-        if only_mine.any():
+        # rows this rank alone owns, written before in the phase: pushed to their readers
+        pushed = (owner_u == me) & (prev >= 0)
+        if pushed.any():
             for q in peers:
-                sel = only_mine[at[q]] & (prev[at[q]] >= 0)
+                sel = pushed[at[q]]
                 if sel.any():
                     rows_q = at[q][sel]
                     prev_q = prev[rows_q]

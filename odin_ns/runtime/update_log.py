@@ -16,12 +16,13 @@ Two planes:
   and a device mirror of ``versions`` that the apply op keeps.
 
 So deciding what is ready never reads the device; apply runs by mask. A row is complete
-once its writers have all arrived. While the writers still missing write at most half of
-the step's rows, the complete rows are those none of them writes: a byte pass over the
-step's rows with the missing writers' rows blocked, at each look (``mark_ready``); while
-the peers keep up, a step's first look has at most this rank's own rows missing, and the
-last writer completes every row. A step whose first look finds more missing (its writers
-trickle in, R large) groups its rows by their set of writers (``writer_groups``); an
+once its writers have all arrived. When a step's first look misses at most two writers,
+the complete rows are those none of them writes: a byte pass over the step's rows with the
+missing writers' rows blocked, at each look (``mark_ready``; a step is looked at after an
+arrival of its own, so that is at most two more passes); while the peers keep up, a step's
+first look misses at most this rank's own rows, and the last writer completes every row. A
+step whose first look misses more (its writers trickle in, R large) groups its rows by
+their set of writers (``writer_groups``); an
 arrival then counts down its groups and hands on the rows of those it completed
 (``add_arrivals``), and an apply looks only at those rows (``take_ready``): the control
 plane's work follows what arrives, not the step's size, however many times the engine
@@ -403,14 +404,16 @@ class WriterCounts:
 class PendingStep:
     """One step's update (rows = sorted union U of what the step's writers wrote).
 
-    Which rows are complete (every writer of the row arrived): while the writers still
-    missing write at most half of the step's rows (``MASK_SHARE``), those no missing writer
-    writes, found at each look (``mark_ready`` with the missing writers' rows blocked, or
-    a mask); past that, the writers' groups are made (``WriterCounts``) and each arrival
-    counts down its groups, so that a step whose writers trickle in costs what arrives, not
-    a pass over its rows at each arrival. While the peers keep up, a step's first look has at
-    most this rank's own rows missing and no group is ever made (``writer_groups`` cost
-    1.8-2.6 ms a step at R = 8, 1M rows).
+    Which rows are complete (every writer of the row arrived): when a step's first look
+    misses at most ``MASK_WRITERS`` writers, those no missing writer writes, found at each
+    look (``mark_ready`` with the missing writers' rows blocked, or a mask): a step is
+    looked at after an arrival of its own (or while rows wait for a previous write), so
+    it takes at most that many more byte passes over its rows. A step whose first look
+    misses more groups its rows by their writers then (``WriterCounts``) and each arrival
+    counts down its groups: a step whose writers trickle in costs what arrives, not a pass
+    over its rows at each arrival. While the peers keep up, a step's first look misses at
+    most this rank's own rows and no group is made (``writer_groups`` cost 1.8-2.6 ms a
+    step at R = 8, 1M rows).
 
     Args:
         step: global step.
@@ -419,7 +422,7 @@ class PendingStep:
         kernels: the per-step host kernels (``StepKernels.resolve()``).
     """
 
-    MASK_SHARE = 0.5  # missing writes over U up to which complete rows are found by a mask
+    MASK_WRITERS = 2  # writers missing at the first look up to which a mask finds them
 
     def __init__(self, step: int, rows: StepRows, device, kernels: StepKernels):
         self.step = step
@@ -431,7 +434,8 @@ class PendingStep:
         self.unapplied = self.ids.numel()  # rows not applied yet
         # the latest previous planned write of any row (local step; -1: none)
         self.prev_max = int(self.prev.max()) if self.ids.numel() else -1
-        self.counts: WriterCounts | None = None  # made once many writes are missing
+        self.counts: WriterCounts | None = None  # made if the first look misses many
+        self.looked = False  # take_ready has run
         self.complete: list[Tensor] = []  # (with counts) complete positions, not applied
         self.unlooked = False  # (without counts) an arrival or held rows since the last look
         self.device = device
@@ -499,10 +503,9 @@ class PendingStep:
         the complete rows are no list: every row not applied, less the missing writers'."""
         write_step = self.step if write else -1
         missing = [] if self.all_arrived else self._missing()
-        if missing and self.counts is None:
-            share = sum(self.positions[q].numel() for q in missing) / self.ids.numel()
-            if share > self.MASK_SHARE:
-                self._count_arrivals()
+        if not self.looked and len(missing) > self.MASK_WRITERS:
+            self._count_arrivals()
+        self.looked = True
         counted = self.counts is not None and not self.all_arrived
         self.unlooked = False
         if self.prev_max + offset <= applied_through:
@@ -532,9 +535,8 @@ class PendingStep:
         return [q for q, got in enumerate(self.received) if not got]
 
     def _count_arrivals(self) -> None:
-        """Make the writer counts and count every writer arrived so far. Only at the step's
-        first look (the missing share only falls, so a later look never makes them): no
-        row is applied yet."""
+        """Make the writer counts and count every writer arrived so far (at the step's first
+        look: no row is applied yet)."""
         self.counts = WriterCounts(self.positions, self.ids.numel(), self.kernels)
         arrived = [self.counts.arrive(q) for q, got in enumerate(self.received) if got]
         self.complete = [c for c in arrived if c.numel()]

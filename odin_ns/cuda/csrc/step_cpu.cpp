@@ -3,7 +3,7 @@
 // - step_record: the union of a step's footprints, each footprint's positions in it, and
 //   every union row's planned previous write, read from and then advanced in last_write;
 // - writer_groups: a step's rows grouped by their set of writers (made by a pending step
-//   whose first look finds more than half its rows missing), and each writer's groups;
+//   whose first look misses more than two writers), and each writer's groups;
 // - add_arrivals: one more writer arrived for each of its groups; the rows of the groups
 //   whose writers are now all in;
 // - take_ready: of those rows, the ones whose previous planned write is applied: marked
