@@ -509,6 +509,10 @@ def test_host_work_interpolates_in_log_ranks_and_scales_its_integer_part(tmp_pat
     host = HostWork.load(path)
     assert host.basis == "meta_ms"
     assert host.seconds("replicated", 8, 200.0) == pytest.approx((2.0 + 8.0) * 1e-3)
+    # the phase start per plan step (step tables made there) is host work on row ids too
+    cp.update({"bind_ms_per_plan_step_r8_replicated": 3.0})
+    path.write_text(json.dumps(cp))
+    assert HostWork.load(path).seconds("replicated", 8, 200.0) == pytest.approx(16e-3)
 
 
 def test_grendel_style_step_by_hand():

@@ -369,7 +369,9 @@ class HostWork:
     operations over row ids (``control_ms``), at ``rows_per_view``. The host's ms is
     ``meta_ms`` when the file has it (the step's wall time with the data plane on a device
     without values: what the host does beside a GPU), else ``host_ms`` (the CPU run's time
-    outside data operations, which also carries the CPU's allocation of row buffers)."""
+    outside data operations, which also carries the CPU's allocation of row buffers); plus
+    the phase start per plan step where the file has it (``bind_ms_per_plan_step``: a
+    layout with pushes makes every step's tables there), counted as integer work."""
 
     ms: dict[tuple[str, int], tuple[float, float]]  # (layout, R) -> (host ms, control ms)
     rows_per_view: float
@@ -386,7 +388,9 @@ class HostWork:
             for key in cp:
                 if key.startswith(prefix) and key.endswith(f"_{layout}"):
                     r = int(key[len(prefix) :].split("_")[0])
-                    ms[(layout, r)] = (cp[key], cp[f"control_ms_per_step_r{r}_{layout}"])
+                    phase = cp.get(f"bind_ms_per_plan_step_r{r}_{layout}", 0.0)
+                    control = cp[f"control_ms_per_step_r{r}_{layout}"] + phase
+                    ms[(layout, r)] = (cp[key] + phase, control)
         if not ms:
             raise ValueError(f"{path} holds no {prefix}<R>_<layout> medians")
         code = f": {cp['code']}" if "code" in cp else ""
@@ -780,8 +784,9 @@ def main(argv: list[str] | None = None) -> dict:
             "rows_per_view_measured": host.rows_per_view,
             "basis": host.basis,
             "ms": {f"{lay}_r{r}": v[0] for (lay, r), v in host.ms.items()},
-            "rule": "HostWork.seconds: interpolated in log R, integer part scaled by rows per "
-            "view; every Odin mode pays it after each step, serially (an upper bound: the host "
+            "rule": "HostWork.seconds: the step's host time plus the phase start per plan step "
+            "(step tables), interpolated in log R, integer part and phase start scaled by rows "
+            "per view; every Odin mode pays it after each step, serially (an upper bound: the host "
             "could prepare a step while the GPU runs the previous one); ddp_nccl and grendel "
             "pay none",
         },

@@ -436,8 +436,9 @@ class PendingStep:
         self.prev_max = int(self.prev.max()) if self.ids.numel() else -1
         self.counts: WriterCounts | None = None  # made if the first look misses many
         self.looked = False  # take_ready has run
-        self.complete: list[Tensor] = []  # (with counts) complete positions, not applied
-        self.unlooked = False  # (without counts) an arrival or held rows since the last look
+        # complete positions not applied: counted, or held back at the last look
+        self.complete: list[Tensor] = []
+        self.unlooked = False  # (without counts) an arrival since the last look
         self.device = device
         self.ids_data = upload(self.ids, device)  # [U] on the parameters' device
         # per rank (positions on device [M_q], rows [M_q, W] on device), in rank order
@@ -463,7 +464,7 @@ class PendingStep:
         (without counts: something arrived, or rows were held, since the last look)."""
         if self.all_arrived:
             return not self.done
-        return bool(self.complete) if self.counts is not None else self.unlooked
+        return bool(self.complete) or self.unlooked
 
     def add(self, q: int, rows: Tensor) -> None:
         """Rank q's contribution: [M_q, W] float32 on the parameters' device."""
@@ -506,29 +507,30 @@ class PendingStep:
         if not self.looked and len(missing) > self.MASK_WRITERS:
             self._count_arrivals()
         self.looked = True
-        counted = self.counts is not None and not self.all_arrived
+        # every row not applied, less the missing writers' (after an arrival, uncounted),
+        # or the list of complete rows (counted, or held back at the last look)
+        by_mask = self.all_arrived or (self.counts is None and self.unlooked)
+        blocked = [self.positions[q] for q in missing] if by_mask else []
         self.unlooked = False
         if self.prev_max + offset <= applied_through:
-            candidates = self._complete_rows() if counted else None
-            blocked = [] if counted else [self.positions[q] for q in missing]
             ready, n = self.kernels.mark_ready(
-                candidates, blocked, self.applied, self.ids, versions, write_step
-            )
+                None if by_mask else self._complete_rows(), blocked, self.applied, self.ids,
+                versions, write_step,
+            )  # fmt: skip
             self.complete = []
             return self._took(ready, n, write)
-        if counted:
-            candidates = self._complete_rows()
-        else:
+        if by_mask:
             free = torch.logical_not(self.applied)
-            for q in missing:
-                free.index_fill_(0, self.positions[q], False)
+            for rows in blocked:
+                free.index_fill_(0, rows, False)
             candidates = free.nonzero().squeeze(1)
+        else:
+            candidates = self._complete_rows()
         ready, taken, held = self.kernels.take_ready(
             candidates, self.applied, self.ids, self.prev, offset, versions, applied_through,
             write_step,
         )  # fmt: skip
-        self.complete = [held] if held.numel() and counted else []
-        self.unlooked = held.numel() > 0 and not counted
+        self.complete = [held] if held.numel() and not self.all_arrived else []
         return self._took(ready, taken.numel(), write)
 
     def _missing(self) -> list[int]:
@@ -542,7 +544,8 @@ class PendingStep:
         self.complete = [c for c in arrived if c.numel()]
 
     def _complete_rows(self) -> Tensor:
-        """[K] int64 the positions whose writers all arrived, not applied yet (counted)."""
+        """[K] int64 the positions whose writers all arrived, not applied yet (counted, or
+        held back at the last look)."""
         if not self.complete:
             return torch.zeros(0, dtype=torch.int64)
         return self.complete[0] if len(self.complete) == 1 else torch.cat(self.complete)
