@@ -49,8 +49,8 @@ Measured per step, R values interleaved step by step:
 - ``bind_ms_per_plan_step``: the engine's phase start (``ShardedEngine``'s construction),
   per step of the plan: a layout with pushes makes every step's tables there (their order
   needs them all), the replicated layout makes each step's tables in the step, inside
-  ``host_ms`` (before 2026-12-06, fourth session, the benchmark made them before its timer
-  started: 5-8 ms a step at R = 8 left out of the replicated figures);
+  ``host_ms`` (through bb0d5d0 the benchmark made them before its timer started: 5-8 ms a
+  step at R = 8 left out of the replicated figures);
   ``host_and_phase_start_ms_per_step``: their sum, what the host spends per step of a
   phase, wherever it spends it;
 - ``tables_mb_per_step``: host memory of one step's tables (``sharded.Step``), median

@@ -22,11 +22,11 @@ missing writers' rows blocked, at each look (``mark_ready``; a step is looked at
 arrival of its own, so that is at most two more passes); while the peers keep up, a step's
 first look misses at most this rank's own rows, and the last writer completes every row. A
 step whose first look misses more (its writers trickle in, R large) groups its rows by
-their set of writers (``writer_groups``); an
-arrival then counts down its groups and hands on the rows of those it completed
-(``add_arrivals``), and an apply looks only at those rows (``take_ready``): the control
-plane's work follows what arrives, not the step's size, however many times the engine
-asks. Once every previous write of the step is applied, its complete rows are ready at
+their set of writers (``writer_groups``); an arrival then counts down its groups and hands
+on the rows of those it completed (``add_arrivals``), and an apply looks only at those rows
+(``take_ready``): the control plane's work follows what arrives, not the step's size,
+however many times the engine asks. Rows held back for a previous write not applied yet
+are kept as a list for the next look either way. Once every previous write of the step is applied, its complete rows are ready at
 once (marked, not looked at one by one).
 
 Which steps a row has applied: every step through ``applied_through`` (the log's prefix of
@@ -407,8 +407,8 @@ class PendingStep:
     Which rows are complete (every writer of the row arrived): when a step's first look
     misses at most ``MASK_WRITERS`` writers, those no missing writer writes, found at each
     look (``mark_ready`` with the missing writers' rows blocked, or a mask): a step is
-    looked at after an arrival of its own (or while rows wait for a previous write), so
-    it takes at most that many more byte passes over its rows. A step whose first look
+    looked at after an arrival of its own (rows held back for a previous write are looked
+    at again from a list), so it takes at most that many more byte passes over its rows. A step whose first look
     misses more groups its rows by their writers then (``WriterCounts``) and each arrival
     counts down its groups: a step whose writers trickle in costs what arrives, not a pass
     over its rows at each arrival. While the peers keep up, a step's first look misses at
