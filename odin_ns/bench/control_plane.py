@@ -294,7 +294,7 @@ class ShardedRankUnderTest:
         off the plan: the engine's step tables are made by the engine, in the step where it
         makes them)."""
         self.visible.zero_()
-        reads = np.asarray(self.plan.step_footprint(self.step, 0), dtype=np.int64)
+        reads = np.asarray(self.plan.step_footprint(self.step, self.layout.rank), dtype=np.int64)
         rows = torch.from_numpy(self.layout.local(reads)).to(self.visible.device)
         self.visible[rows] = True
 

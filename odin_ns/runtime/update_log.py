@@ -186,6 +186,15 @@ def take_ready_reference(
     return ready, take, candidates[~ok].sort().values
 
 
+def rows_not_applied(applied: Tensor, blocked: Sequence[Tensor] = ()) -> Tensor:
+    """[K] int64 the positions of ``applied`` ([U] bool, host) not applied and in none of
+    the ``blocked`` lists ([M_q] int64 positions each: the writers still missing)."""
+    free = torch.logical_not(applied)
+    for rows in blocked:
+        free.index_fill_(0, rows, False)
+    return free.nonzero().squeeze(1)
+
+
 def mark_ready_reference(
     candidates: Tensor | None,
     blocked: Sequence[Tensor],
@@ -207,10 +216,7 @@ def mark_ready_reference(
         if rows.numel() and bool((rows < 0).any() | (rows >= applied.numel()).any()):
             raise ValueError("mark_ready: blocked rows out of range")
     if candidates is None:
-        free = torch.logical_not(applied)
-        for rows in blocked:
-            free[rows] = False
-        candidates = free.nonzero().squeeze(1)
+        candidates = rows_not_applied(applied, blocked)
     elif candidates.numel():
         if bool((candidates < 0).any() | (candidates >= applied.numel()).any()):
             raise ValueError("mark_ready: candidates out of range")
@@ -408,10 +414,10 @@ class PendingStep:
     misses at most ``MASK_WRITERS`` writers, those no missing writer writes, found at each
     look (``mark_ready`` with the missing writers' rows blocked, or a mask): a step is
     looked at after an arrival of its own (rows held back for a previous write are looked
-    at again from a list), so it takes at most that many more byte passes over its rows. A step whose first look
-    misses more groups its rows by their writers then (``WriterCounts``) and each arrival
-    counts down its groups: a step whose writers trickle in costs what arrives, not a pass
-    over its rows at each arrival. While the peers keep up, a step's first look misses at
+    at again from a list), so it takes at most that many more byte passes over its rows. A
+    step whose first look misses more groups its rows by their writers then
+    (``WriterCounts``) and each arrival counts down its groups: a step whose writers
+    trickle in costs what arrives, not a pass over its rows at each arrival. While the peers keep up, a step's first look misses at
     most this rank's own rows and no group is made (``writer_groups`` cost 1.8-2.6 ms a
     step at R = 8, 1M rows).
 
@@ -438,7 +444,7 @@ class PendingStep:
         self.looked = False  # take_ready has run
         # complete positions not applied: counted, or held back at the last look
         self.complete: list[Tensor] = []
-        self.unlooked = False  # (without counts) an arrival since the last look
+        self.arrived_since_look = False  # (without counts) since the last take_ready
         self.device = device
         self.ids_data = upload(self.ids, device)  # [U] on the parameters' device
         # per rank (positions on device [M_q], rows [M_q, W] on device), in rank order
@@ -464,7 +470,7 @@ class PendingStep:
         (without counts: something arrived, or rows were held, since the last look)."""
         if self.all_arrived:
             return not self.done
-        return bool(self.complete) or self.unlooked
+        return bool(self.complete) or self.arrived_since_look
 
     def add(self, q: int, rows: Tensor) -> None:
         """Rank q's contribution: [M_q, W] float32 on the parameters' device."""
@@ -479,7 +485,7 @@ class PendingStep:
             if complete.numel():
                 self.complete.append(complete)
         else:
-            self.unlooked = True
+            self.arrived_since_look = True
 
     def add_sum(self, dense: Tensor) -> None:
         """Every writer's contribution already summed: [N, W] float32 (device), row p = p."""
@@ -503,15 +509,15 @@ class PendingStep:
         for 250K rows of a 290K-row step, where the look costs 0.6-0.95), and without counts
         the complete rows are no list: every row not applied, less the missing writers'."""
         write_step = self.step if write else -1
-        missing = [] if self.all_arrived else self._missing()
+        missing = self.missing()
         if not self.looked and len(missing) > self.MASK_WRITERS:
             self._count_arrivals()
         self.looked = True
         # every row not applied, less the missing writers' (after an arrival, uncounted),
         # or the list of complete rows (counted, or held back at the last look)
-        by_mask = self.all_arrived or (self.counts is None and self.unlooked)
+        by_mask = self.all_arrived or (self.counts is None and self.arrived_since_look)
         blocked = [self.positions[q] for q in missing] if by_mask else []
-        self.unlooked = False
+        self.arrived_since_look = False
         if self.prev_max + offset <= applied_through:
             ready, n = self.kernels.mark_ready(
                 None if by_mask else self._complete_rows(), blocked, self.applied, self.ids,
@@ -519,13 +525,7 @@ class PendingStep:
             )  # fmt: skip
             self.complete = []
             return self._took(ready, n, write)
-        if by_mask:
-            free = torch.logical_not(self.applied)
-            for rows in blocked:
-                free.index_fill_(0, rows, False)
-            candidates = free.nonzero().squeeze(1)
-        else:
-            candidates = self._complete_rows()
+        candidates = rows_not_applied(self.applied, blocked) if by_mask else self._complete_rows()
         ready, taken, held = self.kernels.take_ready(
             candidates, self.applied, self.ids, self.prev, offset, versions, applied_through,
             write_step,
@@ -533,7 +533,8 @@ class PendingStep:
         self.complete = [held] if held.numel() and not self.all_arrived else []
         return self._took(ready, taken.numel(), write)
 
-    def _missing(self) -> list[int]:
+    def missing(self) -> list[int]:
+        """The writers whose rows have not arrived, in rank order."""
         return [q for q, got in enumerate(self.received) if not got]
 
     def _count_arrivals(self) -> None:
@@ -661,7 +662,7 @@ class UpdateLog:
             if s >= before:
                 break
             if not rec.done:
-                missing = [q for q, got in enumerate(rec.received) if not got]
+                missing = rec.missing()
                 return (missing[0] if missing else -1), rec.step
         return -1, self.step_offset + before
 
