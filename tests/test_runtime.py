@@ -151,7 +151,7 @@ def test_bad_input_is_rejected():
 def test_step_kernels_equal_their_twins():
     """The update log's per-step host kernels equal their torch twins bit for bit:
     ``step_record`` (union, positions, previous writes; row tables reused across calls, and
-    ``last_write`` advanced in place), ``writer_groups`` (the rows grouped by their writers),
+    ``last_write`` advanced in place; of every row, or of the rows a caller holds), ``writer_groups`` (the rows grouped by their writers),
     ``add_arrivals`` (the rows each arrival completes), ``take_ready`` (in order, or
     checking versions against the planned previous writes beyond the step every earlier
     one is applied through, the versions only read) and ``mark_ready`` (every candidate);
@@ -173,6 +173,14 @@ def test_step_kernels_equal_their_twins():
         for a, b in zip((got[0], got[2], last), (want[0], want[2], last_want), strict=True):
             assert a.dtype == b.dtype and torch.equal(a, b)
         assert all(torch.equal(a, b) for a, b in zip(got[1], want[1], strict=True))
+        kept = torch.from_numpy(rng.random(500) < 0.3)  # of the rows a caller holds
+        last_held, last_held_want = last.clone(), last.clone()
+        got_held = record(fps, last_held, 12, kept)
+        want_held = step_record_reference(fps, last_held_want, 12, kept)
+        assert torch.equal(last_held, last_held_want) and bool(kept[got_held[0]].all())
+        for a, b in zip(got_held, want_held, strict=True):
+            a, b = (a, b) if isinstance(a, list) else ([a], [b])
+            assert all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b, strict=True))
         ids, positions, prev = got
         u = ids.numel()
         expected = torch.bincount(torch.cat(positions), minlength=u).int()  # writers per row
@@ -269,6 +277,14 @@ def test_step_kernels_equal_their_twins():
         arrivals(need_got, writer_groups[:1], group_ptr, group_rows)  # all arrived already
     with pytest.raises(ValueError, match="no writer"):
         group([torch.tensor([0, 2])], 3)  # row 1 has none
+    nine, every_row = torch.zeros(9, dtype=torch.int64), torch.ones(9, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"held must have shape \[9\]"):
+        record([torch.tensor([1, 3])], nine, 0, every_row[:8])
+    with pytest.raises(ValueError, match=r"sorted and unique \(3 before 1\)"):
+        record([torch.tensor([0, 2]), torch.tensor([3, 1, 4])], nine, 0, every_row)
+    with pytest.raises(ValueError, match=r"out of range: values span \[0, 9\]"):
+        record([torch.tensor([0, 2]), torch.tensor([0, 9])], nine, 0, every_row)
+    assert not nine.any()  # refused before anything was written
     none = [torch.zeros(0, dtype=torch.int64)] * 3  # a step with no rows (nothing owned)
     for a, b in zip(group(none, 0), writer_groups_reference(none, 0), strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)
@@ -546,7 +562,11 @@ def test_gloo_dead_peer_fails_fast(tmp_path):
     assert codes[1] == 1
     assert codes[0] not in (0, None), "rank 0 must fail, not hang or succeed"
     first_line = errors[0].splitlines()[0]
-    assert re.match(r"PeerFailure: rank 0: peer 1 \(step [56]\): (receive|send) failed", first_line)
+    # rank 1's sends leave on threads, and os._exit at step 5 can end them before its step-4
+    # publication has left: rank 0 then fails waiting on step 4 (seen once under load)
+    assert re.match(
+        r"PeerFailure: rank 0: peer 1 \(step [456]\): (receive|send) failed", first_line
+    )
     assert elapsed < 30
 
 

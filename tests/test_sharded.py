@@ -27,8 +27,20 @@ import torch
 from harness.runs import ns_eval_in_process, ns_export_splat_in_process, preflight_last_line
 
 from odin_ns.cuda import ops
-from odin_ns.runtime.sharded import ShardLayout, cache_of, phase_read_sets, step_tables
-from odin_ns.runtime.update_log import VersionTest, first_lacking_reference
+from odin_ns.runtime.sharded import (
+    EVERY_RANK,
+    ShardLayout,
+    cache_of,
+    owner_rows_reference,
+    phase_read_sets,
+    reader_rows_reference,
+    step_tables,
+)
+from odin_ns.runtime.update_log import (
+    VersionTest,
+    first_lacking_reference,
+    step_record_reference,
+)
 from odin_ns.schedule import build_plan
 from odin_ns.schedule.ownership import random_ownership
 
@@ -433,6 +445,73 @@ def test_first_lacking_kernel_equals_its_twin_and_refuses_bad_input():
         kernel(versions, rows, need, 3, -1)
     with pytest.raises(ValueError, match="must be torch.int64"):
         kernel(versions.int(), rows, need, 0, -1)
+
+
+def _table_kernels():
+    """The host kernels ``owner_rows`` and ``reader_rows`` (skips where the CPU library is not
+    built)."""
+    kernels = ops.host_op("owner_rows"), ops.host_op("reader_rows")
+    if None in kernels:
+        pytest.skip("the CPU library is not built (python -m odin_ns.cuda build)")
+    return kernels
+
+
+def _assert_same(a, b) -> None:
+    """Equal outputs: tensors (dtype, shape, values) and lists of them, nested."""
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype == torch.int64 and torch.equal(a, b)
+    else:
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _assert_same(x, y)
+
+
+def test_step_table_kernels_equal_their_twins_and_refuse_bad_input(monkeypatch):
+    """The host kernels ``owner_rows`` and ``reader_rows`` return their twins' lists on
+    random steps of random ownership maps (single owners, rows every rank owns, a rank that
+    reads nothing, rows written before or not), so a phase's tables made with them equal the
+    tables made with the twins; they refuse an owner entry that is not a rank, a read the
+    local table lacks, positions or ids out of range and int64 maps with one line
+    (ValueError)."""
+    as_owner, as_reader = _table_kernels()
+    rng = np.random.default_rng(11)
+    for trial in range(12):
+        ranks, n = int(rng.integers(2, 6)), int(rng.integers(1, 300))
+        owner = rng.integers(0, ranks, n)
+        owner[rng.random(n) < (0.0, 0.3, 1.0)[trial % 3]] = EVERY_RANK
+        reads = [np.sort(rng.choice(n, int(rng.integers(0, n + 1)), replace=False))
+                 for _ in range(ranks)]  # fmt: skip
+        reads[trial % ranks] = reads[trial % ranks][: trial % 2]  # a rank reading little
+        last = torch.from_numpy(rng.integers(-1, 3, n))
+        ids, positions, prev = step_record_reference([torch.from_numpy(r) for r in reads], last, 3)
+        maps = torch.from_numpy(owner.astype(np.int32))
+        for me in range(ranks):
+            layout = ShardLayout(owner, me, cache_of(owner, me, reads[me]))
+            local_of = torch.from_numpy(layout.local_of.astype(np.int32))
+            args = (ids, positions, prev, maps, local_of, me)
+            _assert_same(as_owner(*args), owner_rows_reference(*args))
+            args = (ids, positions[me], prev, maps, local_of, me, ranks)
+            _assert_same(as_reader(*args), reader_rows_reference(*args))
+    plan = _toy_plan(3)
+    owner = random_ownership(plan.footprints.shape[1], 3, seed=2)
+    owner[::5] = EVERY_RANK
+    layout = ShardLayout(owner, 1, cache_of(owner, 1, phase_read_sets(plan, 3)[1]))
+    made = step_tables(plan, layout, 3)
+    monkeypatch.setattr(ops, "host_op", lambda name: None)  # every host kernel's twin
+    assert repr(step_tables(plan, layout, 3)) == repr(made)
+    # refusals: one line, whichever pass meets the bad value
+    ids, prev = torch.tensor([0, 2]), torch.tensor([-1, 0])
+    maps, local_of = torch.tensor([0, 1, 0], dtype=torch.int32), torch.tensor([0, -1, 1]).int()
+    with pytest.raises(ValueError, match="row 2 has owner 5, not a rank in"):
+        as_owner(ids, [ids[:0], ids[:0]], prev, torch.tensor([0, 1, 5]).int(), local_of, 0)
+    with pytest.raises(ValueError, match="rank 0 reads row 1, which its local table"):
+        as_reader(torch.tensor([1]), torch.tensor([0]), prev[:1], maps, local_of, 0, 2)
+    with pytest.raises(ValueError, match="positions out of range: 2"):
+        as_owner(ids, [torch.tensor([0, 2]), ids[:0]], prev, maps, local_of, 0)
+    with pytest.raises(ValueError, match="ids out of range: 3"):
+        as_reader(torch.tensor([3]), torch.tensor([0]), prev[:1], maps, local_of, 0, 2)
+    with pytest.raises(ValueError, match="owner must be torch.int32"):
+        as_owner(ids, [ids[:0], ids[:0]], prev, maps.long(), local_of, 0)
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ CUDA_EXTENSION = "odin_ns_ops_cuda"
 DEFAULT_CUDA_ARCH_LIST = "9.0"  # H100 / H200; override with TORCH_CUDA_ARCH_LIST
 VARIANTS = ("cpu", "cuda")
 
-CPU_SOURCES = ("ops_cpu.cpp", "plan_cpu.cpp", "step_cpu.cpp")
+CPU_SOURCES = ("ops_cpu.cpp", "plan_cpu.cpp", "step_cpu.cpp", "tables_cpu.cpp")
 CUDA_SOURCES = ("ops_cuda.cpp", "kernels.cu")
 HEADERS = ("common.h", "host.h", "kernels.h")
 

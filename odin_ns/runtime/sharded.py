@@ -264,85 +264,150 @@ def step_rows(
     A row read at t by r is pushed iff some rank wrote it in the phase before t (its previous
     write ``prev >= 0``); else the phase start's cache fill holds it. Per step, the update
     log's host kernel ``step_record`` gives the union of every rank's reads, each read's
-    positions in it and each row's previous write; every table is a gather from those (no
-    search or sort of ids per step). In a layout where local ids are global ids
-    (``ShardLayout.identity``) the tables share the union's and the reads' arrays.
+    positions in it and each row's previous write; the host kernels ``owner_rows`` and
+    ``reader_rows`` (twins ``owner_rows_reference``, ``reader_rows_reference``) cut the
+    rank's tables from those in one pass over the union and one over its reads (no search
+    or sort of ids per step). A list two tables hold alike is one array (the reads and the
+    owned reads where the rank owns them all, the gradient rows every peer is sent), so the
+    step path uploads it once.
     """
-    me, owner, local_of = layout.rank, layout.owner, layout.local_of
-    identity = layout.identity
+    me = layout.rank
     record = ops.host_op("step_record") or step_record_reference
-    last = torch.full((owner.size,), -1, dtype=torch.int64)  # last write (local step) per row
+    as_owner = ops.host_op("owner_rows") or owner_rows_reference
+    as_reader = ops.host_op("reader_rows") or reader_rows_reference
+    # the maps as the kernels take them: int32, half the bytes a look-up pulls in
+    owner = torch.from_numpy(layout.owner.astype(np.int32))
+    local_of = torch.from_numpy(layout.local_of.astype(np.int32))
+    last = torch.full((layout.owner.size,), -1, dtype=torch.int64)  # last write per row
+    # the rows a rank's tables name are those its table holds (it owns or reads them): the
+    # union leaves out the rest of the peers' reads (at R = 64 most of them)
+    held = None if layout.replicated else torch.from_numpy(layout.local_of >= 0)
     peers = [q for q in range(num_ranks) if q != me]
     for t in range(plan.num_steps if num_steps is None else num_steps):
         reads = [torch.from_numpy(np.asarray(plan.step_footprint(t, q), dtype=np.int64))
                  for q in range(num_ranks)]  # fmt: skip
-        ids, positions, prev = record(reads, last, t)  # the union [U], sorted
-        ids, prev = ids.numpy(), prev.numpy()
-        at = [p.numpy() for p in positions]  # per rank, its reads' positions in the union
+        ids, positions, prev = record(reads, last, t, held)  # the union [U], sorted
         if layout.replicated:  # no owner to look up (1.3 ms a step at R = 8, 1M rows)
-            yield replicated_step(at, ids, prev, me, peers), [], []
+            at = [p.numpy() for p in positions]  # per rank, its reads' positions in the union
+            yield replicated_step(at, ids.numpy(), prev.numpy(), me, peers), [], []
             continue
-        local = ids if identity else local_of[ids]  # [U] local ids (-1: a row not held)
-        owner_u = owner[ids]  # [U]
-        owns = owned_by(owner_u, me)  # [U]
-        mine = at[me]
-        reads_global = ids[mine]
-        # (raises if the table lacks a read row; the replicated layout: the same array)
-        reads_local = reads_global if identity else layout.local(reads_global)
-        own_of = owner_u[mine]
-        prev_me = prev[mine]
-        # rows every rank owns: their gradients go to every peer, as one shared id list
-        every = own_of == EVERY_RANK
-        grad_out, push_in = {}, {}
-        pushes_out: list[Push] = []
-        pushes_in: list[Push] = []
-        if every.all():  # (replicated training: every row) nothing to sort out per owner
+        union, union_prev, written, out_rows, out_prev = (
+            x.numpy() if isinstance(x, Tensor) else [y.numpy() for y in x]
+            for x in as_owner(ids, positions, prev, owner, local_of, me)
+        )
+        made = as_reader(ids, positions[me], prev, owner, local_of, me, num_ranks)
+        reads_global, reads_local, own_rows, own_prev, every, grad_rows, in_rows, in_prev = (
+            x.numpy() if isinstance(x, Tensor) else [y.numpy() for y in x] for x in made
+        )
+        if layout.identity:  # local ids are global ids: one list
+            reads_local = reads_global
+        if own_rows.size == reads_local.size:  # every read is owned: the same list
+            own_rows = reads_local
+        if every.size == reads_local.size:  # every rank owns every read: one list for all
             grad_out = dict.fromkeys(peers, reads_local) if reads_local.size else {}
-        else:
-            to_all = local[mine[every]]
-            written = prev_me >= 0  # (an unwritten row: the phase start's cache fill holds it)
-            for o in peers:
-                alone = own_of == o
-                if alone.any():
-                    grad_out[o] = local[mine[alone | every]]
-                elif to_all.size:
-                    grad_out[o] = to_all
-                sel = alone & written  # a row this rank does not own
-                if sel.any():
-                    rows = local[mine[sel]]
-                    push_in[o] = rows
-                    pushes_in.append(Push(int(prev_me[sel].max()), t, o, rows, prev_me[sel]))
-        if owns.all():  # every row of the step is this rank's: positions as recorded
-            positions = {q: p for q, p in enumerate(at) if p.size}
-            union, union_prev = local, prev
-            mine_owned = slice(None)
-        else:
-            renumber = np.cumsum(owns) - 1  # union position -> position among owned rows
-            parts = {q: p[owns[p]] for q, p in enumerate(at)}
-            positions = {q: renumber[p] for q, p in parts.items() if p.size}
-            union, union_prev = local[owns], prev[owns]
-            mine_owned = owns[mine]
-        # rows this rank alone owns, written before in the phase: pushed to their readers
-        pushed = (owner_u == me) & (prev >= 0)
-        if pushed.any():
-            for q in peers:
-                sel = pushed[at[q]]
-                if sel.any():
-                    rows_q = at[q][sel]
-                    prev_q = prev[rows_q]
-                    pushes_out.append(Push(int(prev_q.max()), t, q, local[rows_q], prev_q))
+        else:  # an owner of none of the reads is still sent the rows every rank owns
+            grad_out = {o: grad_rows[o] if grad_rows[o].size else every for o in peers}
+            grad_out = {o: rows for o, rows in grad_out.items() if rows.size}
+        pushes_in = [Push(int(in_prev[o].max()), t, o, in_rows[o], in_prev[o])
+                     for o in peers if in_rows[o].size]  # fmt: skip
+        pushes_out = [Push(int(out_prev[q].max()), t, q, out_rows[q], out_prev[q])
+                      for q in peers if out_rows[q].size]  # fmt: skip
         step = Step(
             reads=reads_local,
             reads_global=reads_global,
             grad_out=grad_out,
-            own_rows=reads_local if identity else local[mine[mine_owned]],
+            own_rows=own_rows,
             union=union,
-            positions=positions,
+            positions={q: p for q, p in enumerate(written) if p.size},
             union_prev=union_prev,
-            own_prev=prev_me[mine_owned],
-            push_in=push_in,
+            own_prev=own_prev,
+            push_in={p.peer: p.rows for p in pushes_in},
         )
         yield step, pushes_out, pushes_in
+
+
+def owner_rows_reference(
+    ids: Tensor,
+    positions: Sequence[Tensor],
+    prev: Tensor,
+    owner: Tensor,
+    local_of: Tensor,
+    rank: int,
+) -> tuple[Tensor, Tensor, list[Tensor], list[Tensor], list[Tensor]]:
+    """What ``rank`` does as an owner at a step, from the step's record (``ids`` [U] sorted
+    global ids of every rank's reads, ``positions`` per rank q of R its [M_q] positions in
+    ids, ``prev`` [U] each row's previous write in the phase, -1: none) and the ownership map
+    (``owner`` [N] int32: a rank or ``EVERY_RANK``; ``local_of`` [N] int32: the rank's local
+    id of each row, -1: none). Returns (rows [U'] local ids of the union rows it owns, their [U']
+    previous writes, per writer q its [M'_q] positions among them; per reader q its push:
+    [P_q] local ids of the rows of q's reads that ``rank`` alone owns and that were written
+    before, in q's order, and their [P_q] previous writes; empty for q = rank). Host int64
+    tensors. The torch twin of the host kernel ``torch.ops.odin.owner_rows``."""
+    o = owner[ids].long()
+    _check_owners(o, ids, len(positions), "owner_rows")
+    owns = (o == rank) | (o == EVERY_RANK)
+    renumber = torch.cumsum(owns, 0) - 1  # union position -> position among owned rows
+    pushed = (o == rank) & (prev >= 0)
+    pushed_at = [p[pushed[p]] if q != rank else p[:0] for q, p in enumerate(positions)]
+    return (
+        local_of[ids[owns]].long(),
+        prev[owns],
+        [renumber[p[owns[p]]] for p in positions],
+        [local_of[ids[p]].long() for p in pushed_at],
+        [prev[p] for p in pushed_at],
+    )
+
+
+def reader_rows_reference(
+    ids: Tensor,
+    reads: Tensor,
+    prev: Tensor,
+    owner: Tensor,
+    local_of: Tensor,
+    rank: int,
+    num_ranks: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, list[Tensor], list[Tensor], list[Tensor]]:
+    """What ``rank`` does as a reader at a step: ``reads`` [M] are its reads' positions in
+    the step's union ``ids`` (the rest as in ``owner_rows_reference``). Returns (the reads'
+    [M] global ids, their [M] local ids, the [K] local ids of the ones ``rank`` owns and
+    their [K] previous writes, the [E] local ids of the ones every rank owns; per owner o of
+    ``num_ranks`` the gradient rows that go there: the reads o alone owns and those every
+    rank owns, in read order, empty where o owns none alone (and for o = rank); per owner o
+    its push: the [P_o] local ids of the reads o alone owns that were written before, and
+    their [P_o] previous writes). Host int64 tensors; raises ValueError where the local
+    table lacks a read. The torch twin of the host kernel ``torch.ops.odin.reader_rows``."""
+    g = ids[reads]
+    o = owner[g].long()
+    _check_owners(o, g, num_ranks, "reader_rows")
+    local = local_of[g].long()
+    if bool((local < 0).any()):
+        row = int(g[local < 0][0])
+        raise ValueError(
+            f"reader_rows: rank {rank} reads row {row}, which its local table does not hold"
+        )
+    before = prev[reads]
+    own = (o == rank) | (o == EVERY_RANK)
+    every = o == EVERY_RANK
+    grad_rows, push_rows, push_prev = [], [], []
+    for q in range(num_ranks):
+        alone = (o == q) & (q != rank)
+        grad_rows.append(local[alone | every] if bool(alone.any()) else local[:0])
+        sel = alone & (before >= 0)
+        push_rows.append(local[sel])
+        push_prev.append(before[sel])
+    return g, local, local[own], before[own], local[every], grad_rows, push_rows, push_prev
+
+
+def _check_owners(owners: Tensor, rows: Tensor, num_ranks: int, op: str) -> None:
+    """ValueError naming the first of ``rows`` whose owner entry is neither a rank of
+    ``num_ranks`` nor ``EVERY_RANK`` (the host kernels' message)."""
+    bad = (owners < EVERY_RANK) | (owners >= num_ranks)
+    if bool(bad.any()):
+        i = int(torch.nonzero(bad)[0])
+        raise ValueError(
+            f"{op}: row {int(rows[i])} has owner {int(owners[i])}, not a rank in "
+            f"[0, {num_ranks}) or -1 (every rank)"
+        )
 
 
 def replicated_step(

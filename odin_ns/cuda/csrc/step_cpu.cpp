@@ -1,7 +1,8 @@
 // Host kernels of every step, the update log's control plane (odin_ns.runtime.update_log):
 //
 // - step_record: the union of a step's footprints, each footprint's positions in it, and
-//   every union row's planned previous write, read from and then advanced in last_write;
+//   every union row's planned previous write, read from and then advanced in last_write
+//   (of the rows a caller holds, where it says which);
 // - writer_groups: a step's rows grouped by their set of writers (made by a pending step
 //   whose first look misses more than two writers), and each writer's groups;
 // - add_arrivals: one more writer arrived for each of its groups; the rows of the groups
@@ -49,10 +50,14 @@ namespace {
 
 // One footprint's ids: [M] int64, strictly increasing, in [0, num_rows) (the twin's
 // searchsorted needs sorted ids; checked before anything is written).
-void check_footprint(const at::Tensor& fp, int64_t num_rows, const char* op) {
+void check_footprint_type(const at::Tensor& fp, const char* op) {
   TORCH_CHECK_VALUE(fp.device().is_cpu(), op, ": footprints must be host tensors");
   check_dtype(fp, at::kLong, op, "a footprint");
   TORCH_CHECK_VALUE(fp.dim() == 1, op, ": a footprint must have shape [M], got ", fp.sizes());
+}
+
+void check_footprint(const at::Tensor& fp, int64_t num_rows, const char* op) {
+  check_footprint_type(fp, op);
   const int64_t m = fp.numel();
   if (m == 0) return;
   const int64_t* in = fp.data_ptr<int64_t>();
@@ -63,6 +68,13 @@ void check_footprint(const at::Tensor& fp, int64_t num_rows, const char* op) {
     TORCH_CHECK_VALUE(in[i - 1] < in[i], op, ": a footprint must be sorted and unique (",
                       in[i - 1], " before ", in[i], ")");
   }
+}
+
+// A pass that meets a footprint out of order or out of range raises check_footprint's error.
+[[noreturn]] __attribute__((noinline)) void raise_footprint(const at::Tensor& fp,
+                                                            int64_t num_rows, const char* op) {
+  check_footprint(fp, num_rows, op);
+  TORCH_CHECK(false, op, ": a footprint failed a check that check_footprint passed");
 }
 
 // Per-thread tables of step_record, all zero between calls: a bit per row (some footprint
@@ -104,29 +116,74 @@ ODIN_POPCNT inline int64_t union_position(const uint64_t* held, const int32_t* r
 
 // Mark every row of the footprints, number the marked rows in order (the union, sorted),
 // then each footprint's positions are ranks: O(sum M + N / 64), every input read in order.
+//
+// With held ([N] bool), a footprint's rows that held lacks are left out first: the union is
+// of the held rows, each footprint's positions are its held rows', and last_write is read and
+// advanced for held rows only (a sharded rank's tables need the rows it owns or reads, a
+// small share of every rank's reads at large R: the mark and position passes skip the rest).
 ODIN_POPCNT std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor> step_record_cpu(
-    at::TensorList footprints, const at::Tensor& last_write, int64_t step) {
+    at::TensorList footprints, const at::Tensor& last_write, int64_t step,
+    const std::optional<at::Tensor>& held_rows) {
   const char* op = "step_record";
   TORCH_CHECK_VALUE(last_write.device().is_cpu(), op, ": last_write must be a host tensor");
   check_dtype(last_write, at::kLong, op, "last_write");
   check_shape_1d(last_write, -1, op, "last_write");
   check_contiguous(last_write, op, "last_write");
   const int64_t num_rows = last_write.size(0);
+  const bool* keep = nullptr;  // [N] whether a row is kept; null: every row
+  if (held_rows.has_value()) {
+    TORCH_CHECK_VALUE(held_rows->device().is_cpu(), op, ": held must be a host tensor");
+    check_dtype(*held_rows, at::kBool, op, "held");
+    check_shape_1d(*held_rows, num_rows, op, "held");
+    TORCH_CHECK_VALUE(held_rows->is_contiguous(), op, ": held must be contiguous");
+    keep = held_rows->data_ptr<bool>();
+  }
   std::vector<at::Tensor> inputs;
   inputs.reserve(footprints.size());
   int64_t total = 0;
   for (const auto& fp : footprints) {
     inputs.push_back(fp.contiguous());
-    check_footprint(inputs.back(), num_rows, op);
+    if (keep == nullptr) {
+      check_footprint(inputs.back(), num_rows, op);
+    } else {  // (its values are checked as they are copied, below)
+      check_footprint_type(inputs.back(), op);
+    }
     total += fp.numel();
+  }
+  // each footprint's rows as the passes read them: its own ids, or (held) its held ids,
+  // copied into the thread's scratch in one pass that checks them too (a copy with no branch
+  // on what is kept; nothing else is written before every footprint is copied)
+  thread_local std::vector<int64_t> kept_scratch;
+  if (keep != nullptr && static_cast<int64_t>(kept_scratch.size()) < total + 1) {
+    kept_scratch.resize(total + 1);
+  }
+  std::vector<std::pair<const int64_t*, int64_t>> rows;
+  rows.reserve(inputs.size());
+  int64_t* kept = kept_scratch.data();
+  for (const auto& c : inputs) {
+    const int64_t* in = c.data_ptr<int64_t>();
+    const int64_t m = c.numel();
+    if (keep == nullptr) {
+      rows.emplace_back(in, m);
+      continue;
+    }
+    int64_t k = 0;
+    int64_t before = -1;
+    for (int64_t i = 0; i < m; ++i) {
+      const int64_t p = in[i];
+      if (p <= before || p >= num_rows) raise_footprint(c, num_rows, op);
+      kept[k] = p;
+      k += keep[p];
+      before = p;
+    }
+    rows.emplace_back(kept, k);
+    kept += k;
   }
   thread_local RankScratch table;
   table.fit(num_rows);
   uint64_t* held = table.held.data();  // raw pointers: no thread-local lookup in the loops
   int32_t* rank = table.rank.data();
-  for (const auto& c : inputs) {
-    const int64_t* in = c.data_ptr<int64_t>();
-    const int64_t m = c.numel();  // a local: the loop's stores could alias a tensor's field
+  for (const auto& [in, m] : rows) {
     for (int64_t i = 0; i < m; ++i) held[in[i] >> 6] |= uint64_t{1} << (in[i] & 63);
   }
   const int64_t words = (num_rows + 63) / 64;
@@ -151,10 +208,8 @@ ODIN_POPCNT std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor> step_rec
     }
   }
   std::vector<at::Tensor> positions;
-  positions.reserve(inputs.size());
-  for (const auto& c : inputs) {
-    const int64_t* in = c.data_ptr<int64_t>();
-    const int64_t m = c.numel();
+  positions.reserve(rows.size());
+  for (const auto& [in, m] : rows) {
     at::Tensor pos = at::empty({m}, at::kLong);
     int64_t* out = pos.data_ptr<int64_t>();
     for (int64_t i = 0; i < m; ++i) out[i] = union_position(held, rank, in[i]);
@@ -482,8 +537,8 @@ int64_t first_lacking_cpu(const at::Tensor& versions, const at::Tensor& rows,
 
 TORCH_LIBRARY_FRAGMENT(odin, m) {
   m.def(
-      "step_record(Tensor[] footprints, Tensor(a!) last_write, int step) -> (Tensor, Tensor[], "
-      "Tensor)");
+      "step_record(Tensor[] footprints, Tensor(a!) last_write, int step, Tensor? held=None) -> "
+      "(Tensor, Tensor[], Tensor)");
   m.def(
       "writer_groups(Tensor[] positions, int num_rows) -> (Tensor, Tensor, Tensor, Tensor, "
       "Tensor)");
