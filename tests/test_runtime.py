@@ -151,7 +151,8 @@ def test_bad_input_is_rejected():
 def test_step_kernels_equal_their_twins():
     """The update log's per-step host kernels equal their torch twins bit for bit:
     ``step_record`` (union, positions, previous writes; row tables reused across calls, and
-    ``last_write`` advanced in place; of every row, or of the rows a caller holds), ``writer_groups`` (the rows grouped by their writers),
+    ``last_write`` advanced in place; int64 or int32 footprints, of every row or of the rows
+    a caller holds), ``writer_groups`` (the rows grouped by their writers),
     ``add_arrivals`` (the rows each arrival completes), ``take_ready`` (in order, or
     checking versions against the planned previous writes beyond the step every earlier
     one is applied through, the versions only read) and ``mark_ready`` (every candidate);
@@ -173,14 +174,20 @@ def test_step_kernels_equal_their_twins():
         for a, b in zip((got[0], got[2], last), (want[0], want[2], last_want), strict=True):
             assert a.dtype == b.dtype and torch.equal(a, b)
         assert all(torch.equal(a, b) for a, b in zip(got[1], want[1], strict=True))
-        kept = torch.from_numpy(rng.random(500) < 0.3)  # of the rows a caller holds
-        last_held, last_held_want = last.clone(), last.clone()
-        got_held = record(fps, last_held, 12, kept)
-        want_held = step_record_reference(fps, last_held_want, 12, kept)
-        assert torch.equal(last_held, last_held_want) and bool(kept[got_held[0]].all())
-        for a, b in zip(got_held, want_held, strict=True):
-            a, b = (a, b) if isinstance(a, list) else ([a], [b])
-            assert all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b, strict=True))
+        # int32 footprints (the plan's), of every row or of the rows a caller holds
+        narrow = [f.int() for f in fps]
+        for kept in (None, torch.from_numpy(rng.random(500) < 0.3)):
+            last_held, last_held_want = last.clone(), last.clone()
+            got_held = record(narrow, last_held, 12, kept)
+            want_held = step_record_reference(narrow, last_held_want, 12, kept)
+            assert torch.equal(last_held, last_held_want)
+            assert kept is None or bool(kept[got_held[0]].all())
+            for a, b in zip(got_held, want_held, strict=True):
+                a, b = (a, b) if isinstance(a, list) else ([a], [b])
+                assert all(
+                    x.dtype == y.dtype == torch.int64 and torch.equal(x, y)
+                    for x, y in zip(a, b, strict=True)
+                )
         ids, positions, prev = got
         u = ids.numel()
         expected = torch.bincount(torch.cat(positions), minlength=u).int()  # writers per row
@@ -283,7 +290,9 @@ def test_step_kernels_equal_their_twins():
     with pytest.raises(ValueError, match=r"sorted and unique \(3 before 1\)"):
         record([torch.tensor([0, 2]), torch.tensor([3, 1, 4])], nine, 0, every_row)
     with pytest.raises(ValueError, match=r"out of range: values span \[0, 9\]"):
-        record([torch.tensor([0, 2]), torch.tensor([0, 9])], nine, 0, every_row)
+        record([torch.tensor([0, 2]), torch.tensor([0, 9]).int()], nine, 0, every_row)
+    with pytest.raises(ValueError, match="must be torch.int64 or torch.int32, got torch.float32"):
+        record([torch.tensor([0.0, 2.0])], nine, 0)
     assert not nine.any()  # refused before anything was written
     none = [torch.zeros(0, dtype=torch.int64)] * 3  # a step with no rows (nothing owned)
     for a, b in zip(group(none, 0), writer_groups_reference(none, 0), strict=True):

@@ -81,13 +81,14 @@ def advance_last_write(last_write: Tensor, ids: Tensor, step: int) -> Tensor:
 def step_record_reference(
     footprints: Sequence[Tensor], last_write: Tensor, step: int, held: Tensor | None = None
 ) -> tuple[Tensor, list[Tensor], Tensor]:
-    """A step's rows from its footprints (each [M_q] int64 host, sorted unique, ids <
-    N = ``last_write``'s length): (ids [U] int64 sorted unique, per footprint its [M_q]
+    """A step's rows from its footprints (each [M_q] int64 or int32 host, sorted unique,
+    ids < N = ``last_write``'s length): (ids [U] int64 sorted unique, per footprint its [M_q]
     int64 positions in ids, prev [U] int64 = ``last_write[ids]`` before the call); then
     ``last_write[ids] = step`` in place. With ``held`` ([N] bool), each footprint's rows
     that ``held`` lacks are left out first (so [M_q] counts its held rows). The torch twin
     of the host kernel ``torch.ops.odin.step_record``. (How many write each row:
     ``writer_groups_reference``.)"""
+    footprints = [fp.long() for fp in footprints]
     if held is not None:
         footprints = [fp[held[fp]] for fp in footprints]
     if footprints:

@@ -50,14 +50,10 @@ namespace {
 
 // One footprint's ids: [M] int64, strictly increasing, in [0, num_rows) (the twin's
 // searchsorted needs sorted ids; checked before anything is written).
-void check_footprint_type(const at::Tensor& fp, const char* op) {
+void check_footprint(const at::Tensor& fp, int64_t num_rows, const char* op) {
   TORCH_CHECK_VALUE(fp.device().is_cpu(), op, ": footprints must be host tensors");
   check_dtype(fp, at::kLong, op, "a footprint");
   TORCH_CHECK_VALUE(fp.dim() == 1, op, ": a footprint must have shape [M], got ", fp.sizes());
-}
-
-void check_footprint(const at::Tensor& fp, int64_t num_rows, const char* op) {
-  check_footprint_type(fp, op);
   const int64_t m = fp.numel();
   if (m == 0) return;
   const int64_t* in = fp.data_ptr<int64_t>();
@@ -73,8 +69,28 @@ void check_footprint(const at::Tensor& fp, int64_t num_rows, const char* op) {
 // A pass that meets a footprint out of order or out of range raises check_footprint's error.
 [[noreturn]] __attribute__((noinline)) void raise_footprint(const at::Tensor& fp,
                                                             int64_t num_rows, const char* op) {
-  check_footprint(fp, num_rows, op);
+  check_footprint(fp.to(at::kLong), num_rows, op);
   TORCH_CHECK(false, op, ": a footprint failed a check that check_footprint passed");
+}
+
+// A footprint's ids copied to out, checked as they are read (strictly increasing, in
+// [0, num_rows)); with keep, only the kept ones, a slot advancing where one is kept (no
+// branch). Returns how many were copied.
+template <typename I>
+int64_t copy_footprint(const at::Tensor& fp, const bool* keep, int64_t num_rows, int64_t* out,
+                       const char* op) {
+  const I* in = fp.data_ptr<I>();
+  const int64_t m = fp.numel();
+  int64_t k = 0;
+  int64_t before = -1;
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t p = in[i];
+    if (p <= before || p >= num_rows) raise_footprint(fp, num_rows, op);
+    out[k] = p;
+    k += keep == nullptr ? 1 : keep[p];
+    before = p;
+  }
+  return k;
 }
 
 // Per-thread tables of step_record, all zero between calls: a bit per row (some footprint
@@ -142,40 +158,32 @@ ODIN_POPCNT std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor> step_rec
   inputs.reserve(footprints.size());
   int64_t total = 0;
   for (const auto& fp : footprints) {
+    TORCH_CHECK_VALUE(fp.device().is_cpu(), op, ": footprints must be host tensors");
+    TORCH_CHECK_VALUE(fp.scalar_type() == at::kLong || fp.scalar_type() == at::kInt, op,
+                      ": a footprint must be torch.int64 or torch.int32, got ",
+                      dtype_name(fp.scalar_type()));
+    TORCH_CHECK_VALUE(fp.dim() == 1, op, ": a footprint must have shape [M], got ", fp.sizes());
     inputs.push_back(fp.contiguous());
-    if (keep == nullptr) {
-      check_footprint(inputs.back(), num_rows, op);
-    } else {  // (its values are checked as they are copied, below)
-      check_footprint_type(inputs.back(), op);
-    }
     total += fp.numel();
   }
-  // each footprint's rows as the passes read them: its own ids, or (held) its held ids,
-  // copied into the thread's scratch in one pass that checks them too (a copy with no branch
-  // on what is kept; nothing else is written before every footprint is copied)
+  // each footprint's rows as the passes read them: an int64 footprint's own ids where every
+  // row is kept, else its (kept) ids copied into the thread's scratch as int64 by one pass
+  // that checks them too (the plan's footprints are int32, scipy's, and read without a copy
+  // to int64 in numpy); nothing else is written before every footprint is checked
   thread_local std::vector<int64_t> kept_scratch;
-  if (keep != nullptr && static_cast<int64_t>(kept_scratch.size()) < total + 1) {
-    kept_scratch.resize(total + 1);
-  }
+  if (static_cast<int64_t>(kept_scratch.size()) < total + 1) kept_scratch.resize(total + 1);
   std::vector<std::pair<const int64_t*, int64_t>> rows;
   rows.reserve(inputs.size());
   int64_t* kept = kept_scratch.data();
   for (const auto& c : inputs) {
-    const int64_t* in = c.data_ptr<int64_t>();
-    const int64_t m = c.numel();
-    if (keep == nullptr) {
-      rows.emplace_back(in, m);
+    if (keep == nullptr && c.scalar_type() == at::kLong) {
+      check_footprint(c, num_rows, op);
+      rows.emplace_back(c.data_ptr<int64_t>(), c.numel());
       continue;
     }
-    int64_t k = 0;
-    int64_t before = -1;
-    for (int64_t i = 0; i < m; ++i) {
-      const int64_t p = in[i];
-      if (p <= before || p >= num_rows) raise_footprint(c, num_rows, op);
-      kept[k] = p;
-      k += keep[p];
-      before = p;
-    }
+    const int64_t k = c.scalar_type() == at::kLong
+                          ? copy_footprint<int64_t>(c, keep, num_rows, kept, op)
+                          : copy_footprint<int32_t>(c, keep, num_rows, kept, op);
     rows.emplace_back(kept, k);
     kept += k;
   }
