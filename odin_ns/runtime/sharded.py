@@ -290,13 +290,11 @@ def step_rows(
             at = [p.numpy() for p in positions]  # per rank, its reads' positions in the union
             yield replicated_step(at, ids.numpy(), prev.numpy(), me, peers), [], []
             continue
-        union, union_prev, written, out_rows, out_prev = (
-            x.numpy() if isinstance(x, Tensor) else [y.numpy() for y in x]
-            for x in as_owner(ids, positions, prev, owner, local_of, me)
-        )
+        made = as_owner(ids, positions, prev, owner, local_of, me)
+        union, union_prev, written, out_rows, out_prev = _as_arrays(made)
         made = as_reader(ids, positions[me], prev, owner, local_of, me, num_ranks)
         reads_global, reads_local, own_rows, own_prev, every, grad_rows, in_rows, in_prev = (
-            x.numpy() if isinstance(x, Tensor) else [y.numpy() for y in x] for x in made
+            _as_arrays(made)
         )
         if layout.identity:  # local ids are global ids: one list
             reads_local = reads_global
@@ -323,6 +321,12 @@ def step_rows(
             push_in={p.peer: p.rows for p in pushes_in},
         )
         yield step, pushes_out, pushes_in
+
+
+def _as_arrays(outputs: Sequence[Tensor | list[Tensor]]) -> list:
+    """A host kernel's outputs (tensors, lists of tensors) as numpy arrays sharing their
+    memory."""
+    return [x.numpy() if isinstance(x, Tensor) else [y.numpy() for y in x] for x in outputs]
 
 
 def owner_rows_reference(
