@@ -17,6 +17,7 @@ from harness import (
     LoopbackHub,
     Phase,
     ToyRun,
+    assert_same_ids,
     random_footprints,
     reference_train,
     replicated_engine,
@@ -182,12 +183,7 @@ def test_step_kernels_equal_their_twins():
             want_held = step_record_reference(narrow, last_held_want, 12, kept)
             assert torch.equal(last_held, last_held_want)
             assert kept is None or bool(kept[got_held[0]].all())
-            for a, b in zip(got_held, want_held, strict=True):
-                a, b = (a, b) if isinstance(a, list) else ([a], [b])
-                assert all(
-                    x.dtype == y.dtype == torch.int64 and torch.equal(x, y)
-                    for x, y in zip(a, b, strict=True)
-                )
+            assert_same_ids(got_held, want_held)
         ids, positions, prev = got
         u = ids.numel()
         expected = torch.bincount(torch.cat(positions), minlength=u).int()  # writers per row

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
+from harness import assert_same_ids
 from harness.runs import ns_eval_in_process, ns_export_splat_in_process, preflight_last_line
 
 from odin_ns.cuda import ops
@@ -456,16 +457,6 @@ def _table_kernels():
     return kernels
 
 
-def _assert_same(a, b) -> None:
-    """Equal outputs: tensors (dtype, shape, values) and lists of them, nested."""
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype == torch.int64 and torch.equal(a, b)
-    else:
-        assert len(a) == len(b)
-        for x, y in zip(a, b, strict=True):
-            _assert_same(x, y)
-
-
 def test_step_table_kernels_equal_their_twins_and_refuse_bad_input(monkeypatch):
     """The host kernels ``owner_rows`` and ``reader_rows`` return their twins' lists on
     random steps of random ownership maps (single owners, rows every rank owns, a rank that
@@ -489,9 +480,9 @@ def test_step_table_kernels_equal_their_twins_and_refuse_bad_input(monkeypatch):
             layout = ShardLayout(owner, me, cache_of(owner, me, reads[me]))
             local_of = torch.from_numpy(layout.local_of.astype(np.int32))
             args = (ids, positions, prev, maps, local_of, me)
-            _assert_same(as_owner(*args), owner_rows_reference(*args))
+            assert_same_ids(as_owner(*args), owner_rows_reference(*args))
             args = (ids, positions[me], prev, maps, local_of, me, ranks)
-            _assert_same(as_reader(*args), reader_rows_reference(*args))
+            assert_same_ids(as_reader(*args), reader_rows_reference(*args))
     plan = _toy_plan(3)
     owner = random_ownership(plan.footprints.shape[1], 3, seed=2)
     owner[::5] = EVERY_RANK

@@ -26,8 +26,8 @@ their set of writers (``writer_groups``); an arrival then counts down its groups
 on the rows of those it completed (``add_arrivals``), and an apply looks only at those rows
 (``take_ready``): the control plane's work follows what arrives, not the step's size,
 however many times the engine asks. Rows held back for a previous write not applied yet
-are kept as a list for the next look either way. Once every previous write of the step is applied, its complete rows are ready at
-once (marked, not looked at one by one).
+are kept as a list for the next look either way. Once every previous write of the step is
+applied, its complete rows are ready at once (marked, not looked at one by one).
 
 Which steps a row has applied: every step through ``applied_through`` (the log's prefix of
 fully applied steps), and beyond it what the host's ``versions`` says. The apply op keeps
@@ -422,9 +422,9 @@ class PendingStep:
     at again from a list), so it takes at most that many more byte passes over its rows. A
     step whose first look misses more groups its rows by their writers then
     (``WriterCounts``) and each arrival counts down its groups: a step whose writers
-    trickle in costs what arrives, not a pass over its rows at each arrival. While the peers keep up, a step's first look misses at
-    most this rank's own rows and no group is made (``writer_groups`` cost 1.8-2.6 ms a
-    step at R = 8, 1M rows).
+    trickle in costs what arrives, not a pass over its rows at each arrival. While the
+    peers keep up, a step's first look misses at most this rank's own rows and no group is
+    made (``writer_groups`` cost 1.8-2.6 ms a step at R = 8, 1M rows).
 
     Args:
         step: global step.

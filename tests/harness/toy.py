@@ -79,6 +79,17 @@ class ListPlan:
         return self._fp[t][r]
 
 
+def assert_same_ids(a: Tensor | Sequence[Tensor], b: Tensor | Sequence[Tensor]) -> None:
+    """Equal host-kernel outputs of ids: int64 tensors of one shape and values, or lists of
+    them (nested), element by element."""
+    if isinstance(a, Tensor):
+        assert a.dtype == b.dtype == torch.int64 and torch.equal(a, b)
+    else:
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert_same_ids(x, y)
+
+
 def random_footprints(
     num_rows: int,
     num_steps: int,

@@ -156,7 +156,7 @@ ODIN_POPCNT std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor> step_rec
   }
   std::vector<at::Tensor> inputs;
   inputs.reserve(footprints.size());
-  int64_t total = 0;
+  int64_t copied = 0;  // ids of the footprints copied below
   for (const auto& fp : footprints) {
     TORCH_CHECK_VALUE(fp.device().is_cpu(), op, ": footprints must be host tensors");
     TORCH_CHECK_VALUE(fp.scalar_type() == at::kLong || fp.scalar_type() == at::kInt, op,
@@ -164,14 +164,14 @@ ODIN_POPCNT std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor> step_rec
                       dtype_name(fp.scalar_type()));
     TORCH_CHECK_VALUE(fp.dim() == 1, op, ": a footprint must have shape [M], got ", fp.sizes());
     inputs.push_back(fp.contiguous());
-    total += fp.numel();
+    if (keep != nullptr || fp.scalar_type() != at::kLong) copied += fp.numel();
   }
   // each footprint's rows as the passes read them: an int64 footprint's own ids where every
   // row is kept, else its (kept) ids copied into the thread's scratch as int64 by one pass
   // that checks them too (the plan's footprints are int32, scipy's, and read without a copy
   // to int64 in numpy); nothing else is written before every footprint is checked
   thread_local std::vector<int64_t> kept_scratch;
-  if (static_cast<int64_t>(kept_scratch.size()) < total + 1) kept_scratch.resize(total + 1);
+  if (static_cast<int64_t>(kept_scratch.size()) < copied + 1) kept_scratch.resize(copied + 1);
   std::vector<std::pair<const int64_t*, int64_t>> rows;
   rows.reserve(inputs.size());
   int64_t* kept = kept_scratch.data();
