@@ -49,7 +49,11 @@ def test_cpu_dry_run_of_the_script(tmp_path):
     assert set(report["checks"]) == {"ops", "control_plane"}
     assert report["checks"]["ops"]["cases"]
     plane = report["checks"]["control_plane"]
-    assert 0 < plane["host_ms_per_step"] < plane["engine_ms_per_step"]
+    # (host_ms is engine - data - ops x the timer's price, an estimate: at 20k rows within
+    # its noise of zero, either side, as in test_bench_control_plane; the integer operations
+    # are timed directly)
+    assert plane["host_ms_per_step"] < plane["engine_ms_per_step"]
+    assert 0 < plane["control_ms_per_step"] < plane["engine_ms_per_step"]
     assert 0 <= plane["device_reads_per_step_max"] <= 2
     assert "cuda_syncs_per_step_max" not in plane
     assert out.with_suffix(".png").stat().st_size > 0
