@@ -6,6 +6,8 @@ their references in test_cuda_ext.py; the sharded layout in test_sharded*.py."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import re
 
@@ -352,12 +354,14 @@ def test_single_rank_matches_reference():
 @pytest.mark.parametrize("mode", ["barrier", "quality-first", "ddp"])
 def test_threaded_ranks_match_reference(world, mode):
     """Ranks in threads over a loopback transport, random per-step delays: any
-    interleaving must give the synchronous result bit for bit on every replica."""
-    for seed in (11, 12):
+    interleaving must give the synchronous result bit for bit on every replica, whether
+    each step's tables are made in the step or ahead on a thread of their own (as beside
+    an accelerator)."""
+    for seed, ahead in ((11, 0), (12, 2)):
         phases = _two_phases(world, seed=seed)
         ref, ref_versions = reference_train(toy_groups(300), phases)
         cfg = SyncConfig(mode=mode, timeout_s=20)
-        run = ToyRun(phases, cfg, jitter_s=0.002)
+        run = ToyRun(phases, cfg, jitter_s=0.002, tables_ahead=ahead)
         for groups, engine, _, _ in run_threads(world, run):
             assert _same(groups, ref)
             assert torch.equal(engine.versions, ref_versions)
@@ -420,6 +424,44 @@ def test_version_order_across_peers():
         eng.drain()
         assert _same(grp, ref)
         assert torch.equal(eng.versions, ref_versions)
+
+
+def test_tables_made_ahead_are_the_tables_made_in_the_step():
+    """``PhaseSteps(ahead=2)`` (a thread makes the next steps' tables while a step runs)
+    hands out the tables the step itself would make, step for step; a table that cannot be
+    made fails the step that asks for it, with the maker's error; the thread ends once the
+    last step has been asked for."""
+    n, steps, world = 120, 9, 3
+    plan = ListPlan(random_footprints(n, steps, world, seed=4))
+
+    def tables():
+        return (step for step, _, _ in step_rows(plan, replicated_layout(n, 1), world))
+
+    def same(a, b) -> bool:
+        if isinstance(a, dict):
+            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, (list, tuple)):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+        if isinstance(a, (np.ndarray, torch.Tensor)):
+            return type(a) is type(b) and a.dtype == b.dtype and np.array_equal(a, b)
+        if dataclasses.is_dataclass(a):
+            return same(vars(a), vars(b))
+        return a == b
+
+    in_step, ahead = PhaseSteps(tables(), steps, world), PhaseSteps(tables(), steps, world, 2)
+    for t in range(steps):
+        assert same(in_step[t], ahead[t]), t
+        assert (ahead._maker is None) == (t + 2 >= steps - 1)  # last step asked: thread ends
+
+    def failing():
+        yield from itertools.islice(tables(), 3)
+        raise ValueError("step_record: footprint 1 has row 999 outside [0, 120)")
+
+    steps_ahead = PhaseSteps(failing(), steps, world, 2)
+    for t in range(3):
+        steps_ahead[t]
+    with pytest.raises(ValueError, match="row 999 outside"):
+        steps_ahead[3]
 
 
 @pytest.mark.parametrize("on_take", [False, True])

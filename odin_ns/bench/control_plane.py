@@ -48,14 +48,18 @@ Measured per step, R values interleaved step by step:
   ``host_ms`` carries;
 - ``bind_ms_per_plan_step``: the engine's phase start (``ShardedEngine``'s construction),
   per step of the plan: a layout with pushes makes every step's tables there (their order
-  needs them all), the replicated layout makes each step's tables in the step, inside
-  ``host_ms`` (through bb0d5d0 the benchmark made them before its timer started: 5-8 ms a
-  step at R = 8 left out of the replicated figures);
+  needs them all); the replicated layout makes each step's tables as the step nears:
+  ``replicated``, beside an accelerator, on a thread of their own two steps ahead
+  (``TABLES_AHEAD``), off the step's path; ``replicated-in-step``, as on CPU ranks, in the
+  step, inside ``host_ms`` (through bb0d5d0 the benchmark made them before its timer
+  started: 5-8 ms a step at R = 8 left out of the replicated figures);
   ``host_and_phase_start_ms_per_step``: their sum, what the host spends per step of a
-  phase, wherever it spends it;
-- ``tables_mb_per_step``: host memory of one step's tables (``sharded.Step``), median
-  over the first 10 steps: what a rank holds per step in flight (a layout with pushes
-  holds every step of the phase from its start);
+  phase on the step's thread, wherever it spends it;
+- ``tables_mb_per_step`` and ``tables_ms_per_step``: host memory of one step's tables
+  (``sharded.Step``) and the time to make them, median over the first 10 steps: what a
+  rank holds per step in flight (a layout with pushes holds every step of the phase from
+  its start), and what the tables' thread spends per step (``replicated``: the host time
+  the step's thread no longer spends);
 - ``split``: cProfile's own time per function of ``odin_ns`` over a few separate steps
   (shares of the profiled total; cProfile slows Python code, so shares, not milliseconds),
   and ``control_lines``: the integer / boolean operations' ms per step by source line.
@@ -72,6 +76,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import pstats
 import time
 import traceback
@@ -89,6 +94,7 @@ from odin_ns.bench.device_reads import DeviceReads
 from odin_ns.bench.report import put_spread, save_figure, write_json
 from odin_ns.cuda.cases import SPLATFACTO_LRS, SPLATFACTO_ROWS
 from odin_ns.runtime import ParamGroupState, SyncConfig
+from odin_ns.runtime.sharded import TABLES_AHEAD
 from odin_ns.runtime.transport import Arrival
 
 SYNCING_OPS = {
@@ -217,13 +223,26 @@ def odin_plan(F: sp.csr_matrix, ranks: int, steps: int, seed: int):
 
 
 def step_table_bytes(step) -> int:
-    """Host bytes of one ``sharded.Step``'s arrays (an array two tables share, once)."""
-    arrays = {}
-    for value in vars(step).values():
-        for a in value.values() if isinstance(value, dict) else (value,):
-            if isinstance(a, np.ndarray):
-                arrays[id(a)] = a.nbytes
-    return sum(arrays.values())
+    """Host bytes of one ``sharded.Step``'s arrays and tensors (memory two tables share,
+    once)."""
+    sizes = {}  # data address -> bytes
+
+    def visit(value) -> None:
+        if isinstance(value, np.ndarray):
+            sizes[value.__array_interface__["data"][0]] = value.nbytes
+        elif isinstance(value, torch.Tensor):
+            sizes[value.data_ptr()] = value.numel() * value.element_size()
+        elif isinstance(value, dict):
+            for v in value.values():
+                visit(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                visit(v)
+        elif dataclasses.is_dataclass(value):
+            visit(list(vars(value).values()))
+
+    visit(list(vars(step).values()))
+    return sum(sizes.values())
 
 
 class ShardedRankUnderTest:
@@ -242,6 +261,7 @@ class ShardedRankUnderTest:
         late: bool = False,
         plan=None,
         every_rank_owns: bool = False,
+        tables_ahead: int = TABLES_AHEAD,
     ):
         from odin_ns.runtime.sharded import (
             ShardedEngine,
@@ -279,7 +299,7 @@ class ShardedRankUnderTest:
         tic = time.perf_counter()
         self.engine = ShardedEngine(
             self.groups, layout, self.plan, 0, ranks, self.peers, pushes, step_offset=0,
-            versions=versions, timeout_s=600.0, sync=config,
+            versions=versions, timeout_s=600.0, sync=config, tables_ahead=tables_ahead,
         )  # fmt: skip
         self.bind_s = time.perf_counter() - tic  # the engine's phase start: its step tables
         gen = torch.Generator().manual_seed(seed + 1)
@@ -298,13 +318,19 @@ class ShardedRankUnderTest:
         rows = torch.from_numpy(self.layout.local(reads)).to(self.visible.device)
         self.visible[rows] = True
 
-    def table_megabytes(self, steps: int) -> float:
-        """Median host MB of the first ``steps`` steps' tables (``sharded.Step``), made apart
-        by the function the engine makes them with."""
+    def tables(self, steps: int) -> tuple[float, float]:
+        """(median host MB, median ms) of one of the first ``steps`` steps' tables
+        (``sharded.Step``), made apart by the function the engine makes them with."""
         from odin_ns.runtime.sharded import step_rows
 
         made = step_rows(self.plan, self.layout, self.plan.num_ranks, steps)
-        return float(np.median([step_table_bytes(st) for st, _, _ in made])) / 1e6
+        sizes, times = [], []
+        for _ in range(steps):
+            tic = time.perf_counter()
+            st, _, _ = next(made)
+            times.append(1e3 * (time.perf_counter() - tic))
+            sizes.append(step_table_bytes(st) / 1e6)
+        return float(np.median(sizes)), float(np.median(times))
 
     def run_step(self) -> None:
         """One step's engine calls, as the sharded session makes them."""
@@ -313,9 +339,12 @@ class ShardedRankUnderTest:
         self.step += 1
 
 
-# ``--layouts``: the rank each layout name measures (one engine, two ownership maps)
+# ``--layouts``: the rank each layout name measures (one engine, two ownership maps);
+# replicated steps' tables made ahead on a thread of their own, as beside an accelerator,
+# or in the step, as on CPU ranks (a layout with pushes makes them all at its phase start)
 RANKS_UNDER_TEST = {
     "replicated": partial(ShardedRankUnderTest, every_rank_owns=True),
+    "replicated-in-step": partial(ShardedRankUnderTest, every_rank_owns=True, tables_ahead=0),
     "sharded": ShardedRankUnderTest,
 }
 
@@ -639,7 +668,8 @@ def measure(args) -> dict:
         result[f"host_and_phase_start_ms_per_step_{key}"] = (
             result[f"host_ms_per_step_{key}"] + result[f"bind_ms_per_plan_step_{key}"]
         )
-        result[f"tables_mb_per_step_{key}"] = tested[key].table_megabytes(min(10, args.steps))
+        mb, ms = tested[key].tables(min(10, args.steps))
+        result[f"tables_mb_per_step_{key}"], result[f"tables_ms_per_step_{key}"] = mb, ms
         result[f"ops_per_step_{key}"] = float(np.median(rec["ops"]))
         result[f"any_tensor_syncs_per_step_{key}_max"] = int(max(rec["syncs"]))
         result[f"any_tensor_syncs_per_step_{key}_median"] = float(np.median(rec["syncs"]))

@@ -309,11 +309,13 @@ class StepRows:
     positions: per writer q, [M_q] int64 the positions of its rows in ids.
     prev: [U] int64 each row's last planned write before the step, as a local step (-1:
         none in the phase).
+    prev_max: the latest of prev (-1: none, or no rows).
     """
 
     ids: Tensor
     positions: list[Tensor]
     prev: Tensor
+    prev_max: int
 
 
 class StepWrites(Protocol):
@@ -441,10 +443,12 @@ class PendingStep:
         self.ids = rows.ids  # [U] int64 (host)
         self.prev = rows.prev  # [U] int64 planned previous write (local step, -1: none)
         self.positions = rows.positions  # per rank [M_q] int64 positions into U
-        self.applied = torch.zeros(self.ids.shape, dtype=torch.bool)  # [U]
+        # [U] (numpy's zeros: fresh zero pages, not a pass over them, and no wait for the
+        # GIL that a torch call gives up and takes back)
+        self.applied = torch.from_numpy(np.zeros(self.ids.numel(), dtype=bool))
         self.unapplied = self.ids.numel()  # rows not applied yet
         # the latest previous planned write of any row (local step; -1: none)
-        self.prev_max = int(self.prev.max()) if self.ids.numel() else -1
+        self.prev_max = rows.prev_max
         self.counts: WriterCounts | None = None  # made if the first look misses many
         self.looked = False  # take_ready has run
         # complete positions not applied: counted, or held back at the last look
