@@ -670,6 +670,7 @@ def measure(args) -> dict:
         )
         mb, ms = tested[key].tables(min(10, args.steps))
         result[f"tables_mb_per_step_{key}"], result[f"tables_ms_per_step_{key}"] = mb, ms
+        result[f"tables_ahead_{key}"] = tested[key].engine.steps.ahead  # 0: made in the step
         result[f"ops_per_step_{key}"] = float(np.median(rec["ops"]))
         result[f"any_tensor_syncs_per_step_{key}_max"] = int(max(rec["syncs"]))
         result[f"any_tensor_syncs_per_step_{key}_median"] = float(np.median(rec["syncs"]))

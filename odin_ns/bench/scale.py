@@ -47,7 +47,7 @@ import argparse
 import dataclasses
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -371,18 +371,22 @@ class HostWork:
     without values: what the host does beside a GPU), else ``host_ms`` (the CPU run's time
     outside data operations, which also carries the CPU's allocation of row buffers); plus
     the phase start per plan step where the file has it (``bind_ms_per_plan_step``: a
-    layout with pushes makes every step's tables there), counted as integer work."""
+    layout with pushes makes every step's tables there), counted as integer work. A layout
+    whose tables a thread makes ahead (``tables_ahead_<R>_<layout>`` > 0: the replicated
+    one beside a GPU) has their time apart (``tables_ms_per_step``): a pace, not step
+    work (``simulate.replay``'s ``tables_s``)."""
 
     ms: dict[tuple[str, int], tuple[float, float]]  # (layout, R) -> (host ms, control ms)
     rows_per_view: float
     source: str
     basis: str  # "meta_ms" or "host_ms"
+    ahead_ms: dict[tuple[str, int], float] = field(default_factory=dict)  # tables made ahead
 
     @classmethod
     def load(cls, path: Path) -> HostWork:
         cp = json.loads(Path(path).read_text())
         basis = "meta_ms" if any(k.startswith("meta_ms_per_step_r") for k in cp) else "host_ms"
-        ms = {}
+        ms, ahead = {}, {}
         prefix = f"{basis}_per_step_r"
         for layout in LAYOUTS:
             for key in cp:
@@ -391,11 +395,13 @@ class HostWork:
                     phase = cp.get(f"bind_ms_per_plan_step_r{r}_{layout}", 0.0)
                     control = cp[f"control_ms_per_step_r{r}_{layout}"] + phase
                     ms[(layout, r)] = (cp[key] + phase, control)
+                    if cp.get(f"tables_ahead_r{r}_{layout}", 0):
+                        ahead[(layout, r)] = cp[f"tables_ms_per_step_r{r}_{layout}"]
         if not ms:
             raise ValueError(f"{path} holds no {prefix}<R>_<layout> medians")
         code = f": {cp['code']}" if "code" in cp else ""
         rows = float(cp["rows"]) * float(cp["share_per_view"])
-        return cls(ms, rows, f"{path}{code}", basis)
+        return cls(ms, rows, f"{path}{code}", basis, ahead)
 
     def seconds(self, layout: str, ranks: int, rows_per_view: float) -> float:
         """Host seconds per step at ``ranks``: the measured medians interpolated in log R
@@ -408,6 +414,14 @@ class HostWork:
         control = np.interp(np.log(ranks), x, [self.ms[(layout, r)][1] for r in sizes])
         rest = max(0.0, host - control)  # Python, dispatch
         return float(rest + control * rows_per_view / self.rows_per_view) / 1e3
+
+    def tables_seconds(self, layout: str, ranks: int, rows_per_view: float) -> float:
+        """Seconds per step of the thread that makes ``layout``'s tables ahead (0 where the
+        step makes them), interpolated like ``seconds`` and scaled by ``rows_per_view``."""
+        sizes = sorted(r for lay, r in self.ms if lay == layout)
+        ms = [self.ahead_ms.get((layout, r), 0.0) for r in sizes]
+        made = np.interp(np.log(ranks), np.log([float(r) for r in sizes]), ms)
+        return float(made * rows_per_view / self.rows_per_view) / 1e3
 
 
 # ------------------------------------------------------------------------ scaling
@@ -506,16 +520,18 @@ def scaling_row(name: str, label: str, F, R: int, model, jitter, host: HostWork,
             ph, balanced, topos["device"], random_owner, scale, GPU_ASSUMPTION["num_gaussians"]
         ),
     }
-    host_ms = {}
+    host_ms, tables_ms = {}, {}
     target_s = target_host_ms(R) / 1e3
     for layout, own in (("replicated", None), ("sharded", local)):
         h = host.seconds(layout, R, rows_per_view)
-        host_ms[layout] = h * 1e3
+        made = host.tables_seconds(layout, R, rows_per_view)
+        host_ms[layout], tables_ms[layout] = h * 1e3, made * 1e3
         for transport, topo in topos.items():
             for mode in ODIN_MODES:
                 sims[variant(transport, layout, mode)] = replay(
-                    [ph], mode, topo, ownership=own, row_bytes=row_bytes, host_s=h
-                )
+                    [ph], mode, topo, ownership=own, row_bytes=row_bytes, host_s=h,
+                    tables_s=made,
+                )  # fmt: skip
         for mode in ODIN_MODES:  # what the device data plane issue's host targets would buy
             sims[variant("target", layout, mode)] = replay(
                 [ph], mode, topos["device"], ownership=own, row_bytes=row_bytes, host_s=target_s
@@ -536,6 +552,7 @@ def scaling_row(name: str, label: str, F, R: int, model, jitter, host: HostWork,
         "dependency_share": dependency_share(ph.plan),
         "rows_per_view": rows_per_view,
         "host_ms_per_step": host_ms,
+        "tables_ahead_ms_per_step": tables_ms,  # on a thread of their own: a pace, not step work
         "views_per_second": {k: s.views_per_second for k, s in sims.items()},
         "vs_ddp_nccl": {k: ratio(k, "ddp_nccl") for k in odin + ["grendel"]},
         "vs_grendel": {k: ratio(k, "grendel") for k in odin + ["ddp_nccl"]},

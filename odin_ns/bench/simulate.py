@@ -467,6 +467,7 @@ def replay(
     row_bytes: float = PUBLICATION_ROW_BYTES,
     collective: Network | Topology | None = None,
     host_s: float = 0.0,
+    tables_s: float = 0.0,
 ) -> Replay:
     """Replay ``phases`` in order under ``mode``.
 
@@ -487,8 +488,11 @@ def replay(
     node's or the inter-node links, host-staged copies added). ``host_s``: the engine's
     host work per step (``bench.control_plane``), added after every step of every mode
     but ddp (ddp stands for the dense all-reduce users run, torch's DDP, which keeps no
-    per-row bookkeeping). A phase starts once every rank ended its last step and every
-    message arrived (drain), plus ``phase_start_s``.
+    per-row bookkeeping). ``tables_s``: a step's tables made ahead on a thread of the rank's
+    own (the replicated layout beside a GPU), off the step's path but at that pace: a
+    rank starts step t no sooner than ``tables_s`` after it started step t - 1, and the
+    phase's first step makes its own. A phase starts once every rank ended its last step
+    and every message arrived (drain), plus ``phase_start_s``.
     """
     if mode not in SIM_MODES:
         raise ValueError(f"mode must be one of {SIM_MODES}, got {mode!r}")
@@ -513,7 +517,8 @@ def replay(
         allreduce = allreduce_seconds(dense_bytes, R, collective or network)
         after = ph.overhead + (0.0 if mode == "ddp" else host_s)  # [T, R]
         start_phase = clock + ph.phase_start_s
-        ready = np.full(R, start_phase)  # own previous step done
+        ready = np.full(R, start_phase + tables_s)  # own previous step done
+        started = np.full(R, -np.inf)  # when each rank started its previous step
         arrive = np.zeros((T, R, R))  # [s, q, r]
         cols = np.arange(R)[None, :]
         for t in range(T):
@@ -530,6 +535,8 @@ def replay(
                     if hops > 1:  # sharded: its own non-owned rows return from the owners
                         sent_any = traffic[t - 1].sum(axis=1) > 0  # [r]
                         s = np.maximum(s, np.where(sent_any, np.diagonal(arrive[t - 1]), -np.inf))
+            s = np.maximum(s, started + tables_s)  # its tables are made
+            started = s
             idle += s - ready
             done = s + ph.compute[t]
             prev = arrive[t - 1] if t > 0 else np.zeros((R, R))
