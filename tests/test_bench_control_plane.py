@@ -39,7 +39,11 @@ def test_tiny_run_reports_every_key(tmp_path):
         assert host < engine and 0 < result[f"control_ms_per_step_{key}"] < engine
         # the phase start (the step tables of a layout with pushes) priced per plan step too
         assert result[f"host_and_phase_start_ms_per_step_{key}"] >= host
-        assert result[f"tables_mb_per_step_{key}"] > 0
+        assert result[f"tables_mb_per_step_{key}"] > 0 and result[f"tables_ms_per_step_{key}"] > 0
+        # replicated: made ahead on their own thread, as beside an accelerator; a layout with
+        # pushes makes them all at its phase start (nothing left to make ahead)
+        ahead = control_plane.TABLES_AHEAD if key.endswith("_replicated") else 0
+        assert result[f"tables_ahead_{key}"] == ahead
         assert 0 < result[f"meta_ms_per_step_{key}"] < engine  # no data-plane work on meta
         # the timer priced per operation on the rank's own step, and the former pricing
         assert result[f"instrument_overhead_us_{key}"] >= 0

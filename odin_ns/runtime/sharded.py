@@ -592,9 +592,9 @@ class ShardedEngine:
             self.inn = {q: [] for q in range(world_size) if q != rank}
         else:  # the pushes' order needs every step's tables now
             made, self.out, self.inn = step_tables(plan, layout, world_size, num_steps)
-            steps = iter(made)
+            steps, tables_ahead = iter(made), 0  # (nothing left to make ahead)
         self._tables_made = not lazy
-        self.steps = PhaseSteps(steps, num_steps, world_size, ahead=tables_ahead or 0)
+        self.steps = PhaseSteps(steps, num_steps, world_size, ahead=tables_ahead)
         self.num_steps = num_steps
         # the owned rows' pending updates, applied per row in version order
         o = layout.num_owned
