@@ -486,6 +486,39 @@ def test_host_work_is_paid_by_odin_modes_not_by_ddp():
     assert replay([ph], "ddp", FAST, host_s=0.25).total_time == replay([ph], "ddp", FAST).total_time
 
 
+def test_tables_made_ahead_pace_the_steps_without_adding_to_them(tmp_path):
+    """Tables a thread makes ahead (``tables_s``): the phase's first step makes its own, and
+    a rank starts a step no sooner than ``tables_s`` after it started the previous one; they
+    are not added after every step as the host work is. ``HostWork`` reads their time from
+    a layout the benchmark marks as made ahead, scaled by rows per view like integer work."""
+    from odin_ns.bench.scale import HostWork
+
+    plan = two_rank_plan()
+    ph = phase(plan, [[1.0, 3.0], [1.0, 1.0]])
+    instant = Network("instant", 0.0, 1e30)
+    base = replay([ph], "quality-first", instant).total_time  # rank 1: 3 s, then 1 s
+    # faster than the steps: only the first step's own tables show
+    assert replay([ph], "quality-first", instant, tables_s=0.5).total_time == pytest.approx(
+        base + 0.5
+    )
+    # slower than the steps: rank 1 starts step 1 at 5 + 5, not when its step 0 ended (8)
+    assert replay([ph], "quality-first", instant, tables_s=5.0).total_time == pytest.approx(11.0)
+    cp = {"rows": 1000, "share_per_view": 0.1, "code": "test"}  # 100 rows per view
+    for layout, ahead in (("replicated", 2), ("sharded", 0)):
+        for r in (8, 64):
+            cp[f"meta_ms_per_step_r{r}_{layout}"] = 2.0
+            cp[f"control_ms_per_step_r{r}_{layout}"] = 1.0
+            cp[f"tables_ms_per_step_r{r}_{layout}"] = 3.0 if r == 8 else 12.0
+            cp[f"tables_ahead_r{r}_{layout}"] = ahead
+    path = tmp_path / "cp.json"
+    path.write_text(json.dumps(cp))
+    host = HostWork.load(path)
+    assert host.seconds("replicated", 8, 100.0) == pytest.approx(2e-3)  # not the tables
+    assert host.tables_seconds("replicated", 8, 200.0) == pytest.approx(6e-3)
+    assert host.tables_seconds("replicated", 64, 100.0) == pytest.approx(12e-3)
+    assert host.tables_seconds("sharded", 8, 100.0) == 0.0  # not made ahead: none apart
+
+
 def test_host_work_interpolates_in_log_ranks_and_scales_its_integer_part(tmp_path):
     from odin_ns.bench.scale import HostWork
 
