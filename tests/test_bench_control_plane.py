@@ -7,6 +7,7 @@ import json
 import torch
 
 from odin_ns.bench import control_plane
+from odin_ns.runtime.sharded import TABLES_AHEAD
 
 
 def test_op_timer_splits_row_data_from_control_and_counts_syncs():
@@ -42,7 +43,7 @@ def test_tiny_run_reports_every_key(tmp_path):
         assert result[f"tables_mb_per_step_{key}"] > 0 and result[f"tables_ms_per_step_{key}"] > 0
         # replicated: made ahead on their own thread, as beside an accelerator; a layout with
         # pushes makes them all at its phase start (nothing left to make ahead)
-        ahead = control_plane.TABLES_AHEAD if key.endswith("_replicated") else 0
+        ahead = TABLES_AHEAD if key.endswith("_replicated") else 0
         assert result[f"tables_ahead_{key}"] == ahead
         assert 0 < result[f"meta_ms_per_step_{key}"] < engine  # no data-plane work on meta
         # the timer priced per operation on the rank's own step, and the former pricing

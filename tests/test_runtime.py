@@ -357,11 +357,11 @@ def test_threaded_ranks_match_reference(world, mode):
     interleaving must give the synchronous result bit for bit on every replica, whether
     each step's tables are made in the step or ahead on a thread of their own (as beside
     an accelerator)."""
-    for seed, ahead in ((11, 0), (12, 2)):
+    for seed, aside in ((11, False), (12, True)):
         phases = _two_phases(world, seed=seed)
         ref, ref_versions = reference_train(toy_groups(300), phases)
         cfg = SyncConfig(mode=mode, timeout_s=20)
-        run = ToyRun(phases, cfg, jitter_s=0.002, tables_ahead=ahead)
+        run = ToyRun(phases, cfg, jitter_s=0.002, tables_thread=aside)
         for groups, engine, _, _ in run_threads(world, run):
             assert _same(groups, ref)
             assert torch.equal(engine.versions, ref_versions)

@@ -93,7 +93,9 @@ def test_every_rank_owning_every_row_is_replicated_training():
     (``EVERY_RANK``): nothing is cached or pushed, every gradient row goes to every peer,
     and every rank applies every update. On a plan with overlapping reads and a slow rank,
     each rank's whole table equals the one-owner-per-row model, bitwise; so do rows owned
-    by every rank beside single-owner ones."""
+    by every rank beside single-owner ones. (These two make their step tables on a thread
+    of their own, as beside an accelerator: ahead of the steps, or cut at the phase start
+    while the next step's record is made; the model they equal makes them on one.)"""
     n, ranks = 48, 3
     plan = loopback_plan(random_footprints(n, 12, ranks, seed=5, size=20), n)
     split = np.repeat(np.arange(ranks), n // ranks).astype(np.int64)
@@ -102,7 +104,7 @@ def test_every_rank_owning_every_row_is_replicated_training():
     want, _ = run_sharded_loopback(plan, split, [LoopbackHub(ranks), LoopbackHub(ranks)], 7, 0.01)
     for owner in (np.full(n, EVERY_RANK, dtype=np.int64), mixed):
         hubs = [LoopbackHub(ranks), LoopbackHub(ranks)]
-        got, out = run_sharded_loopback(plan, owner, hubs, seed=7, slow_s=0.01)
+        got, out = run_sharded_loopback(plan, owner, hubs, 7, 0.01, tables_thread=True)
         for a, b in zip(got, want, strict=True):
             assert torch.equal(a, b)
         if (owner == EVERY_RANK).all():

@@ -48,7 +48,9 @@ Measured per step, R values interleaved step by step:
   ``host_ms`` carries;
 - ``bind_ms_per_plan_step``: the engine's phase start (``ShardedEngine``'s construction),
   per step of the plan: a layout with pushes makes every step's tables there (their order
-  needs them all); the replicated layout makes each step's tables as the step nears:
+  needs them all), ``sharded`` as beside an accelerator (a thread of their own cuts each
+  step's tables while the next step's record is made), ``sharded-in-step`` as on CPU ranks
+  (one thread); the replicated layout makes each step's tables as the step nears:
   ``replicated``, beside an accelerator, on a thread of their own two steps ahead
   (``TABLES_AHEAD``), off the step's path; ``replicated-in-step``, as on CPU ranks, in the
   step, inside ``host_ms`` (through bb0d5d0 the benchmark made them before its timer
@@ -94,7 +96,6 @@ from odin_ns.bench.device_reads import DeviceReads
 from odin_ns.bench.report import put_spread, save_figure, write_json
 from odin_ns.cuda.cases import SPLATFACTO_LRS, SPLATFACTO_ROWS
 from odin_ns.runtime import ParamGroupState, SyncConfig
-from odin_ns.runtime.sharded import TABLES_AHEAD
 from odin_ns.runtime.transport import Arrival
 
 SYNCING_OPS = {
@@ -261,7 +262,7 @@ class ShardedRankUnderTest:
         late: bool = False,
         plan=None,
         every_rank_owns: bool = False,
-        tables_ahead: int = TABLES_AHEAD,
+        tables_thread: bool = True,
     ):
         from odin_ns.runtime.sharded import (
             ShardedEngine,
@@ -299,7 +300,7 @@ class ShardedRankUnderTest:
         tic = time.perf_counter()
         self.engine = ShardedEngine(
             self.groups, layout, self.plan, 0, ranks, self.peers, pushes, step_offset=0,
-            versions=versions, timeout_s=600.0, sync=config, tables_ahead=tables_ahead,
+            versions=versions, timeout_s=600.0, sync=config, tables_thread=tables_thread,
         )  # fmt: skip
         self.bind_s = time.perf_counter() - tic  # the engine's phase start: its step tables
         gen = torch.Generator().manual_seed(seed + 1)
@@ -339,13 +340,15 @@ class ShardedRankUnderTest:
         self.step += 1
 
 
-# ``--layouts``: the rank each layout name measures (one engine, two ownership maps);
-# replicated steps' tables made ahead on a thread of their own, as beside an accelerator,
-# or in the step, as on CPU ranks (a layout with pushes makes them all at its phase start)
+# ``--layouts``: the rank each layout name measures (one engine, two ownership maps); the
+# step tables made on a thread of their own beside the engine's, as beside an accelerator
+# (replicated: ahead of the steps; sharded: at the phase start, each step cut while the
+# next one's record is made), or "-in-step" on the engine's thread, as on CPU ranks
 RANKS_UNDER_TEST = {
     "replicated": partial(ShardedRankUnderTest, every_rank_owns=True),
-    "replicated-in-step": partial(ShardedRankUnderTest, every_rank_owns=True, tables_ahead=0),
+    "replicated-in-step": partial(ShardedRankUnderTest, every_rank_owns=True, tables_thread=False),
     "sharded": ShardedRankUnderTest,
+    "sharded-in-step": partial(ShardedRankUnderTest, tables_thread=False),
 }
 
 
@@ -670,7 +673,7 @@ def measure(args) -> dict:
         )
         mb, ms = tested[key].tables(min(10, args.steps))
         result[f"tables_mb_per_step_{key}"], result[f"tables_ms_per_step_{key}"] = mb, ms
-        result[f"tables_ahead_{key}"] = tested[key].engine.steps.ahead  # 0: made in the step
+        result[f"tables_ahead_{key}"] = tested[key].engine.steps.ahead  # 0: none made ahead
         result[f"ops_per_step_{key}"] = float(np.median(rec["ops"]))
         result[f"any_tensor_syncs_per_step_{key}_max"] = int(max(rec["syncs"]))
         result[f"any_tensor_syncs_per_step_{key}_median"] = float(np.median(rec["syncs"]))

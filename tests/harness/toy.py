@@ -310,7 +310,7 @@ class ToyRun:
     busy_at: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (step, s)
     weak: tuple[int, int] | None = None  # rows with WEAK_SCALE x gradient (toy_grads)
     record: bool = False  # keep every step's read versions (``ToyRank.reads``)
-    tables_ahead: int | None = None  # ``ShardedEngine``'s (None: its default for the device)
+    tables_thread: bool | None = None  # ``ShardedEngine``'s (None: its default for the device)
 
 
 class ReadRecord(NamedTuple):
@@ -350,7 +350,7 @@ def replicated_engine(
     silence: PeerSilence | None = None,
     step_signal=None,
     ledger: RunLedger | None = None,
-    tables_ahead: int | None = None,
+    tables_thread: bool | None = None,
 ) -> ShardedEngine:
     """The engine of one replicated phase: every rank owns every row (``EVERY_RANK``);
     ``versions`` default all -1."""
@@ -372,7 +372,7 @@ def replicated_engine(
         sync=config,
         step_signal=step_signal,
         ledger=ledger,
-        tables_ahead=tables_ahead,
+        tables_thread=tables_thread,
     )
 
 
@@ -435,7 +435,7 @@ def run_toy_rank(
                 versions = torch.cat([versions, torch.full((ph.grow,), -1, dtype=torch.int64)])
         engine = replicated_engine(
             groups, ph.plan, rank, world_size, cfg, transport, ph.step_offset, versions,
-            silence, step_signal, ledger, run.tables_ahead,
+            silence, step_signal, ledger, run.tables_thread,
         )  # fmt: skip
         for t in range(ph.plan.views.shape[0]):
             step = ph.step_offset + t
