@@ -448,7 +448,7 @@ def test_tables_made_ahead_are_the_tables_made_in_the_step():
             return same(vars(a), vars(b))
         return a == b
 
-    in_step, ahead = PhaseSteps(tables(), steps, world), PhaseSteps(tables(), steps, world, 2)
+    in_step, ahead = PhaseSteps(tables(), steps), PhaseSteps(tables(), steps, ahead=2)
     for t in range(steps):
         assert same(in_step[t], ahead[t]), t
         assert (ahead._maker is None) == (t + 2 >= steps - 1)  # last step asked: thread ends
@@ -457,7 +457,7 @@ def test_tables_made_ahead_are_the_tables_made_in_the_step():
         yield from itertools.islice(tables(), 3)
         raise ValueError("step_record: footprint 1 has row 999 outside [0, 120)")
 
-    steps_ahead = PhaseSteps(failing(), steps, world, 2)
+    steps_ahead = PhaseSteps(failing(), steps, ahead=2)
     for t in range(3):
         steps_ahead[t]
     with pytest.raises(ValueError, match="row 999 outside"):
@@ -481,7 +481,7 @@ def test_host_versions_are_written_when_asked(on_take, world):
     n, steps, offset = 90, 10, 7
     plan = ListPlan(random_footprints(n, steps, world, seed=2))
     tables = step_rows(plan, replicated_layout(n, 0), world)  # the engine's step tables
-    writes = PhaseSteps((step for step, _, _ in tables), steps, world)
+    writes = PhaseSteps((step for step, _, _ in tables), steps)
     width = 3 + 12 + 1 + 1
     gen = torch.Generator().manual_seed(5)
     parts = {  # (a writer with no row of a step sends nothing)

@@ -230,12 +230,11 @@ class PhaseSteps:
     Args:
         steps: the tables in step order (``step_rows``'s, or an iterator over a list).
         num_steps: how many there are.
-        num_ranks: R.
         ahead: how many steps past the newest one asked for to make meanwhile (0: each
             step's tables are made when first asked for, on the asking thread).
     """
 
-    def __init__(self, steps: Iterator[Step], num_steps: int, num_ranks: int, ahead: int = 0):
+    def __init__(self, steps: Iterator[Step], num_steps: int, ahead: int = 0):
         self._steps = steps
         self._made: dict[int, Step] = {}
         self._next = 0  # the next step to make (or to take from ``_coming``)
@@ -248,7 +247,6 @@ class PhaseSteps:
             else None
         )
         self.num_steps = num_steps
-        self.num_ranks = num_ranks
 
     def __len__(self) -> int:
         return self.num_steps
@@ -625,7 +623,7 @@ class ShardedEngine:
             steps = iter(made)
         self._tables_made = not lazy
         ahead = TABLES_AHEAD if lazy and tables_thread else 0  # (a list: nothing to make)
-        self.steps = PhaseSteps(steps, num_steps, world_size, ahead=ahead)
+        self.steps = PhaseSteps(steps, num_steps, ahead=ahead)
         self.num_steps = num_steps
         # the owned rows' pending updates, applied per row in version order
         o = layout.num_owned
@@ -728,8 +726,8 @@ class ShardedEngine:
 
     def _version_test(self, rows: np.ndarray, prev: np.ndarray) -> VersionTest:
         """The test of owned local ``rows`` against their last planned update before a read
-        (``prev``: local steps, -1: none in the phase, so nothing is needed)."""
-        rows, prev = _waits(rows, prev)
+        (``prev``: local steps, each >= 0: rows that wait, a step's ``own_waits`` or a
+        push's rows)."""
         return VersionTest(rows, self.offset + prev, self.log.kernels.first_lacking)
 
     # ------------------------------------------------------------ keys and posting

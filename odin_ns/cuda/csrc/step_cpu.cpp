@@ -48,12 +48,10 @@
 namespace odin {
 namespace {
 
-// One footprint's ids: [M] int64, strictly increasing, in [0, num_rows) (the twin's
-// searchsorted needs sorted ids; checked before anything is written).
-void check_footprint(const at::Tensor& fp, int64_t num_rows, const char* op) {
-  TORCH_CHECK_VALUE(fp.device().is_cpu(), op, ": footprints must be host tensors");
-  check_dtype(fp, at::kLong, op, "a footprint");
-  TORCH_CHECK_VALUE(fp.dim() == 1, op, ": a footprint must have shape [M], got ", fp.sizes());
+// One footprint's ids (a host [M] int64 tensor, its type checked): strictly increasing, in
+// [0, num_rows) (the twin's searchsorted needs sorted ids; checked before anything is
+// written).
+void check_footprint_ids(const at::Tensor& fp, int64_t num_rows, const char* op) {
   const int64_t m = fp.numel();
   if (m == 0) return;
   const int64_t* in = fp.data_ptr<int64_t>();
@@ -66,11 +64,20 @@ void check_footprint(const at::Tensor& fp, int64_t num_rows, const char* op) {
   }
 }
 
-// A pass that meets a footprint out of order or out of range raises check_footprint's error.
+// One footprint: [M] int64 on the host, its ids as check_footprint_ids asks.
+void check_footprint(const at::Tensor& fp, int64_t num_rows, const char* op) {
+  TORCH_CHECK_VALUE(fp.device().is_cpu(), op, ": footprints must be host tensors");
+  check_dtype(fp, at::kLong, op, "a footprint");
+  TORCH_CHECK_VALUE(fp.dim() == 1, op, ": a footprint must have shape [M], got ", fp.sizes());
+  check_footprint_ids(fp, num_rows, op);
+}
+
+// A pass that meets a footprint out of order or out of range raises check_footprint_ids'
+// error.
 [[noreturn]] __attribute__((noinline)) void raise_footprint(const at::Tensor& fp,
                                                             int64_t num_rows, const char* op) {
-  check_footprint(fp.to(at::kLong), num_rows, op);
-  TORCH_CHECK(false, op, ": a footprint failed a check that check_footprint passed");
+  check_footprint_ids(fp.to(at::kLong), num_rows, op);
+  TORCH_CHECK(false, op, ": a footprint failed a check that check_footprint_ids passed");
 }
 
 // A footprint's ids copied to out, checked as they are read (strictly increasing, in
@@ -177,7 +184,7 @@ ODIN_POPCNT std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor> step_rec
   int64_t* kept = kept_scratch.data();
   for (const auto& c : inputs) {
     if (keep == nullptr && c.scalar_type() == at::kLong) {
-      check_footprint(c, num_rows, op);
+      check_footprint_ids(c, num_rows, op);  // (its type checked above)
       rows.emplace_back(c.data_ptr<int64_t>(), c.numel());
       continue;
     }
