@@ -14,9 +14,11 @@ import torch
 from odin_ns.bench.control_plane import RANKS_UNDER_TEST, city_footprints, device_reads_per_step
 from odin_ns.bench.device_reads import DeviceReads
 from odin_ns.cuda import ops
+from odin_ns.runtime.uploads import upload_together
 
 RANKS, WARMUP, STEPS = 4, 8, 12
 MAX_READS_PER_STEP = 2
+MAX_UPLOADS_PER_STEP = 3  # quality-first: the step path's lists, two applies' ready masks
 
 pytestmark = pytest.mark.skipif(
     not ops.status("meta").compiled, reason="the compiled ops' meta kernels need the CPU library"
@@ -35,6 +37,9 @@ def test_sync_count_of_a_steady_state_step(footprints, layout, mode):
     counts, double, rank = device_reads_per_step(make, footprints, RANKS, mode, 0, WARMUP, STEPS)
     where = "; ".join(f"{n} x {op} at {line}" for (op, line), n in double.reads.most_common())
     assert max(counts) <= MAX_READS_PER_STEP, f"reads per step {counts}: {where}"
+    if mode == "quality-first":  # the step's id lists in one copy, and each apply's mask
+        uploads = sum(double.uploads.values()) / STEPS  # (13 and 6.9 a step before 2026-12-06)
+        assert uploads <= MAX_UPLOADS_PER_STEP, dict(double.uploads)
     if mode == "throughput-first":  # the peers' lag gave the rule something to decide
         summary = rank.engine.summary()
         assert summary["decisions"] > 0, summary
@@ -59,3 +64,18 @@ def test_sync_count_double_sees_what_a_gpu_waits_for():
     for (op, _), n in double.reads.items():
         by_op[op] = by_op.get(op, 0) + n
     assert by_op == {"_local_scalar_dense": 1, "index": 1, "nonzero": 1, "_to_copy": 2}
+
+
+def test_sync_count_upload_together_is_one_copy():
+    """A step's id lists move to the device in one copy that does not block (the double
+    counts it as an upload, not as a read), as views of one buffer; on the CPU they are the
+    host tensors themselves."""
+    parts = [torch.arange(5), torch.arange(3) + 7, torch.empty(0, dtype=torch.int64)]
+    assert all(a is b for a, b in zip(upload_together(parts, "cpu"), parts, strict=True))
+    double = DeviceReads()
+    with double:
+        moved = upload_together(parts, "meta")
+    assert [t.shape for t in moved] == [p.shape for p in parts]
+    assert all(t.device.type == "meta" for t in moved)
+    assert len({id(t._base) for t in moved}) == 1 and moved[0]._base is not None  # one buffer
+    assert double.total == 0 and sum(double.uploads.values()) == 1, (double.reads, double.uploads)

@@ -39,7 +39,9 @@ Measured per step, R values interleaved step by step:
   step makes, counted by ``bench.device_reads`` (the data plane on a device without
   values, the host control plane real, peers one step behind so that throughput-first
   decides), per layout in quality-first and throughput-first, with the line of each: the
-  synchronizations a GPU step would have;
+  synchronizations a GPU step would have; ``uploads_per_step`` (and ``uploads``, by line):
+  the step thread's copies from the host to the device in the same run (tables made on a
+  thread of their own move their lists there);
 - ``meta_ms``: the wall time of the same rank's step with its data plane on PyTorch's
   ``meta`` device (shapes, no values; its own plan and engine, stepped right after the
   measured one): the data-plane operations cost only their dispatch, about what launching
@@ -456,7 +458,8 @@ def device_reads_per_step(
     on a device without values) of rank 0 built by ``make`` (a ``RANKS_UNDER_TEST``
     entry), its peers one step behind (``InjectedPeers(late=True)``).
     ``plan``: one already built for F and ``ranks`` (at least warmup + steps long).
-    Returns (reads per step, the double with each read's line, the rank under test)."""
+    Returns (reads per step, the double with each read's and each upload's line, the rank
+    under test)."""
     double = DeviceReads()
     counts = []
     with double:
@@ -695,6 +698,10 @@ def measure(args) -> dict:
             result[f"device_reads_per_step_{tag}_median"] = float(np.median(counts))
             result[f"device_reads_{tag}"] = {
                 f"{op} at {line}": n / args.steps for (op, line), n in double.reads.most_common()
+            }
+            result[f"uploads_per_step_{tag}"] = sum(double.uploads.values()) / args.steps
+            result[f"uploads_{tag}"] = {
+                line: n / args.steps for line, n in double.uploads.most_common()
             }
         result[f"sync_ops_{key}"] = {k: v / args.steps for k, v in names[key].most_common()}
         split, control = profile_split(tested[key], args.profile_steps)

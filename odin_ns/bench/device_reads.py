@@ -21,7 +21,9 @@ CUDA stream with the host:
 Each is counted with the line of ``odin_ns`` that made it and answered with zeros (or an
 empty selection; an upload with its meta tensor), so the step goes on: the double cannot say what the values were, only
 that the code asked for them. Reads of host tensors are not counted: they do not touch the
-device.
+device. Apart from the reads, ``uploads`` counts every copy from the host to the device,
+blocking or not, by line: each is a staging copy and a copy launched, which the step path
+makes once per step for its id lists (``runtime.uploads.upload_together``).
 """
 
 from __future__ import annotations
@@ -69,6 +71,13 @@ def _read_kind(name: str, args, kwargs) -> str | None:
     return None
 
 
+def _is_upload(name: str, args, kwargs) -> bool:
+    """Whether the op copies host memory to the device (blocking or not)."""
+    if name == "_to_copy":
+        return args[0].device.type == "cpu" and _meta_device(kwargs.get("device"))
+    return name == "copy_" and _on_meta(args[0]) and args[1].device.type == "cpu"
+
+
 def _answer(func, name: str, args, kwargs):
     """Zeros (or an empty selection) in place of the values the double does not have."""
     src = args[0]
@@ -99,6 +108,7 @@ class DeviceReads(TorchDispatchMode):
         super().__init__()
         self.counting = True
         self.reads: Counter[tuple[str, str]] = Counter()  # (op, odin_ns line) -> reads
+        self.uploads: Counter[str] = Counter()  # odin_ns line -> host-to-device copies
 
     @property
     def total(self) -> int:
@@ -110,6 +120,8 @@ class DeviceReads(TorchDispatchMode):
         to_meta = _meta_device(kwargs.get("device"))
         if not to_meta and not any(_on_meta(t) for t in tree_leaves((args, kwargs))):
             return func(*args, **kwargs)
+        if self.counting and _is_upload(name, args, kwargs):
+            self.uploads[_caller()] += 1
         kind = _read_kind(name, args, kwargs)
         if kind is None:
             return func(*args, **kwargs)
@@ -119,9 +131,11 @@ class DeviceReads(TorchDispatchMode):
 
 
 def _caller() -> str:
-    """``file:line code`` of the innermost frame in ``odin_ns`` outside the benchmarks."""
+    """``file:line code`` of the innermost frame in ``odin_ns`` outside the benchmarks and
+    the upload helpers (the line that asked for the copy)."""
     for frame in reversed(traceback.extract_stack(limit=24)):
-        if "odin_ns" in frame.filename and "/bench/" not in frame.filename:
+        name = frame.filename
+        if "odin_ns" in name and "/bench/" not in name and not name.endswith("uploads.py"):
             return f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} {frame.line}"
     return "?"
 

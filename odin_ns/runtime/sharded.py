@@ -87,7 +87,7 @@ from odin_ns.runtime.update_log import (
     VersionTest,
     step_record_reference,
 )
-from odin_ns.runtime.uploads import upload
+from odin_ns.runtime.uploads import upload, upload_together
 
 GRAD, PUSH = 0, 1
 EVERY_RANK = -1  # an ``owner`` entry: the row is replicated, every rank owns it
@@ -200,8 +200,8 @@ class Push:
 @dataclass
 class StepPath:
     """What the step path reads of one step, made once, when the step is first needed:
-    its id lists on the parameters' device (a list shared by several uses uploaded once)
-    and the test of its owned reads."""
+    its id lists on the parameters' device (moved in one copy, a list shared by several
+    uses once) and the test of its owned reads."""
 
     reads: Tensor  # [M] local ids of the read set
     reads_global: Tensor  # [M] their global ids (the same tensor where they are the same)
@@ -288,7 +288,12 @@ class PhaseSteps:
 
 
 def step_rows(
-    plan, layout: ShardLayout, num_ranks: int, num_steps: int | None = None, aside: bool = False
+    plan,
+    layout: ShardLayout,
+    num_ranks: int,
+    num_steps: int | None = None,
+    aside: bool = False,
+    device: torch.device | str = "cpu",
 ) -> Iterator[tuple[Step, list[Push], list[Push]]]:
     """Per local step of the phase's plan, in order: (rank ``layout.rank``'s ``Step``, the
     pushes it makes (one per reader), the pushes it receives (one per owner)).
@@ -301,7 +306,8 @@ def step_rows(
     rank's tables from those in one pass over the union and one over its reads (no search
     or sort of ids per step). A list two tables hold alike is one array (the reads and the
     owned reads where the rank owns them all, the gradient rows every peer is sent), so the
-    step path uploads it once.
+    step path uploads it once. The update log's lists (``Step.writes``) are moved to
+    ``device``, the parameters', as each table is made, in one copy per step.
 
     ``aside`` (a layout with owners): a thread of its own cuts step t's tables while the
     caller's thread makes step t + 1's record (the kernels release the GIL; the tables come
@@ -323,7 +329,7 @@ def step_rows(
     def cut(t: int, ids: Tensor, positions: list[Tensor], prev: Tensor):
         """Step t's (Step, pushes out, pushes in) from its record."""
         made = as_owner(ids, positions, prev, owner, local_of, me)
-        writes = step_writes(*made[:3])
+        writes = step_writes(*made[:3], device)
         written, out_rows, out_prev = _as_arrays(made[2:])
         made = as_reader(ids, positions[me], prev, owner, local_of, me, num_ranks)
         reads_global, reads_local, own_rows, own_prev, every, grad_rows, in_rows, in_prev = (
@@ -364,7 +370,8 @@ def step_rows(
             reads = [torch.from_numpy(plan.step_footprint(t, q)) for q in range(num_ranks)]
             ids, positions, prev = record(reads, last, t, held)  # the union [U], sorted
             if layout.replicated:  # no owner to look up (1.3 ms a step at R = 8, 1M rows)
-                yield replicated_step(step_writes(ids, prev, positions), me, peers), [], []
+                writes = step_writes(ids, prev, positions, device)
+                yield replicated_step(writes, me, peers), [], []
             elif cutter is None:
                 yield cut(t, ids, positions, prev)
             else:
@@ -489,10 +496,13 @@ def replicated_step(writes: StepRows, me: int, peers: list[int]) -> Step:
     )
 
 
-def step_writes(ids: Tensor, prev: Tensor, positions: list[Tensor]) -> StepRows:
+def step_writes(ids: Tensor, prev: Tensor, positions: list[Tensor], device) -> StepRows:
     """The update log's ``StepRows`` of a step's owned writes: [U] local ids, their [U]
-    previous writes, per writer its [M_q] positions among them (host int64 tensors, kept)."""
-    return StepRows(ids, positions, prev, int(prev.max()) if prev.numel() else -1)
+    previous writes, per writer its [M_q] positions among them (host int64 tensors, kept),
+    the ids and positions also on ``device``, moved there in one copy."""
+    ids_data, *positions_data = upload_together([ids, *positions], device)
+    prev_max = int(prev.max()) if prev.numel() else -1
+    return StepRows(ids, positions, prev, prev_max, ids_data, positions_data)
 
 
 def _waits(rows: np.ndarray, prev: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -503,15 +513,20 @@ def _waits(rows: np.ndarray, prev: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def step_tables(
-    plan, layout: ShardLayout, num_ranks: int, num_steps: int | None = None, aside: bool = False
+    plan,
+    layout: ShardLayout,
+    num_ranks: int,
+    num_steps: int | None = None,
+    aside: bool = False,
+    device: torch.device | str = "cpu",
 ):
     """(steps, pushes_out, pushes_in) of rank ``layout.rank`` for the phase's plan, all made
-    now (``step_rows``, ``aside`` as there): ``pushes_out[q]`` / ``pushes_in[o]`` are lists
+    now (``step_rows``, ``aside`` and ``device`` as there): ``pushes_out[q]`` / ``pushes_in[o]`` are lists
     sorted by (ready, step), the order the owner sends them in."""
     steps: list[Step] = []
     out: dict[int, list[Push]] = {q: [] for q in range(num_ranks) if q != layout.rank}
     inn: dict[int, list[Push]] = {q: [] for q in range(num_ranks) if q != layout.rank}
-    for step, pushes_out, pushes_in in step_rows(plan, layout, num_ranks, num_steps, aside):
+    for step, pushes_out, pushes_in in step_rows(plan, layout, num_ranks, num_steps, aside, device):
         steps.append(step)
         for push in pushes_out:
             out[push.peer].append(push)
@@ -613,12 +628,13 @@ class ShardedEngine:
         lazy = world_size == 1 or layout.replicated
         if lazy:
             # nothing is pushed: each step's tables are made when the step is first needed
-            steps = (step for step, _, _ in step_rows(plan, layout, world_size, num_steps))
+            made = step_rows(plan, layout, world_size, num_steps, device=self.device)
+            steps = (step for step, _, _ in made)
             self.out = {q: [] for q in range(world_size) if q != rank}
             self.inn = {q: [] for q in range(world_size) if q != rank}
         else:  # the pushes' order needs every step's tables now
             made, self.out, self.inn = step_tables(
-                plan, layout, world_size, num_steps, aside=tables_thread
+                plan, layout, world_size, num_steps, aside=tables_thread, device=self.device
             )
             steps = iter(made)
         self._tables_made = not lazy
@@ -671,8 +687,8 @@ class ShardedEngine:
         # visible rows outside their step's read set, summed over the phase on the device
         # where reading it would synchronize the step (``_check_visible``)
         self._outside = torch.zeros((), dtype=torch.int64, device=device)
-        self._push_rows_out = {q: [self._upload(p.rows) for p in ps] for q, ps in self.out.items()}
-        self._push_rows_in = {o: [self._upload(p.rows) for p in ps] for o, ps in self.inn.items()}
+        self._push_rows_out = {q: self._upload([p.rows for p in ps]) for q, ps in self.out.items()}
+        self._push_rows_in = {o: self._upload([p.rows for p in ps]) for o, ps in self.inn.items()}
         # per outgoing push: the owned rows that have an update before the read, with the
         # global step each must have applied
         self._push_tests = {
@@ -702,8 +718,9 @@ class ShardedEngine:
             for t in range(self.num_steps):
                 self._path(t)
 
-    def _upload(self, rows: np.ndarray) -> Tensor:
-        return upload(torch.from_numpy(rows), self.device)
+    def _upload(self, lists: list[np.ndarray]) -> list[Tensor]:
+        """Host id lists on the parameters' device, moved in one copy."""
+        return upload_together([torch.from_numpy(rows) for rows in lists], self.device)
 
     def _path(self, t: int) -> StepPath:
         """Local step t's ``StepPath`` (made on first use, forgotten once the step ran)."""
@@ -711,7 +728,9 @@ class ShardedEngine:
         if path is None:
             st = self.steps[t]
             lists = [st.reads, st.reads_global, st.own_rows, *st.grad_out.values()]
-            on_device = {id(rows): self._upload(rows) for rows in lists}  # shared lists once
+            distinct = list({id(rows): rows for rows in lists}.values())  # a shared list once
+            moved = self._upload(distinct)
+            on_device = {id(rows): m for rows, m in zip(distinct, moved, strict=True)}
             sends: dict[int, tuple[Tensor, list[int]]] = {}
             for o, rows in st.grad_out.items():
                 sends.setdefault(id(rows), (on_device[id(rows)], []))[1].append(o)
@@ -800,7 +819,7 @@ class ShardedEngine:
         # the table's cache rows (and evidence unread)
         self._row_ops.scatter_rows(self._table, rows, buf)
         if self.admission is not None:
-            self.admission.observe_push(push.rows, push.step, buf[:, -1])
+            self.admission.observe_push(push.rows, rows, push.step, buf[:, -1])
 
     def lagging_owned_reads(self, t: int) -> tuple[np.ndarray, int | None]:
         """Local step t's owned reads whose last planned update before t is not applied yet

@@ -96,13 +96,16 @@ class ShardedAdmission:
         return self.evidence.strength[rows].unsqueeze(1)
 
     @torch.no_grad()
-    def observe_push(self, rows: np.ndarray, step: int, strength: Tensor) -> None:
+    def observe_push(
+        self, rows: np.ndarray, rows_data: Tensor, step: int, strength: Tensor
+    ) -> None:
         """The push for the read at local step ``step`` refreshed cached local rows ``rows``
-        ([M]); ``strength`` [M] is the owner's evidence of them."""
+        ([M], host; ``rows_data``: the same on the device); ``strength`` [M] is the owner's
+        evidence of them."""
         self.fresh_since[rows - self.num_owned] = step
         visible = (strength > 0).to(torch.float32)  # NaN (unknown) is not > 0
         buf = torch.stack([strength, visible], dim=1)
-        self.evidence.observe(upload(torch.from_numpy(rows), self.device), buf)
+        self.evidence.observe(rows_data, buf)
 
     def oldest_missing(self, cached_rows: np.ndarray) -> int:
         """Earliest local step of an update cached local rows ``cached_rows`` may lack."""

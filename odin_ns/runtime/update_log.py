@@ -303,19 +303,24 @@ class VersionTest:
 
 @dataclass(frozen=True)
 class StepRows:
-    """One step's rows as the update log reads them (``StepWrites.step_union``), host tensors.
+    """One step's rows as the update log reads them (``StepWrites.step_union``).
 
-    ids: [U] int64 sorted unique rows written at the step.
-    positions: per writer q, [M_q] int64 the positions of its rows in ids.
+    ids: [U] int64 sorted unique rows written at the step (host).
+    positions: per writer q, [M_q] int64 the positions of its rows in ids (host).
     prev: [U] int64 each row's last planned write before the step, as a local step (-1:
-        none in the phase).
+        none in the phase; host).
     prev_max: the latest of prev (-1: none, or no rows).
+    ids_data, positions_data: ids and positions on the parameters' device, moved there
+        together when the tables were made (``uploads.upload_together``; on the CPU the
+        host tensors themselves), so that the step moves no id list of its own.
     """
 
     ids: Tensor
     positions: list[Tensor]
     prev: Tensor
     prev_max: int
+    ids_data: Tensor
+    positions_data: list[Tensor]
 
 
 class StepWrites(Protocol):
@@ -455,7 +460,13 @@ class PendingStep:
         self.complete: list[Tensor] = []
         self.arrived_since_look = False  # (without counts) since the last take_ready
         self.device = device
-        self.ids_data = upload(self.ids, device)  # [U] on the parameters' device
+        if rows.ids_data.device.type != torch.device(device).type:
+            raise ValueError(
+                f"step {step}: its rows were moved to {rows.ids_data.device}, "
+                f"the parameters are on {device}"
+            )
+        self.ids_data = rows.ids_data  # [U] on the parameters' device
+        self.positions_data = rows.positions_data  # per rank [M_q] on the parameters' device
         # per rank (positions on device [M_q], rows [M_q, W] on device), in rank order
         self.parts: list[tuple[Tensor, Tensor] | None] = [None] * len(self.positions)
         # [U, W] float32 summed rows (device), taken from the log's SumBuffers at the step's
@@ -485,7 +496,7 @@ class PendingStep:
         """Rank q's contribution: [M_q, W] float32 on the parameters' device."""
         if self.received[q]:
             raise RuntimeError(f"step {self.step}: rank {q}'s rows arrived twice")
-        self.parts[q] = (upload(self.positions[q], self.device), rows)
+        self.parts[q] = (self.positions_data[q], rows)
         self.received[q] = True
         if self.all_arrived:  # the last writer completes every row: nothing to count
             self.complete = []
