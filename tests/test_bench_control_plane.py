@@ -46,6 +46,10 @@ def test_tiny_run_reports_every_key(tmp_path):
         ahead = TABLES_AHEAD if key.endswith("_replicated") else 0
         assert result[f"tables_ahead_{key}"] == ahead
         assert 0 < result[f"meta_ms_per_step_{key}"] < engine  # no data-plane work on meta
+        # the twin's host time (no instrument in it; an estimate too: either side of zero)
+        assert result[f"host_twin_ms_per_step_{key}"] < engine
+        # the step's host-to-device copies, counted on the device without values
+        assert 0 < result[f"uploads_per_step_{key}_quality"] <= 3
         # the timer priced per operation on the rank's own step, and the former pricing
         assert result[f"instrument_overhead_us_{key}"] >= 0
         assert result[f"host_trivial_calibration_ms_per_step_{key}"] < engine

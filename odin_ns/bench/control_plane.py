@@ -31,6 +31,14 @@ Measured per step, R values interleaved step by step:
   which the runtime keeps on the host): the host's work per step as it would run beside a
   GPU's kernels (an upper bound: a few of those integer operations, e.g. the visible
   mask's, are on device tensors there);
+- ``host_twin_ms`` (``--twin``, on by default): the same quantity with nothing of the
+  instrument in it: a twin of the rank (the same plan, seed and peers, so the same work
+  step for step) runs each step beside it without the timer, the two taking turns under
+  it; the untimed one's wall time less the timed one's ``data_ms``. Its spread is wider
+  (two steps' data time differ by their noise) and it needs no calibration: where the
+  two disagree, the calibration's per-operation cost, taken on the meta twin, is not what
+  the timer costs between real data operations (on this CPU, after each one has swept the
+  caches);
 - ``any_tensor_syncs``: operations that would synchronize a CUDA stream with the host
   (``_local_scalar_dense``, ``nonzero``, ``unique``, ``masked_select``, boolean-mask
   indexing, ``is_nonzero``, copies to the CPU), on any tensor: most act on the host's
@@ -39,9 +47,10 @@ Measured per step, R values interleaved step by step:
   step makes, counted by ``bench.device_reads`` (the data plane on a device without
   values, the host control plane real, peers one step behind so that throughput-first
   decides), per layout in quality-first and throughput-first, with the line of each: the
-  synchronizations a GPU step would have; ``uploads_per_step`` (and ``uploads``, by line):
-  the step thread's copies from the host to the device in the same run (tables made on a
-  thread of their own move their lists there);
+  synchronizations a GPU step would have; ``uploads_per_step`` (and ``uploads``, by line)
+  and ``upload_mb_per_step``: the step thread's copies from the host to the device in the
+  same run, and the bytes they move (tables made on a thread of their own move their lists
+  there);
 - ``meta_ms``: the wall time of the same rank's step with its data plane on PyTorch's
   ``meta`` device (shapes, no values; its own plan and engine, stepped right after the
   measured one): the data-plane operations cost only their dispatch, about what launching
@@ -517,6 +526,17 @@ def instrument_overhead_s(rank: ShardedRankUnderTest, steps: int) -> float:
     return max(0.0, (float(np.median(timed)) - float(np.median(plain))) / float(np.median(ops)))
 
 
+def _untimed_step(rank: ShardedRankUnderTest, device: torch.device) -> float:
+    """Wall seconds of ``rank``'s next step (the model's part before it not counted), its
+    device's kernels included."""
+    rank.prepare_step()
+    tic = time.perf_counter()
+    rank.run_step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - tic
+
+
 def profile_split(rank: ShardedRankUnderTest, steps: int, top: int = 12) -> tuple[list, list]:
     """cProfile's own time per ``odin_ns`` function over ``steps`` steps (shares), then the
     integer / boolean operations' ms per step by line over ``steps`` more."""
@@ -588,9 +608,19 @@ def measure(args) -> dict:
         )
         for key in keys
     }
+    # A twin of each rank (the same plan, seed and peers: the same work, step for step), run
+    # without the timer beside it, the two taking turns under the timer: the untimed one's
+    # wall time less the timed one's data time is the step's host time with nothing of the
+    # instrument in it (``host_twin_ms``)
+    twins = {
+        key: RANKS_UNDER_TEST[variant[key][1]](
+            F, variant[key][0], total_steps, args.mode, args.seed, device, plan=tested[key].plan
+        )
+        for key in (keys if args.twin else [])
+    }
     for key in keys:
         for _ in range(args.warmup):
-            for rank in (tested[key], without_values[key]):
+            for rank in (tested[key], without_values[key], *([twins[key]] if twins else [])):
                 rank.prepare_step()
                 rank.run_step()
     per: dict[str, dict[str, list]] = {
@@ -606,6 +636,7 @@ def measure(args) -> dict:
                 "data_syncs",
                 "ops",
                 "meta",
+                "twin",
             )
         }  # fmt: skip
         for key in keys
@@ -614,14 +645,21 @@ def measure(args) -> dict:
     for i in range(args.steps):
         order = keys if i % 2 == 0 else keys[::-1]  # interleaved, alternating order
         for key in order:
-            tested[key].prepare_step()
+            timed, untimed = tested[key], twins.get(key)
+            if untimed is not None and i % 2:  # the two take turns under the timer
+                timed, untimed = untimed, timed
+            if untimed is not None and (i // 2) % 2:  # and turns at going first
+                plain = _untimed_step(untimed, device)
+            timed.prepare_step()
             timer = OpTimer()
             tic, cpu = time.perf_counter(), time.thread_time()
             with timer:
-                tested[key].run_step()
+                timed.run_step()
             if cuda:
                 torch.cuda.synchronize(device)  # the step's kernels count as its wall time
             engine = time.perf_counter() - tic
+            if untimed is not None and not (i // 2) % 2:
+                plain = _untimed_step(untimed, device)
             cpu = time.thread_time() - cpu
             rec = per[key]
             rec["engine"].append(1e3 * engine)
@@ -634,6 +672,8 @@ def measure(args) -> dict:
             rec["syncs"].append(sum(timer.syncs.values()))
             rec["data_syncs"].append(timer.data_syncs)
             rec["ops"].append(timer.ops)
+            if untimed is not None:
+                rec["twin"].append(1e3 * (plain - timer.data_s))
             names[key].update(timer.syncs)
             meta = without_values[key]
             meta.prepare_step()
@@ -659,8 +699,11 @@ def measure(args) -> dict:
             "host_trivial_calibration",
             "cpu",
             "meta",
+            "twin",
         ):
-            put_spread(result, f"{name}_ms_per_step_{key}", rec[name])
+            if rec[name]:
+                label = "host_twin" if name == "twin" else name
+                put_spread(result, f"{label}_ms_per_step_{key}", rec[name])
         if cuda:  # real stream synchronizations, over as many steps as profiled
             counts = []
             for _ in range(args.profile_steps):
@@ -700,6 +743,7 @@ def measure(args) -> dict:
                 f"{op} at {line}": n / args.steps for (op, line), n in double.reads.most_common()
             }
             result[f"uploads_per_step_{tag}"] = sum(double.uploads.values()) / args.steps
+            result[f"upload_mb_per_step_{tag}"] = double.upload_bytes / 1e6 / args.steps
             result[f"uploads_{tag}"] = {
                 line: n / args.steps for line, n in double.uploads.most_common()
             }
@@ -708,6 +752,8 @@ def measure(args) -> dict:
         result[f"split_{key}"], result[f"control_lines_{key}"] = split, control
         result[f"series_host_ms_{key}"] = rec["host"]
         result[f"series_meta_ms_{key}"] = rec["meta"]
+        if rec["twin"]:
+            result[f"series_host_twin_ms_{key}"] = rec["twin"]
     result["syncs_per_step_max"] = max(
         v
         for k, v in result.items()
@@ -765,6 +811,12 @@ def main(argv: list[str] | None = None) -> dict:
         help="interleaved too: replicated (every rank owns every row), sharded (locality)",
     )
     parser.add_argument("--steps", type=int, default=100, help="measured steady-state steps")
+    parser.add_argument(
+        "--twin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a twin of each rank, untimed, for host_twin_ms (twice the ranks' memory)",
+    )
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--profile-steps", type=int, default=5, help="cProfile'd steps")
     parser.add_argument(

@@ -22,8 +22,9 @@ Each is counted with the line of ``odin_ns`` that made it and answered with zero
 empty selection; an upload with its meta tensor), so the step goes on: the double cannot say what the values were, only
 that the code asked for them. Reads of host tensors are not counted: they do not touch the
 device. Apart from the reads, ``uploads`` counts every copy from the host to the device,
-blocking or not, by line: each is a staging copy and a copy launched, which the step path
-makes once per step for its id lists (``runtime.uploads.upload_together``).
+blocking or not, by line, and ``upload_bytes`` what they move: each is a staging copy and
+a copy launched, which the step path makes once per step for its id lists
+(``runtime.uploads.upload_together``).
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ class DeviceReads(TorchDispatchMode):
         self.counting = True
         self.reads: Counter[tuple[str, str]] = Counter()  # (op, odin_ns line) -> reads
         self.uploads: Counter[str] = Counter()  # odin_ns line -> host-to-device copies
+        self.upload_bytes = 0  # the bytes those copies move
 
     @property
     def total(self) -> int:
@@ -122,6 +124,8 @@ class DeviceReads(TorchDispatchMode):
             return func(*args, **kwargs)
         if self.counting and _is_upload(name, args, kwargs):
             self.uploads[_caller()] += 1
+            host = args[0] if name == "_to_copy" else args[1]
+            self.upload_bytes += host.numel() * host.element_size()
         kind = _read_kind(name, args, kwargs)
         if kind is None:
             return func(*args, **kwargs)

@@ -44,7 +44,7 @@ from odin_ns.runtime.admission import (
     decide_in_one_read,
 )
 from odin_ns.runtime.config import SyncConfig
-from odin_ns.runtime.uploads import upload
+from odin_ns.runtime.uploads import upload_together
 
 
 @dataclass
@@ -118,8 +118,8 @@ class ShardedAdmission:
         now = self.offset + t
         reasons = decide_in_one_read(
             [(now, self.offset + src.pub_step, int(src.rows.size), read_rows) for src in sources],
-            lambda idx: self.evidence.ratios(
-                [upload(torch.from_numpy(sources[i].rows), self.device) for i in idx]
+            lambda idx: self.evidence.ratios(  # the sources' rows moved in one copy
+                upload_together([torch.from_numpy(sources[i].rows) for i in idx], self.device)
             ),
             float(self.config.tau),
             int(self.config.staleness_window),
