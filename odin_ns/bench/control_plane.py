@@ -31,7 +31,7 @@ Measured per step, R values interleaved step by step:
   which the runtime keeps on the host): the host's work per step as it would run beside a
   GPU's kernels (an upper bound: a few of those integer operations, e.g. the visible
   mask's, are on device tensors there);
-- ``host_twin_ms`` (``--twin``, on by default): the same quantity with nothing of the
+- ``host_twin_ms`` (``--twin``, on by default, CPU only): the same quantity with nothing of the
   instrument in it: a twin of the rank (the same plan, seed and peers, so the same work
   step for step) runs each step beside it without the timer, the two taking turns under
   it; the untimed one's wall time less the timed one's ``data_ms``. Its spread is wider
@@ -616,7 +616,7 @@ def measure(args) -> dict:
         key: RANKS_UNDER_TEST[variant[key][1]](
             F, variant[key][0], total_steps, args.mode, args.seed, device, plan=tested[key].plan
         )
-        for key in (keys if args.twin else [])
+        for key in (keys if args.twin and not cuda else [])  # (on a GPU: cpu_ms)
     }
     for key in keys:
         for _ in range(args.warmup):
