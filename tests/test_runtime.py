@@ -644,3 +644,18 @@ def test_ddp_publishes_only_the_footprint_rows():
     for g, p in zip(groups, before, strict=True):
         assert torch.equal(g.param[others], p[others]) and not g.exp_avg[others].any()
         assert not torch.equal(g.param[[1, 4]], p[[1, 4]])
+
+
+def test_a_log_refuses_tables_moved_to_another_device():
+    """A step's lists go to the parameters' device with its tables (one copy); a log whose
+    parameters are elsewhere refuses them when it records the step, naming both."""
+    n, steps, world = 90, 3, 2
+    plan = ListPlan(random_footprints(n, steps, world, seed=3))
+    tables = step_rows(plan, replicated_layout(n, 0), world, device="meta")
+    writes = PhaseSteps((step for step, _, _ in tables), steps)
+    rows = writes[0].writes
+    assert rows.ids_data.device.type == "meta" and rows.ids_data.shape == rows.ids.shape
+    assert [p.shape for p in rows.positions_data] == [p.shape for p in rows.positions]
+    log = UpdateLog(toy_groups(n), writes, world, 0, torch.full((n,), -1))
+    with pytest.raises(ValueError, match="moved to meta, the parameters are on cpu"):
+        log.record(0)

@@ -769,6 +769,9 @@ def check_control_plane(run: Run) -> dict[str, Any]:
         **figures,
         **cuda_syncs,
         "device_reads_per_step_max": result["syncs_per_step_max"],  # bench.device_reads
+        # the step thread's host-to-device copies a quality-first step, and their bytes
+        "uploads_per_step": result[f"uploads_per_step_{key}_quality"],
+        "upload_mb_per_step": result[f"upload_mb_per_step_{key}_quality"],
         "share_per_view": result["share_per_view"],
         "json": str(out),
     }
