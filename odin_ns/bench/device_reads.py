@@ -19,11 +19,13 @@ CUDA stream with the host:
   the stream after them (``runtime.uploads.upload`` does not).
 
 Each is counted with the line of ``odin_ns`` that made it and answered with zeros (or an
-empty selection; an upload with its meta tensor), so the step goes on: the double cannot say what the values were, only
-that the code asked for them. Reads of host tensors are not counted: they do not touch the
-device. Apart from the reads, ``uploads`` counts every copy from the host to the device,
-blocking or not, by line, and ``upload_bytes`` what they move: each is a staging copy and
-a copy launched, which the step path makes once per step for its id lists
+empty selection; an upload with its meta tensor), so the step goes on: the double cannot
+say what the values were, only that the code asked for them. Reads of host tensors are not
+counted: they do not touch the device.
+
+Apart from the reads, ``uploads`` counts every copy from the host to the device, blocking
+or not, by line, and ``upload_bytes`` what they move: each is a staging copy and a copy
+launched, which the step path makes once per step for its id lists
 (``runtime.uploads.upload_together``).
 """
 

@@ -521,8 +521,8 @@ def step_tables(
     device: torch.device | str = "cpu",
 ):
     """(steps, pushes_out, pushes_in) of rank ``layout.rank`` for the phase's plan, all made
-    now (``step_rows``, ``aside`` and ``device`` as there): ``pushes_out[q]`` / ``pushes_in[o]`` are lists
-    sorted by (ready, step), the order the owner sends them in."""
+    now (``step_rows``, ``aside`` and ``device`` as there): ``pushes_out[q]`` /
+    ``pushes_in[o]`` are lists sorted by (ready, step), the order the owner sends them in."""
     steps: list[Step] = []
     out: dict[int, list[Push]] = {q: [] for q in range(num_ranks) if q != layout.rank}
     inn: dict[int, list[Push]] = {q: [] for q in range(num_ranks) if q != layout.rank}
@@ -1011,8 +1011,9 @@ class ShardedEngine:
         )
 
     def _pending(self, t: int) -> list[PendingSource]:
-        """Throughput-first: local step t's pending sources (``sharded_admission``): owned reads whose last
-        planned update is not applied yet, and each owner's push for t not arrived yet."""
+        """Throughput-first: local step t's pending sources (``sharded_admission``): owned
+        reads whose last planned update is not applied yet, and each owner's push for t not
+        arrived yet."""
         st = self.steps[t]
         out = []
         rows, s = self.lagging_owned_reads(t)
