@@ -23,11 +23,12 @@ Measured per step, R values interleaved step by step:
   calibrated on the same rank's own step (``instrument_overhead_us``: its twin with the data
   plane on the meta device, stepped alternately under the timer and without it; a step's
   operations carry lists of tensors, the apply's parameters and moments, that the timer
-  walks, so they cost it more than the trivial one of ``dispatch_overhead_us``: 7.7-10.9 µs
-  an operation against 5.7 on 2026-12-06); ``host_trivial_calibration_ms``: the same with the
-  trivial operation's cost, as reported before 2026-12-06 (so what the instrument adds
-  beyond that stays in). Python bookkeeping plus operations
-  on integer and boolean tensors only (``control_ms``: ids, versions, masks, positions,
+  walks, so they cost it more than the trivial one of ``dispatch_overhead_us``: 7.7-28 µs
+  an operation against 5.7 on 2026-12-06; between real data operations on a CPU it costs
+  more again, which ``host_twin_ms`` leaves out); ``host_trivial_calibration_ms``: the same
+  with the trivial operation's cost, as reported before 2026-12-06 (so what the instrument
+  adds beyond that stays in). Python bookkeeping plus operations on integer and boolean
+  tensors only (``control_ms``: ids, versions, masks, positions,
   which the runtime keeps on the host): the host's work per step as it would run beside a
   GPU's kernels (an upper bound: a few of those integer operations, e.g. the visible
   mask's, are on device tensors there);
