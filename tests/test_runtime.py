@@ -485,9 +485,10 @@ def test_host_versions_are_written_when_asked(on_take, world):
     width = 3 + 12 + 1 + 1
     gen = torch.Generator().manual_seed(5)
     parts = {  # (a writer with no row of a step sends nothing)
-        (t, q): torch.randn(rows.size, width, generator=gen)
+        (t, q): torch.randn(rows.numel(), width, generator=gen)
         for t in range(steps)
-        for q, rows in writes[t].positions.items()
+        for q, rows in enumerate(writes[t].writes.positions)
+        if rows.numel()
     }
     for part in parts.values():
         part[:, -1] = 1.0  # every writer saw its rows
@@ -505,7 +506,7 @@ def test_host_versions_are_written_when_asked(on_take, world):
             arrived.add((t, q))
             for s, rec in log.pending.items():  # a row is applied as soon as it can be:
                 waiting = torch.zeros(rec.ids.numel(), dtype=torch.bool)  # a writer not in
-                for w, rows in writes[s].positions.items():
+                for w, rows in enumerate(writes[s].writes.positions):
                     waiting[rows] |= (s, w) not in arrived
                 # or its previous planned write not applied
                 waiting |= log.versions_data[rec.ids] < offset + rec.prev

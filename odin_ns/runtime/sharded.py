@@ -178,7 +178,6 @@ class Step:
     # local ids, per writer q its [M_q] positions among them, each one's last planned write
     # before t (-1: none)
     writes: StepRows
-    positions: dict[int, np.ndarray]  # writer q -> [M_q] positions in the union (global order)
     own_prev: np.ndarray  # [len(own_rows)] last planned write before t of each own read
     # the own reads that have a planned write before t: (local ids, that write's local step)
     own_waits: tuple[np.ndarray, np.ndarray]
@@ -330,7 +329,7 @@ def step_rows(
         """Step t's (Step, pushes out, pushes in) from its record."""
         made = as_owner(ids, positions, prev, owner, local_of, me)
         writes = step_writes(*made[:3], device)
-        written, out_rows, out_prev = _as_arrays(made[2:])
+        out_rows, out_prev = _as_arrays(made[3:])
         made = as_reader(ids, positions[me], prev, owner, local_of, me, num_ranks)
         reads_global, reads_local, own_rows, own_prev, every, grad_rows, in_rows, in_prev = (
             _as_arrays(made)
@@ -354,7 +353,6 @@ def step_rows(
             grad_out=grad_out,
             own_rows=own_rows,
             writes=writes,
-            positions={q: p for q, p in enumerate(written) if p.size},
             own_prev=own_prev,
             own_waits=_waits(own_rows, own_prev),
             push_in={p.peer: p.rows for p in pushes_in},
@@ -489,7 +487,6 @@ def replicated_step(writes: StepRows, me: int, peers: list[int]) -> Step:
         grad_out=dict.fromkeys(peers, reads) if reads.size else {},
         own_rows=reads,
         writes=writes,
-        positions={q: p.numpy() for q, p in enumerate(writes.positions) if p.numel()},
         own_prev=own_prev,
         own_waits=_waits(reads, own_prev),
         push_in={},
@@ -766,10 +763,10 @@ class ShardedEngine:
         loop over every peer per step cost 0.3 ms)."""
         for s in range(self.posted + 1, t + 1):
             if not self.dense:  # the all-reduce arrives without a posted receive
-                for q, rows in self.steps[s].positions.items():
-                    if q != self.rank:
+                for q, rows in enumerate(self.steps[s].writes.positions):
+                    if q != self.rank and rows.numel():  # (a writer with no row sends none)
                         self.grads_tx.post_recv(q, self._key(GRAD, s), self._tag(GRAD, s),
-                                                rows.size, self.width)  # fmt: skip
+                                                rows.numel(), self.width)  # fmt: skip
             for o, want in self._push_posts_at[s] if s < self.num_steps else ():
                 pushes = self.inn[o]
                 for k in range(self.push_posted[o], want):
