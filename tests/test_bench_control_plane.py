@@ -50,6 +50,7 @@ def test_tiny_run_reports_every_key(tmp_path):
         assert result[f"host_twin_ms_per_step_{key}"] < engine
         # the step's host-to-device copies, counted on the device without values
         assert 0 < result[f"uploads_per_step_{key}_quality"] <= 3
+        assert result[f"device_ops_per_step_{key}_quality"] > 0  # (not views, not uploads)
         # the timer priced per operation on the rank's own step, and the former pricing
         assert result[f"instrument_overhead_us_{key}"] >= 0
         assert result[f"host_trivial_calibration_ms_per_step_{key}"] < engine

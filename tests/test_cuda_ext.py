@@ -75,6 +75,13 @@ def run_both(op: str, inputs: dict) -> tuple[dict, dict]:
     return ours, ref
 
 
+def id_list(inputs: dict, op: str) -> torch.Tensor:
+    """The id list of ``op``'s inputs a test inspects or corrupts (of accumulate's parts, the
+    last: every part is checked before any is added)."""
+    ids = inputs[ID_ARG[op]]
+    return ids[-1] if isinstance(ids, list) else ids
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     """Integer view of a float tensor: equality of bits (tells -0.0 from 0.0, NaN == NaN)."""
     ints = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16}
@@ -120,7 +127,7 @@ def test_random_sizes_match_reference(odin_ops, gen, op):
 def test_duplicate_ids(odin_ops, gen, op):
     # pack copies a repeated row each time; accumulate adds it each time, in list order.
     inputs = cases.make_inputs(op, 200, gen, fraction=2.0, duplicates=True)
-    ids = inputs[cases.DUPLICATES_DEFINED[op]]
+    ids = id_list(inputs, op)
     assert ids.unique().numel() < ids.numel()
     ours, ref = run_both(op, inputs)
     assert_equal_outputs(ours, ref)
@@ -142,13 +149,13 @@ def test_empty_ids(odin_ops, gen, op):
 @pytest.mark.parametrize("bad", [-1, 100])
 def test_out_of_range_ids_raise_before_writing(odin_ops, gen, impl, op, bad):
     inputs = cases.make_inputs(op, 100, gen, fraction=0.3)
-    key = ID_ARG[op]
+    ids = id_list(inputs, op)
     if op in ("apply_ready_rows", "scatter_rows"):  # keep the ids increasing: corrupt an end
-        inputs[key][0 if bad < 0 else -1] = bad
+        ids[0 if bad < 0 else -1] = bad
         if op == "apply_ready_rows":
             inputs["ready"][:] = True
     else:
-        inputs[key][len(inputs[key]) // 2] = bad
+        ids[len(ids) // 2] = bad
     fn = compiled(op) if impl == "compiled" else getattr(reference, op)
     run = cases.copy_inputs(inputs, "cpu")
     with pytest.raises(ValueError, match="out of range"):
@@ -226,19 +233,20 @@ def test_scatter_rows_inverts_pack_rows(odin_ops, gen, impl):
 
 
 def test_accumulate_ready_rows_in_rank_order(odin_ops, gen):
-    """The engine's use: zeroed acc, one call per rank in rank order; equals the per-row sum
-    in rank order, and rows not ready stay zero."""
+    """The engine's use: zeroed acc, every rank's part in one call, in rank order; equals
+    the per-row sum in rank order, one call per part too, and rows not ready stay zero."""
     u, width = 500, cases.WIDTH
     ready = torch.rand(u, generator=gen) < 0.7
-    acc = torch.zeros(u, width)
-    want = torch.zeros(u, width)
-    for _rank in range(3):
-        positions = cases.subset_ids(u, 300, gen)
-        contrib = cases.publication(len(positions), gen)
-        ops.accumulate_ready_rows(acc, ready, positions, contrib)
-        sel = ready[positions]
-        want[positions[sel]] = want[positions[sel]] + contrib[sel]
+    positions = [cases.subset_ids(u, 300, gen) for _rank in range(3)]
+    contribs = [cases.publication(len(p), gen) for p in positions]
+    acc, by_part, want = torch.zeros(u, width), torch.zeros(u, width), torch.zeros(u, width)
+    ops.accumulate_ready_rows(acc, ready, positions, contribs)
+    for p, contrib in zip(positions, contribs, strict=True):
+        ops.accumulate_ready_rows(by_part, ready, [p], [contrib])
+        sel = ready[p]
+        want[p[sel]] = want[p[sel]] + contrib[sel]
     assert torch.equal(bits(acc), bits(want))
+    assert torch.equal(bits(by_part), bits(want))
     assert not acc[~ready].any()
 
 
@@ -361,7 +369,10 @@ def _bad_cases(gen) -> list[tuple[str, dict, str]]:
     out = []
     out.append(("pack_rows", {"ids": torch.arange(4), "columns": []}, "empty"))
     acc_in = cases.make_inputs("accumulate_ready_rows", 50, gen, fraction=0.5)
-    out.append(("accumulate_ready_rows", {**acc_in, "contrib": acc_in["contrib"][:, :7]}, "shape"))
+    narrow = [*acc_in["contribs"][:-1], acc_in["contribs"][-1][:, :7]]  # the last part wrong
+    out.append(("accumulate_ready_rows", {**acc_in, "contribs": narrow}, r"contribs\[2\].*shape"))
+    out.append(("accumulate_ready_rows", {**acc_in, "contribs": acc_in["contribs"][:-1]},
+                "2 contributions"))  # fmt: skip
     out.append(("accumulate_ready_rows", {**acc_in, "ready": acc_in["ready"].int()}, "bool"))
     out.append(("accumulate_ready_rows", {**acc_in, "acc": acc_in["acc"].t().contiguous().t()},
                 "contiguous"))  # fmt: skip

@@ -56,6 +56,7 @@ def test_cpu_dry_run_of_the_script(tmp_path):
     assert 0 < plane["control_ms_per_step"] < plane["engine_ms_per_step"]
     assert 0 <= plane["device_reads_per_step_max"] <= 2
     assert 0 < plane["uploads_per_step"] <= 3 and plane["upload_mb_per_step"] > 0
+    assert plane["device_ops_per_step"] > 0
     assert "cuda_syncs_per_step_max" not in plane
     assert out.with_suffix(".png").stat().st_size > 0
     refused = _gpu_check("--device", "cpu", "--checks", "ops,nope", "--out", str(out))

@@ -40,6 +40,13 @@ def test_sync_count_of_a_steady_state_step(footprints, layout, mode):
     if mode == "quality-first":  # the step's id lists in one copy, and each apply's mask
         uploads = sum(double.uploads.values()) / STEPS  # (13 and 6.9 a step before 2026-12-06)
         assert uploads <= MAX_UPLOADS_PER_STEP, dict(double.uploads)
+    # one dispatch of device work per need, not per peer: an apply accumulates every
+    # writer's part in one operation, a step packs every owner's gradient rows in one, and
+    # the pushes an apply made current are packed in one (before 2026-12-06: one
+    # accumulate per part, one pack per owner and per push)
+    ops_run = double.device_ops
+    assert ops_run["accumulate_ready_rows"] == ops_run["apply_ready_rows"] > 0, dict(ops_run)
+    assert ops_run["pack_rows"] <= STEPS + ops_run["apply_ready_rows"], dict(ops_run)
     if mode == "throughput-first":  # the peers' lag gave the rule something to decide
         summary = rank.engine.summary()
         assert summary["decisions"] > 0, summary
@@ -59,11 +66,16 @@ def test_sync_count_double_sees_what_a_gpu_waits_for():
         assert host.to("meta").device.type == "meta"  # a blocking upload: torch waits after it
         host.to("meta", non_blocking=True)  # not counted
         assert int(host.sum()) == 4 and host[host > 0].numel() == 4  # host: not counted
-        dev.add_(1)  # a kernel the host only launches: not counted
+        dev.add_(1)  # a kernel the host only launches: not a read, a device operation
+        dev[1:].view(3, 1)  # views: neither
     by_op: dict[str, int] = {}
     for (op, _), n in double.reads.items():
         by_op[op] = by_op.get(op, 0) + n
     assert by_op == {"_local_scalar_dense": 1, "index": 1, "nonzero": 1, "_to_copy": 2}
+    # the reads and the add are device work (the copy to the host too); the views and the
+    # uploads are not counted there
+    assert double.device_ops == {"sum": 1, "_local_scalar_dense": 1, "gt": 1, "index": 1,
+                                 "nonzero": 1, "_to_copy": 1, "add_": 1}  # fmt: skip
 
 
 def test_sync_count_upload_together_is_one_copy():

@@ -51,7 +51,9 @@ Measured per step, R values interleaved step by step:
   synchronizations a GPU step would have; ``uploads_per_step`` (and ``uploads``, by line)
   and ``upload_mb_per_step``: the step thread's copies from the host to the device in the
   same run, and the bytes they move (tables made on a thread of their own move their lists
-  there);
+  there); ``device_ops_per_step`` (and ``device_ops``, by op): the step's other operations
+  on the device's tensors that are not views, each a dispatch that queues device work (a
+  kernel launch or more): the host's share of a step that a faster GPU does not shorten;
 - ``meta_ms``: the wall time of the same rank's step with its data plane on PyTorch's
   ``meta`` device (shapes, no values; its own plan and engine, stepped right after the
   measured one): the data-plane operations cost only their dispatch, about what launching
@@ -747,6 +749,10 @@ def measure(args) -> dict:
             result[f"upload_mb_per_step_{tag}"] = double.upload_bytes / 1e6 / args.steps
             result[f"uploads_{tag}"] = {
                 line: n / args.steps for line, n in double.uploads.most_common()
+            }
+            result[f"device_ops_per_step_{tag}"] = sum(double.device_ops.values()) / args.steps
+            result[f"device_ops_{tag}"] = {
+                op: n / args.steps for op, n in double.device_ops.most_common()
             }
         result[f"sync_ops_{key}"] = {k: v / args.steps for k, v in names[key].most_common()}
         split, control = profile_split(tested[key], args.profile_steps)

@@ -26,7 +26,10 @@ counted: they do not touch the device.
 Apart from the reads, ``uploads`` counts every copy from the host to the device, blocking
 or not, by line, and ``upload_bytes`` what they move: each is a staging copy and a copy
 launched, which the step path makes once per step for its id lists
-(``runtime.uploads.upload_together``).
+(``runtime.uploads.upload_together``). ``device_ops`` counts, by op, every other operation
+on the device's tensors that is not a view: each is a dispatch from the host that queues
+work on the device (a kernel launch or more), the part of the host's step a GPU's speed
+does not shorten.
 """
 
 from __future__ import annotations
@@ -113,6 +116,7 @@ class DeviceReads(TorchDispatchMode):
         self.reads: Counter[tuple[str, str]] = Counter()  # (op, odin_ns line) -> reads
         self.uploads: Counter[str] = Counter()  # odin_ns line -> host-to-device copies
         self.upload_bytes = 0  # the bytes those copies move
+        self.device_ops: Counter[str] = Counter()  # op -> dispatches of device work
 
     @property
     def total(self) -> int:
@@ -128,6 +132,8 @@ class DeviceReads(TorchDispatchMode):
             self.uploads[_caller()] += 1
             host = args[0] if name == "_to_copy" else args[1]
             self.upload_bytes += host.numel() * host.element_size()
+        elif self.counting and not func.is_view:
+            self.device_ops[name] += 1
         kind = _read_kind(name, args, kwargs)
         if kind is None:
             return func(*args, **kwargs)

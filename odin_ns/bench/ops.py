@@ -14,7 +14,8 @@ Gaussians, W = 60 (splatfacto sh_degree 3: 59 gradient columns + the visible fla
 step the engine calls:
 
 - ``pack_rows(footprint_r, columns)`` once (the six gradient groups and the visible column);
-- ``accumulate_ready_rows(acc, ready, positions_r, contrib_r)`` once per rank, in rank order;
+- ``accumulate_ready_rows(acc, ready, positions, contribs)`` once, every rank's part in rank
+  order;
 - ``apply_ready_rows(...)`` once over the union (six splatfacto groups);
 - ``validate_reads(footprint_r, versions, required)`` once;
 - ``footprint_cull``: the calls ``compute_footprints`` makes on the scene (recorded).
@@ -150,8 +151,7 @@ def engine_calls(w: dict[str, Any], gen: torch.Generator) -> dict[str, Callable[
 
     def accumulate(lib: Any) -> None:
         acc.zero_()
-        for r in range(RANKS):  # rank order
-            lib.accumulate_ready_rows(acc, ready, positions[r], contribs[r])
+        lib.accumulate_ready_rows(acc, ready, positions, contribs)  # every rank's, in order
 
     def cull(lib: Any) -> None:
         for c in w["cull_calls"]:

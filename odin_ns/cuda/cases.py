@@ -42,7 +42,10 @@ OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
     "pack_rows": ("buffer",),
     "validate_reads": ("stale_ids",),
 }
-# Ops whose id list may repeat ids (defined behaviour), and that list's argument name.
+# accumulate_ready_rows' inputs: the parts (writers' contributions) one call adds
+ACCUMULATED_PARTS = 3
+# Ops whose id list may repeat ids (defined behaviour), and that list's argument name (a
+# list of id lists for accumulate_ready_rows: repeats within each).
 DUPLICATES_DEFINED = {
     "pack_rows": "ids",
     "accumulate_ready_rows": "positions",
@@ -124,13 +127,13 @@ def make_inputs(
         columns = [torch.randn(n, *s, generator=gen) for s in SPLATFACTO_ROWS.values()]
         return dict(columns=columns, ids=ids, buffer=publication(len(ids), gen))
     if op == "accumulate_ready_rows":
-        # n union rows; one rank's contribution covers ``fraction`` of them.
-        positions = subset_ids(n, m, gen, duplicates)
+        # n union rows; each of three ranks' contributions covers ``fraction`` of them.
+        positions = [subset_ids(n, m, gen, duplicates) for _ in range(ACCUMULATED_PARTS)]
         return dict(
             acc=torch.randn(n, WIDTH, generator=gen),
             ready=torch.rand(n, generator=gen) < 0.8,
             positions=positions,
-            contrib=publication(len(positions), gen),
+            contribs=[publication(len(p), gen) for p in positions],
         )
     if op == "apply_ready_rows":
         # n primitives; the step's union holds ``fraction`` of them.

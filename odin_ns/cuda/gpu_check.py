@@ -772,6 +772,8 @@ def check_control_plane(run: Run) -> dict[str, Any]:
         # the step thread's host-to-device copies a quality-first step, and their bytes
         "uploads_per_step": result[f"uploads_per_step_{key}_quality"],
         "upload_mb_per_step": result[f"upload_mb_per_step_{key}_quality"],
+        # the device operations (not views) it dispatches: the launches the host pays for
+        "device_ops_per_step": result[f"device_ops_per_step_{key}_quality"],
         "share_per_view": result["share_per_view"],
         "json": str(out),
     }

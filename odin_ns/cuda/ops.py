@@ -255,12 +255,16 @@ def scatter_rows(columns: Sequence[Tensor], ids: Tensor, buffer: Tensor) -> None
     implementation("scatter_rows", ids.device)(list(columns), ids, buffer)
 
 
-def accumulate_ready_rows(acc: Tensor, ready: Tensor, positions: Tensor, contrib: Tensor) -> None:
-    """In place: acc[positions[i]] += contrib[i] where ready[positions[i]], i in order.
+def accumulate_ready_rows(
+    acc: Tensor, ready: Tensor, positions: Sequence[Tensor], contribs: Sequence[Tensor]
+) -> None:
+    """In place, part j after part j - 1: acc[positions[j][i]] += contribs[j][i] where
+    ready[positions[j][i]], i in order (one dispatch for a step's parts).
 
-    acc [U, W] float32, ready [U] bool, positions [M] int64, contrib [M, W] float32.
+    acc [U, W] float32, ready [U] bool; per part positions [M_j] int64, contribs [M_j, W]
+    float32.
     """
-    implementation("accumulate_ready_rows", acc.device)(acc, ready, positions, contrib)
+    implementation("accumulate_ready_rows", acc.device)(acc, ready, list(positions), list(contribs))
 
 
 @torch.no_grad()

@@ -3,7 +3,8 @@
 Each function has the signature of its compiled op and the same defined behaviour:
 
 - repeated ids: ``pack_rows`` copies a repeated row once per occurrence;
-  ``accumulate_ready_rows`` adds it once per occurrence, in list order (``index_add_``);
+  ``accumulate_ready_rows`` adds it once per occurrence, in part and list order
+  (``index_add_``);
   ``validate_reads`` reports it once per occurrence; ``apply_ready_rows`` requires strictly
   increasing ids (the engine's union of footprints is sorted and unique);
 - empty id lists give empty outputs and leave in-place arguments untouched;
@@ -207,39 +208,49 @@ def scatter_rows(
 def accumulate_ready_rows(
     acc: Tensor,  # [U, W] float32 accumulator over the step's union rows, updated in place
     ready: Tensor,  # [U] bool rows being applied now
-    positions: Tensor,  # [M] int64 union position of each contribution row
-    contrib: Tensor,  # [M, W] float32 one rank's publication rows
+    positions: Sequence[Tensor],  # per part j [M_j] int64 union position of each row
+    contribs: Sequence[Tensor],  # per part j [M_j, W] float32 one rank's publication rows
 ) -> None:
-    """In place, for i = 0..M-1 in order: if ready[positions[i]]: acc[positions[i]] += contrib[i].
+    """In place, for each part j in order, for i = 0..M_j-1 in order: if
+    ready[positions[j][i]]: acc[positions[j][i]] += contribs[j][i].
 
-    The engine zeroes ``acc`` and calls this once per rank in rank order, so every replica
+    The engine zeroes ``acc`` and passes the step's parts in rank order, so every replica
     adds the same floats in the same order (bitwise identical sums). Repeated positions add
-    once per occurrence, in list order (``index_add_``).
+    once per occurrence, in list order (``index_add_``). Every part is checked before any is
+    added.
     """
     op = "accumulate_ready_rows"
     _check(acc.dim() == 2, op, f"acc must have shape [U, W], got {list(acc.shape)}")
     U, W = acc.shape
-    _check(positions.dim() == 1, op, f"positions must be 1-D, got shape {list(positions.shape)}")
-    M = positions.shape[0]
-    _check(
-        list(contrib.shape) == [M, W],
-        op,
-        f"contrib must have shape [{M}, {W}], got {list(contrib.shape)}",
-    )
     _check(list(ready.shape) == [U], op, f"ready must have shape [{U}], got {list(ready.shape)}")
-    for name, t, dtype in (
-        ("acc", acc, torch.float32),
-        ("ready", ready, torch.bool),
-        ("contrib", contrib, torch.float32),
-    ):
-        _check(t.dtype == dtype, op, f"{name} must be {dtype}, got {t.dtype}")
-    _check_same_device(op, acc.device, ready=ready, positions=positions, contrib=contrib)
+    _check(acc.dtype == torch.float32, op, f"acc must be torch.float32, got {acc.dtype}")
+    _check(ready.dtype == torch.bool, op, f"ready must be torch.bool, got {ready.dtype}")
+    _check(
+        len(positions) == len(contribs),
+        op,
+        f"{len(positions)} position lists but {len(contribs)} contributions",
+    )
+    _check_same_device(op, acc.device, ready=ready)
     _check(acc.is_contiguous(), op, "acc must be contiguous (it is updated in place)")
-    _check_ids(positions, U, op, "positions")
-    if M == 0:
-        return
-    keep = ready.index_select(0, positions)
-    acc.index_add_(0, positions[keep], contrib[keep])
+    for j, (pos, contrib) in enumerate(zip(positions, contribs, strict=True)):
+        _check(pos.dim() == 1, op, f"positions[{j}] must be 1-D, got shape {list(pos.shape)}")
+        M = pos.shape[0]
+        _check(
+            list(contrib.shape) == [M, W],
+            op,
+            f"contribs[{j}] must have shape [{M}, {W}], got {list(contrib.shape)}",
+        )
+        _check(
+            contrib.dtype == torch.float32,
+            op,
+            f"contribs[{j}] must be torch.float32, got {contrib.dtype}",
+        )
+        _check_same_device(op, acc.device, **{f"positions[{j}]": pos, f"contribs[{j}]": contrib})
+        _check_ids(pos, U, op, f"positions[{j}]")
+    for pos, contrib in zip(positions, contribs, strict=True):
+        if pos.numel():
+            keep = ready.index_select(0, pos)
+            acc.index_add_(0, pos[keep], contrib[keep])
 
 
 def check_apply_inputs(

@@ -205,9 +205,14 @@ class StepPath:
     reads: Tensor  # [M] local ids of the read set
     reads_global: Tensor  # [M] their global ids (the same tensor where they are the same)
     own_rows: Tensor  # owned local ids of the reads
-    # (local ids, the owners their gradient rows go to): one entry per distinct id list,
-    # packed once however many owners it goes to (rows every rank owns: to every peer)
-    grad_sends: list[tuple[Tensor, list[int]]]
+    # [G] local ids: every distinct list of gradient rows sent, then the owned reads (where
+    # they are not one of those), one after the other, so that the step packs its gradient
+    # rows in one operation and each send and the log's own rows are a slice of the result
+    grad_rows: Tensor
+    # (start, stop, the owners rows grad_rows[start:stop] go to): one entry per distinct
+    # list (rows every rank owns: to every peer)
+    grad_sends: list[tuple[int, int, list[int]]]
+    own_slice: slice  # where grad_rows holds own_rows
     own_test: VersionTest  # the owned reads against their last update before the step
 
 
@@ -724,18 +729,36 @@ class ShardedEngine:
         path = self._paths.get(t)
         if path is None:
             st = self.steps[t]
-            lists = [st.reads, st.reads_global, st.own_rows, *st.grad_out.values()]
-            distinct = list({id(rows): rows for rows in lists}.values())  # a shared list once
+            # the gradient rows' lists, each distinct one once, then the owned reads (where
+            # they are none of those)
+            owners: dict[int, tuple[np.ndarray, list[int]]] = {}
+            for o, rows in st.grad_out.items():
+                owners.setdefault(id(rows), (rows, []))[1].append(o)
+            owners.setdefault(id(st.own_rows), (st.own_rows, []))
+            lists = [rows for rows, _ in owners.values()]
+            stops = np.cumsum([rows.size for rows in lists]).tolist()
+            starts = [0, *stops[:-1]]
+            grad_rows = lists[0] if len(lists) == 1 else np.concatenate(lists)
+            shared = [st.reads, st.reads_global, grad_rows]
+            distinct = list({id(rows): rows for rows in shared}.values())  # a shared list once
             moved = self._upload(distinct)
             on_device = {id(rows): m for rows, m in zip(distinct, moved, strict=True)}
-            sends: dict[int, tuple[Tensor, list[int]]] = {}
-            for o, rows in st.grad_out.items():
-                sends.setdefault(id(rows), (on_device[id(rows)], []))[1].append(o)
+            grad_rows = on_device[id(grad_rows)]
+            i = list(owners).index(id(st.own_rows))
+            own = slice(starts[i], stops[i])
             path = self._paths[t] = StepPath(
                 reads=on_device[id(st.reads)],
                 reads_global=on_device[id(st.reads_global)],
-                own_rows=on_device[id(st.own_rows)],
-                grad_sends=list(sends.values()),
+                own_rows=grad_rows[own],
+                grad_rows=grad_rows,
+                grad_sends=[
+                    (start, stop, sent_to)
+                    for start, stop, (_, sent_to) in zip(
+                        starts, stops, owners.values(), strict=True
+                    )
+                    if sent_to
+                ],
+                own_slice=own,
                 own_test=self._version_test(*st.own_waits),
             )
         return path
@@ -876,7 +899,8 @@ class ShardedEngine:
         """Send every push, in each pair's order, whose rows are current (their last update
         before the read applied): at once while the reader has credits, else packed now
         (the rows change at a later apply) and queued behind the pair's earlier pushes
-        (``_send_deferred``)."""
+        (``_send_deferred``). The pushes that became current together are packed in one
+        operation, each a slice of the result."""
         if not self._readers:  # (every rank owns every row, say: no pushes)
             return
         # every applied row's host version: a push may need any step applied so far
@@ -884,28 +908,41 @@ class ShardedEngine:
         versions = self._versions
         # (a reader's next push waits on a row's step: moved if applied, by either rule)
         moved = np.maximum(versions[self._awaited_rows], through) >= self._awaited_steps
+        current: list[tuple[int, int]] = []  # (reader, its push), in sending order
         for i in np.flatnonzero(moved).tolist():
             q = self._readers[i]
-            pushes = self.out[q]
+            tests = self._push_tests[q]
             k = self.push_sent[q]
-            while k < len(pushes) and self._push_tests[q][k].current(versions, through):
-                rows = self._push_rows_out[q][k]
-                buf = self._row_ops.pack_rows(rows, self._table)
-                if self.admission is not None:
-                    buf = torch.cat([buf, self.admission.push_strength(rows)], dim=1)
-                queue = self._deferred[q]
-                if queue or not self._has_credits(self.push_tx, q, buf.numel() * 4):
-                    queue.append((k, buf))
-                    self.ledger.current.pushes_deferred += 1
-                    queued = sum(b.numel() * b.element_size() for _, b in queue)
-                    self.ledger.current.deferred_bytes_max = max(
-                        self.ledger.current.deferred_bytes_max, queued
-                    )
-                else:
-                    self._send_push(q, k, buf)
+            while k < len(tests) and tests[k].current(versions, through):
+                current.append((q, k))
                 k += 1
             self.push_sent[q] = k
             self._await_next_push(i)
+        if current:
+            self._send_current_pushes(current)
+
+    def _send_current_pushes(self, pushes: list[tuple[int, int]]) -> None:
+        """Pack the rows of ``pushes`` ((reader, push index), current now) in one operation
+        and send each (or queue it behind the pair's earlier ones)."""
+        rows = [self._push_rows_out[q][k] for q, k in pushes]
+        rows = rows[0] if len(rows) == 1 else torch.cat(rows)
+        packed = self._row_ops.pack_rows(rows, self._table)
+        if self.admission is not None:
+            packed = torch.cat([packed, self.admission.push_strength(rows)], dim=1)
+        start = 0
+        for q, k in pushes:
+            stop = start + self._push_rows_out[q][k].numel()
+            buf, start = packed[start:stop], stop
+            queue = self._deferred[q]
+            if queue or not self._has_credits(self.push_tx, q, buf.numel() * 4):
+                queue.append((k, buf))
+                self.ledger.current.pushes_deferred += 1
+                queued = sum(b.numel() * b.element_size() for _, b in queue)
+                self.ledger.current.deferred_bytes_max = max(
+                    self.ledger.current.deferred_bytes_max, queued
+                )
+            else:
+                self._send_push(q, k, buf)
 
     def _await_next_push(self, i: int) -> None:
         """Note what reader ``self._readers[i]``'s next unsent push waits on (nothing left:
@@ -1091,7 +1128,7 @@ class ShardedEngine:
             columns.append(
                 torch.zeros(n, d, device=self.device)
                 if grad is None
-                else grad.detach().reshape(n, d)
+                else grad.reshape(n, d)  # (under no_grad: nothing recorded)
             )
         columns.append(visible.to(torch.float32).unsqueeze(1))
         self._check_visible(t, visible)
@@ -1152,17 +1189,16 @@ class ShardedEngine:
         """Send the step's gradient rows to their owners (credits permitting), file the
         own rows in the log."""
         st, path = self.steps[t], self._path(t)
-        own = None
-        for rows, owners in path.grad_sends:
-            buf = self._row_ops.pack_rows(rows, columns)
-            if rows is path.own_rows:  # rows every rank owns: the same list, packed once
-                own = buf
+        packed = (
+            self._row_ops.pack_rows(path.grad_rows, columns) if path.grad_rows.numel() else None
+        )
+        for start, stop, owners in path.grad_sends:
+            buf = packed[start:stop]
             nbytes = buf.numel() * buf.element_size()
             for o in owners:
                 self._send_gradient(t, o, buf, nbytes)
         if st.own_rows.size:
-            own = self._row_ops.pack_rows(path.own_rows, columns) if own is None else own
-            self.log.add(t, self.rank, own)
+            self.log.add(t, self.rank, packed[path.own_slice])
         elif t > self.log.created:  # the step's record exists (drain and admission read it)
             self.log.record(t)  # (a step already retired: every row applied, nothing to do)
 

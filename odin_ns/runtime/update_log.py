@@ -756,9 +756,10 @@ class UpdateLog:
             rec.acc = self.sums.take(rec.ids.shape[0])
         acc = rec.acc
         row_ops = self.row_ops
-        for part in rec.parts:  # fixed rank order: bitwise identical sums
-            if part is not None:
-                row_ops.accumulate_ready_rows(acc, ready_data, part[0], part[1])
+        parts = [part for part in rec.parts if part is not None]  # in rank order: bitwise
+        row_ops.accumulate_ready_rows(  # identical sums
+            acc, ready_data, [part[0] for part in parts], [part[1] for part in parts]
+        )
         hook = self.hook
         if hook is not None:
             ids = rec.ids[ready]

@@ -212,27 +212,38 @@ inline std::vector<at::Tensor> check_scatter_inputs(at::TensorList columns, cons
   return rows;
 }
 
+// accumulate_ready_rows' arguments, every part checked before any is added (mirrors
+// reference.accumulate_ready_rows, same messages).
 inline void check_accumulate_inputs(const at::Tensor& acc, const at::Tensor& ready,
-                                    const at::Tensor& positions, const at::Tensor& contrib) {
+                                    at::TensorList positions, at::TensorList contribs) {
   const char* op = "accumulate_ready_rows";
   TORCH_CHECK_VALUE(acc.dim() == 2, op, ": acc must have shape [U, W], got ", acc.sizes());
   const int64_t U = acc.size(0);
   const int64_t W = acc.size(1);
-  TORCH_CHECK_VALUE(positions.dim() == 1, op, ": positions must be 1-D, got shape ",
-                    positions.sizes());
-  const int64_t M = positions.size(0);
-  TORCH_CHECK_VALUE(contrib.dim() == 2 && contrib.size(0) == M && contrib.size(1) == W, op,
-                    ": contrib must have shape [", M, ", ", W, "], got ", contrib.sizes());
   check_shape_1d(ready, U, op, "ready");
   check_dtype(acc, at::kFloat, op, "acc");
   check_dtype(ready, at::kBool, op, "ready");
-  check_dtype(contrib, at::kFloat, op, "contrib");
+  TORCH_CHECK_VALUE(positions.size() == contribs.size(), op, ": ", positions.size(),
+                    " position lists but ", contribs.size(), " contributions");
   const auto device = acc.device();
   check_device(ready, device, op, "ready");
-  check_device(positions, device, op, "positions");
-  check_device(contrib, device, op, "contrib");
   check_contiguous(acc, op, "acc");
-  check_ids(positions, U, op, "positions");
+  for (size_t j = 0; j < positions.size(); ++j) {
+    const std::string pos_name = "positions[" + std::to_string(j) + "]";
+    const std::string contrib_name = "contribs[" + std::to_string(j) + "]";
+    const at::Tensor& pos = positions[j];
+    const at::Tensor& contrib = contribs[j];
+    TORCH_CHECK_VALUE(pos.dim() == 1, op, ": ", pos_name, " must be 1-D, got shape ",
+                      pos.sizes());
+    const int64_t M = pos.size(0);
+    TORCH_CHECK_VALUE(contrib.dim() == 2 && contrib.size(0) == M && contrib.size(1) == W, op,
+                      ": ", contrib_name, " must have shape [", M, ", ", W, "], got ",
+                      contrib.sizes());
+    check_dtype(contrib, at::kFloat, op, contrib_name.c_str());
+    check_device(pos, device, op, pos_name.c_str());
+    check_device(contrib, device, op, contrib_name.c_str());
+    check_ids(pos, U, op, pos_name.c_str());
+  }
 }
 
 // Row size d_g = prod(shape[1:]) of each parameter group of apply_ready_rows, after checking

@@ -2,8 +2,8 @@
 //
 // Semantics, shared with odin_ns/cuda/reference.py (the pure-torch specification):
 // - ids may repeat: pack_rows copies a repeated row once per occurrence;
-//   accumulate_ready_rows adds it once per occurrence, in list order (like index_add_ on
-//   CPU); validate_reads reports it once per occurrence; apply_ready_rows needs strictly
+//   accumulate_ready_rows adds it once per occurrence, in part and list order (like
+//   index_add_ on CPU, one part after another); validate_reads reports it once per occurrence; apply_ready_rows needs strictly
 //   increasing ids (the engine's sorted union);
 // - empty id lists give empty outputs and leave in-place arguments untouched;
 // - out-of-range ids raise ValueError before any output is written.
@@ -257,20 +257,31 @@ inline void add_row<0>(float* __restrict a, const float* __restrict b, int64_t w
   }
 }
 
+// One part of an accumulation: [M] positions and their [M, w] contribution rows.
+struct Part {
+  const int64_t* pos;
+  const float* contrib;
+  int64_t M;
+};
+
 template <int W>
-void accumulate_rows(float* acc, const bool* ready, const int64_t* pos, const float* contrib,
-                     int64_t U, int64_t M, int64_t w) {
-  // Each task owns a contiguous range of destination rows and walks the list in order, so
-  // repeated positions add in list order (bitwise like index_add_) without atomics.
-  const int64_t tasks = std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(1, M / 2048));
+void accumulate_rows(float* acc, const bool* ready, const std::vector<Part>& parts, int64_t U,
+                     int64_t total, int64_t w) {
+  // Each task owns a contiguous range of destination rows and walks the parts, and each
+  // part's list, in order, so repeated positions add in part and list order (bitwise like
+  // one index_add_ per part in turn) without atomics.
+  const int64_t tasks =
+      std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(1, total / 2048));
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t lo = U * t / tasks;
       const int64_t hi = U * (t + 1) / tasks;
-      for (int64_t i = 0; i < M; ++i) {
-        const int64_t p = pos[i];
-        if (p >= lo && p < hi && ready[p]) {
-          add_row<W>(acc + p * w, contrib + i * w, w);
+      for (const Part& part : parts) {
+        for (int64_t i = 0; i < part.M; ++i) {
+          const int64_t p = part.pos[i];
+          if (p >= lo && p < hi && ready[p]) {
+            add_row<W>(acc + p * w, part.contrib + i * w, w);
+          }
         }
       }
     }
@@ -278,25 +289,35 @@ void accumulate_rows(float* acc, const bool* ready, const int64_t* pos, const fl
 }
 
 void accumulate_ready_rows_cpu(const at::Tensor& acc, const at::Tensor& ready_in,
-                               const at::Tensor& positions_in, const at::Tensor& contrib_in) {
-  check_accumulate_inputs(acc, ready_in, positions_in, contrib_in);
-  const int64_t M = positions_in.size(0);
+                               at::TensorList positions_in, at::TensorList contribs_in) {
+  check_accumulate_inputs(acc, ready_in, positions_in, contribs_in);
   const int64_t U = acc.size(0);
   const int64_t W = acc.size(1);
-  if (M == 0 || W == 0) {
+  // contiguous copies where needed, alive while the parts point into them
+  std::vector<at::Tensor> held;
+  std::vector<Part> parts;
+  int64_t total = 0;
+  for (size_t j = 0; j < positions_in.size(); ++j) {
+    const int64_t M = positions_in[j].size(0);
+    if (M == 0) {
+      continue;
+    }
+    held.push_back(positions_in[j].contiguous());
+    held.push_back(contribs_in[j].contiguous());
+    parts.push_back({held[held.size() - 2].data_ptr<int64_t>(),
+                     held[held.size() - 1].data_ptr<float>(), M});
+    total += M;
+  }
+  if (total == 0 || W == 0) {
     return;
   }
   const auto ready = ready_in.contiguous();
-  const auto positions = positions_in.contiguous();
-  const auto contrib = contrib_in.contiguous();
   float* a = acc.data_ptr<float>();
   const bool* r = ready.data_ptr<bool>();
-  const int64_t* p = positions.data_ptr<int64_t>();
-  const float* c = contrib.data_ptr<float>();
   if (W == 60) {
-    accumulate_rows<60>(a, r, p, c, U, M, W);
+    accumulate_rows<60>(a, r, parts, U, total, W);
   } else {
-    accumulate_rows<0>(a, r, p, c, U, M, W);
+    accumulate_rows<0>(a, r, parts, U, total, W);
   }
 }
 
@@ -499,8 +520,8 @@ TORCH_LIBRARY(odin, m) {
   m.def("pack_rows(Tensor ids, Tensor[] columns) -> Tensor");
   m.def("scatter_rows(Tensor(a!)[] columns, Tensor ids, Tensor buffer) -> ()");
   m.def(
-      "accumulate_ready_rows(Tensor(a!) acc, Tensor ready, Tensor positions, Tensor contrib)"
-      " -> ()");
+      "accumulate_ready_rows(Tensor(a!) acc, Tensor ready, Tensor[] positions, "
+      "Tensor[] contribs) -> ()");
   m.def(
       "apply_ready_rows(Tensor(a!)[] params, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
       "Tensor ids, Tensor acc, Tensor ready, float[] lrs, float[] betas, float[] eps, "

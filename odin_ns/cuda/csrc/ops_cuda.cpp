@@ -142,22 +142,28 @@ void scatter_rows_cuda(at::TensorList columns, const at::Tensor& ids_in,
 }
 
 void accumulate_ready_rows_cuda(const at::Tensor& acc, const at::Tensor& ready_in,
-                                const at::Tensor& positions_in, const at::Tensor& contrib_in) {
-  check_accumulate_inputs(acc, ready_in, positions_in, contrib_in);
-  const int64_t M = positions_in.size(0);
+                                at::TensorList positions_in, at::TensorList contribs_in) {
+  check_accumulate_inputs(acc, ready_in, positions_in, contribs_in);
   const int64_t W = acc.size(1);
-  if (M == 0 || W == 0) {
+  if (W == 0) {
     return;
   }
   const c10::cuda::CUDAGuard guard(acc.device());
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const auto ready = ready_in.contiguous();
-  const auto positions = positions_in.contiguous();
-  const auto contrib = contrib_in.contiguous();
-  check_launch(cuda::accumulate_ready_rows(acc.data_ptr<float>(), ready.data_ptr<bool>(),
-                                           positions.data_ptr<int64_t>(),
-                                           contrib.data_ptr<float>(), M, W, stream),
-               "accumulate_ready_rows");
+  // one launch per part, queued from here: the caller dispatches once for the step's parts
+  for (size_t j = 0; j < positions_in.size(); ++j) {
+    const int64_t M = positions_in[j].size(0);
+    if (M == 0) {
+      continue;
+    }
+    const auto positions = positions_in[j].contiguous();
+    const auto contrib = contribs_in[j].contiguous();
+    check_launch(cuda::accumulate_ready_rows(acc.data_ptr<float>(), ready.data_ptr<bool>(),
+                                             positions.data_ptr<int64_t>(),
+                                             contrib.data_ptr<float>(), M, W, stream),
+                 "accumulate_ready_rows");
+  }
 }
 
 void apply_ready_rows_cuda(at::TensorList params, at::TensorList exp_avgs,
