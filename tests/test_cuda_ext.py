@@ -210,23 +210,27 @@ def test_pack_rows_dtypes_and_layouts(odin_ops, gen):
 
 @pytest.mark.parametrize("impl", ["compiled", "reference"])
 def test_scatter_rows_inverts_pack_rows(odin_ops, gen, impl):
-    """The sharded engine's push into its cache: rows written back where pack_rows took
-    them, the buffer's trailing column (the push's evidence) unread, other rows untouched;
-    ids not strictly increasing raise before anything is written."""
+    """The sharded engine's pushes into its cache, part after part: rows written back where
+    pack_rows took them (a row two parts name holds the later part's), the buffers' trailing
+    column (the push's evidence) unread, other rows untouched; ids not strictly increasing
+    in any part raise before anything is written."""
     fn = compiled("scatter_rows") if impl == "compiled" else reference.scatter_rows
     inputs = cases.make_inputs("scatter_rows", 400, gen, fraction=0.3)
     before = cases.copy_inputs(inputs, "cpu")
     fn(**inputs)
-    ids, columns = inputs["ids"], inputs["columns"]
+    ids, buffers, columns = inputs["ids"], inputs["buffers"], inputs["columns"]
     width = sum(math.prod(c.shape[1:]) for c in columns)
-    assert torch.equal(ops.pack_rows(ids, columns), inputs["buffer"][:, :width])
-    others = torch.ones(400, dtype=torch.bool)
-    others[ids] = False
+    named_later = torch.zeros(400, dtype=torch.bool)
+    for part, buffer in reversed(list(zip(ids, buffers, strict=True))):
+        mine = ~named_later[part]
+        assert torch.equal(ops.pack_rows(part[mine], columns), buffer[mine][:, :width])
+        named_later[part] = True
+    assert named_later.sum() < sum(len(part) for part in ids)  # parts overlapped
     for old, new in zip(before["columns"], columns, strict=True):
-        assert torch.equal(old[others], new[others])
+        assert torch.equal(old[~named_later], new[~named_later])
     run = cases.copy_inputs(before, "cpu")
-    run["ids"][[0, 1]] = run["ids"][[1, 0]]
-    with pytest.raises(ValueError, match="strictly increasing"):
+    run["ids"][-1][[0, 1]] = run["ids"][-1][[1, 0]]
+    with pytest.raises(ValueError, match=r"ids\[2\] must be strictly increasing"):
         fn(**run)
     for old, new in zip(before["columns"], run["columns"], strict=True):
         assert torch.equal(old, new)

@@ -41,12 +41,14 @@ def test_sync_count_of_a_steady_state_step(footprints, layout, mode):
         uploads = sum(double.uploads.values()) / STEPS  # (13 and 6.9 a step before 2026-12-06)
         assert uploads <= MAX_UPLOADS_PER_STEP, dict(double.uploads)
     # one dispatch of device work per need, not per peer: an apply accumulates every
-    # writer's part in one operation, a step packs every owner's gradient rows in one, and
-    # the pushes an apply made current are packed in one (before 2026-12-06: one
-    # accumulate per part, one pack per owner and per push)
+    # writer's part in one operation, a step packs every owner's gradient rows in one, the
+    # pushes an apply made current are packed in one and the pushes one look took in are
+    # written in one (before 2026-12-06: one accumulate per part, one pack per owner and
+    # per push, one scatter per push)
     ops_run = double.device_ops
     assert ops_run["accumulate_ready_rows"] == ops_run["apply_ready_rows"] > 0, dict(ops_run)
     assert ops_run["pack_rows"] <= STEPS + ops_run["apply_ready_rows"], dict(ops_run)
+    assert ops_run["scatter_rows"] <= STEPS, dict(ops_run)  # (none where nothing is pushed)
     if mode == "throughput-first":  # the peers' lag gave the rule something to decide
         summary = rank.engine.summary()
         assert summary["decisions"] > 0, summary

@@ -42,8 +42,9 @@ OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
     "pack_rows": ("buffer",),
     "validate_reads": ("stale_ids",),
 }
-# accumulate_ready_rows' inputs: the parts (writers' contributions) one call adds
-ACCUMULATED_PARTS = 3
+# the parts one call of accumulate_ready_rows adds (writers' contributions) or one call of
+# scatter_rows writes (pushes)
+PARTS = 3
 # Ops whose id list may repeat ids (defined behaviour), and that list's argument name (a
 # list of id lists for accumulate_ready_rows: repeats within each).
 DUPLICATES_DEFINED = {
@@ -121,14 +122,14 @@ def make_inputs(
         columns.append((torch.rand(n, 1, generator=gen) < 0.7).float())  # visible flag
         return dict(ids=subset_ids(n, m, gen, duplicates), columns=columns)
     if op == "scatter_rows":
-        # a push's rows written into a table of n rows (a publication row is wider: its
-        # last column is not read)
-        ids = subset_ids(n, m, gen)
+        # pushes' rows written into a table of n rows, part after part (a later push of a row
+        # overwrites an earlier one's; a publication row is wider: its last column is not read)
+        ids = [subset_ids(n, m, gen) for _ in range(PARTS)]
         columns = [torch.randn(n, *s, generator=gen) for s in SPLATFACTO_ROWS.values()]
-        return dict(columns=columns, ids=ids, buffer=publication(len(ids), gen))
+        return dict(columns=columns, ids=ids, buffers=[publication(len(i), gen) for i in ids])
     if op == "accumulate_ready_rows":
         # n union rows; each of three ranks' contributions covers ``fraction`` of them.
-        positions = [subset_ids(n, m, gen, duplicates) for _ in range(ACCUMULATED_PARTS)]
+        positions = [subset_ids(n, m, gen, duplicates) for _ in range(PARTS)]
         return dict(
             acc=torch.randn(n, WIDTH, generator=gen),
             ready=torch.rand(n, generator=gen) < 0.8,

@@ -249,10 +249,14 @@ def pack_rows(ids: Tensor, columns: Sequence[Tensor]) -> Tensor:
 
 
 @torch.no_grad()
-def scatter_rows(columns: Sequence[Tensor], ids: Tensor, buffer: Tensor) -> None:
-    """In place: rows ``ids`` ([M] int64, strictly increasing) of every [N, d_g] column
-    group = their columns of ``buffer`` ([M, W >= sum(d_g)] float32): ``pack_rows``' inverse."""
-    implementation("scatter_rows", ids.device)(list(columns), ids, buffer)
+def scatter_rows(
+    columns: Sequence[Tensor], ids: Sequence[Tensor], buffers: Sequence[Tensor]
+) -> None:
+    """In place, part j after part j - 1: rows ``ids[j]`` ([M_j] int64, strictly increasing)
+    of every [N, d_g] column group = their columns of ``buffers[j]`` ([M_j, W >= sum(d_g)]
+    float32): ``pack_rows``' inverse, a row two parts name ending with the later part's."""
+    device = ids[0].device if len(ids) else columns[0].device
+    implementation("scatter_rows", device)(list(columns), list(ids), list(buffers))
 
 
 def accumulate_ready_rows(

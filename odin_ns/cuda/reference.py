@@ -174,35 +174,52 @@ def pack_rows(
 
 def scatter_rows(
     columns: list[Tensor],  # K column groups [N, ...] float32 contiguous, written in place
-    ids: Tensor,  # [M] int64 strictly increasing row ids
-    buffer: Tensor,  # [M, W] float32, W >= sum(d_g): the groups' columns side by side
+    ids: Sequence[Tensor],  # per part j [M_j] int64 strictly increasing row ids
+    buffers: Sequence[Tensor],  # per part j [M_j, W_j] float32, W_j >= sum(d_g)
 ) -> None:
-    """In place: row ``ids[i]`` of every column group (flattened to [N, d_g]) = its columns
-    of ``buffer[i]``, groups side by side in ``pack_rows``' layout (its inverse); columns of
-    ``buffer`` past ``sum(d_g)`` are not read."""
+    """In place, part j after part j - 1: row ``ids[j][i]`` of every column group (flattened
+    to [N, d_g]) = its columns of ``buffers[j][i]``, groups side by side in ``pack_rows``'
+    layout (its inverse); a row two parts name ends with the later part's values; columns of
+    a buffer past ``sum(d_g)`` are not read. Every part is checked before any is written."""
     op = "scatter_rows"
+    _check(len(ids) == len(buffers), op, f"{len(ids)} id lists but {len(buffers)} buffers")
+    for j, (part, buffer) in enumerate(zip(ids, buffers, strict=True)):
+        _check_scatter_part(columns, part, buffer, op, j)
+    for part, buffer in zip(ids, buffers, strict=True):
+        off = 0
+        for t in columns:
+            d = math.prod(t.shape[1:])
+            t.view(t.shape[0], d)[part] = buffer[:, off : off + d]
+            off += d
+
+
+def _check_scatter_part(
+    columns: list[Tensor], ids: Tensor, buffer: Tensor, op: str, j: int
+) -> None:
+    """``scatter_rows``' part j: ``ids`` [M] in range and strictly increasing, ``buffer``
+    [M, W >= sum(d_g)] float32 on their device, the columns float32 and contiguous."""
     dims = _check_columns(columns, ids, op)
     for k, t in enumerate(columns):
         _check(t.dtype == torch.float32, op, f"columns[{k}] must be torch.float32, got {t.dtype}")
         _check(t.is_contiguous(), op, f"columns[{k}] must be contiguous (it is updated in place)")
-    N = columns[0].shape[0]
-    _check_ids(ids, N, op)
+    _check_ids(ids, columns[0].shape[0], op, f"ids[{j}]")
     M = ids.shape[0]
     _check(
         buffer.dim() == 2 and buffer.shape[0] == M and buffer.shape[1] >= sum(dims),
         op,
-        f"buffer must have shape [M, W] with M = {M}, W >= {sum(dims)}, got {list(buffer.shape)}",
+        f"buffers[{j}] must have shape [M, W] with M = {M}, W >= {sum(dims)}, got "
+        f"{list(buffer.shape)}",
     )
-    _check(buffer.dtype == torch.float32, op, f"buffer must be torch.float32, got {buffer.dtype}")
     _check(
-        buffer.device == ids.device, op, f"buffer is on {buffer.device} but ids is on {ids.device}"
+        buffer.dtype == torch.float32, op, f"buffers[{j}] must be torch.float32, got {buffer.dtype}"
+    )
+    _check(
+        buffer.device == ids.device,
+        op,
+        f"buffers[{j}] is on {buffer.device} but ids[{j}] is on {ids.device}",
     )
     if M > 1 and reads_values(ids):
-        _check(bool((ids[1:] > ids[:-1]).all()), op, "ids must be strictly increasing")
-    off = 0
-    for t, d in zip(columns, dims, strict=True):
-        t.view(N, d)[ids] = buffer[:, off : off + d]
-        off += d
+        _check(bool((ids[1:] > ids[:-1]).all()), op, f"ids[{j}] must be strictly increasing")
 
 
 def accumulate_ready_rows(

@@ -815,6 +815,7 @@ class ShardedEngine:
         if tx is None:  # a single rank, or (every rank owns every row) no pushes
             return 0
         arrived = tx.take(timeout)
+        pushes: list[tuple[Tensor, Tensor]] = []  # (cache rows, their values), in order
         for a in arrived:
             self.ledger.current.bytes_recv += a.buf.numel() * a.buf.element_size()
             if a.peer == ALL_PEERS:  # ddp: every rank's gradient rows of a step, summed
@@ -822,24 +823,28 @@ class ShardedEngine:
             elif kind == GRAD:
                 self.log.add(a.step - self.offset, a.peer, upload(a.buf, self.device))
             else:
-                self._absorb_push(a.peer, a.step, a.buf)
+                pushes.append(self._absorb_push(a.peer, a.step, a.buf))
+        if pushes:  # the table's cache rows, in one operation (a later push of a row wins)
+            rows, bufs = zip(*pushes, strict=True)
+            self._row_ops.scatter_rows(self._table, list(rows), list(bufs))
         err = tx.failure()
         if err is not None:
             raise err
         return len(arrived)
 
-    def _absorb_push(self, owner: int, k: int, buf: Tensor) -> None:
-        # no autograd context of its own (1.6 us a push): ``RowOps`` runs a twin under one
+    def _absorb_push(self, owner: int, k: int, buf: Tensor) -> tuple[Tensor, Tensor]:
+        """Owner ``owner``'s push k, taken in order: (the cache rows it refreshes, their
+        values) on the parameters' device, for the caller to write into the table (the
+        evidence noted here, unread)."""
         push = self.inn[owner][k]
         if k != self.push_recv[owner]:
             raise RuntimeError(f"rank {self.rank}: push {k} from {owner} out of order")
         self.push_recv[owner] += 1
         rows = self._push_rows_in[owner][k]
         buf = upload(buf, self.device)
-        # the table's cache rows (and evidence unread)
-        self._row_ops.scatter_rows(self._table, rows, buf)
         if self.admission is not None:
             self.admission.observe_push(push.rows, rows, push.step, buf[:, -1])
+        return rows, buf
 
     def lagging_owned_reads(self, t: int) -> tuple[np.ndarray, int | None]:
         """Local step t's owned reads whose last planned update before t is not applied yet

@@ -173,42 +173,52 @@ inline std::vector<at::Tensor> check_pack_inputs(const at::Tensor& ids,
   return rows;
 }
 
-// Validated [N, cols] float32 views of scatter_rows's columns (written in place) and the
-// column count they take from buffer. ids: in range and strictly increasing, read on the
-// host always, on a device only with ODIN_NS_DEBUG_CHECKS=1 (the read waits for the stream).
-inline std::vector<at::Tensor> check_scatter_inputs(at::TensorList columns, const at::Tensor& ids,
-                                                    const at::Tensor& buffer) {
+// Validated [N, cols] float32 views of scatter_rows's columns (written in place), every
+// part checked before any is written (mirrors reference.scatter_rows, same messages): part
+// j's ids in range and strictly increasing, read on the host always, on a device only with
+// ODIN_NS_DEBUG_CHECKS=1 (the read waits for the stream); its buffer [M_j, W_j >= sum(d_g)].
+inline std::vector<at::Tensor> check_scatter_inputs(at::TensorList columns, at::TensorList ids,
+                                                    at::TensorList buffers) {
   const char* op = "scatter_rows";
-  const int64_t N = check_columns(columns, ids, op);
+  TORCH_CHECK_VALUE(ids.size() == buffers.size(), op, ": ", ids.size(), " id lists but ",
+                    buffers.size(), " buffers");
   std::vector<at::Tensor> rows;
-  rows.reserve(columns.size());
-  int64_t D = 0;
-  for (size_t k = 0; k < columns.size(); ++k) {
-    const auto& t = columns[k];
-    TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat, op, ": columns[", k,
-                      "] must be float32, got ", dtype_name(t.scalar_type()));
-    TORCH_CHECK_VALUE(t.is_contiguous(), op, ": columns[", k,
-                      "] must be contiguous (it is updated in place)");
-    const int64_t cols = c10::multiply_integers(t.sizes().slice(1));
-    rows.push_back(t.view({N, cols}));
-    D += cols;
+  for (size_t j = 0; j < ids.size(); ++j) {
+    const std::string ids_name = "ids[" + std::to_string(j) + "]";
+    const std::string buffer_name = "buffers[" + std::to_string(j) + "]";
+    const at::Tensor& part = ids[j];
+    const at::Tensor& buffer = buffers[j];
+    const int64_t N = check_columns(columns, part, op);
+    rows.clear();
+    int64_t D = 0;
+    for (size_t k = 0; k < columns.size(); ++k) {
+      const auto& t = columns[k];
+      TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat, op, ": columns[", k,
+                        "] must be float32, got ", dtype_name(t.scalar_type()));
+      TORCH_CHECK_VALUE(t.is_contiguous(), op, ": columns[", k,
+                        "] must be contiguous (it is updated in place)");
+      const int64_t cols = c10::multiply_integers(t.sizes().slice(1));
+      rows.push_back(t.view({N, cols}));
+      D += cols;
+    }
+    TORCH_CHECK_VALUE(part.dim() == 1, op, ": ", ids_name, " must be 1-D, got shape ",
+                      part.sizes());
+    check_dtype(part, at::kLong, op, ids_name.c_str());
+    const int64_t M = part.size(0);
+    TORCH_CHECK_VALUE(buffer.dim() == 2 && buffer.size(0) == M && buffer.size(1) >= D, op, ": ",
+                      buffer_name, " must have shape [M, W] with M = ", M, ", W >= ", D,
+                      ", got ", buffer.sizes());
+    check_dtype(buffer, at::kFloat, op, buffer_name.c_str());
+    TORCH_CHECK_VALUE(buffer.device() == part.device(), op, ": ", buffer_name, " is on ",
+                      buffer.device(), " but ", ids_name, " is on ", part.device());
+    if (M == 0 || !reads_values(part)) {
+      continue;
+    }
+    const auto [lo, hi, increasing] = host_id_stats(part.cpu());
+    TORCH_CHECK_VALUE(lo >= 0 && hi < N, op, ": ", ids_name, " out of range: values span [", lo,
+                      ", ", hi, "] but must lie in [0, ", N, ")");
+    TORCH_CHECK_VALUE(increasing, op, ": ", ids_name, " must be strictly increasing");
   }
-  TORCH_CHECK_VALUE(ids.dim() == 1, op, ": ids must be 1-D, got shape ", ids.sizes());
-  check_dtype(ids, at::kLong, op, "ids");
-  const int64_t M = ids.size(0);
-  TORCH_CHECK_VALUE(buffer.dim() == 2 && buffer.size(0) == M && buffer.size(1) >= D, op,
-                    ": buffer must have shape [M, W] with M = ", M, ", W >= ", D, ", got ",
-                    buffer.sizes());
-  check_dtype(buffer, at::kFloat, op, "buffer");
-  TORCH_CHECK_VALUE(buffer.device() == ids.device(), op, ": buffer is on ", buffer.device(),
-                    " but ids is on ", ids.device());
-  if (M == 0 || !reads_values(ids)) {
-    return rows;
-  }
-  const auto [lo, hi, increasing] = host_id_stats(ids.cpu());
-  TORCH_CHECK_VALUE(lo >= 0 && hi < N, op, ": ids out of range: values span [", lo, ", ", hi,
-                    "] but must lie in [0, ", N, ")");
-  TORCH_CHECK_VALUE(increasing, op, ": ids must be strictly increasing");
   return rows;
 }
 

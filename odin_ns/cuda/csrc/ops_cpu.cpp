@@ -215,30 +215,32 @@ at::Tensor pack_rows_cpu(const at::Tensor& ids_in, at::TensorList columns) {
 
 // ---- scatter_rows -----------------------------------------------------------------------
 
-void scatter_rows_cpu(at::TensorList columns, const at::Tensor& ids_in, const at::Tensor& buffer_in) {
-  const auto rows = check_scatter_inputs(columns, ids_in, buffer_in);
-  const auto ids = ids_in.contiguous();
-  const auto buffer = buffer_in.contiguous();
-  const int64_t M = ids.size(0);
-  const int64_t W = buffer.size(1);
-  if (M == 0) {
-    return;
-  }
-  const int64_t* id = ids.data_ptr<int64_t>();
-  const float* in = buffer.data_ptr<float>();
-  // Distinct ids (strictly increasing): rows write disjoint memory, in any order.
-  at::parallel_for(0, M, std::max<int64_t>(1, 65536 / std::max<int64_t>(W, 1)),
-                   [&](int64_t begin, int64_t end) {
-    int64_t off = 0;
-    for (const auto& t : rows) {
-      const int64_t c = t.size(1);
-      float* dst = t.data_ptr<float>();
-      for (int64_t i = begin; i < end; ++i) {
-        std::memcpy(dst + id[i] * c, in + i * W + off, static_cast<size_t>(c) * sizeof(float));
-      }
-      off += c;
+void scatter_rows_cpu(at::TensorList columns, at::TensorList ids_in, at::TensorList buffers_in) {
+  const auto rows = check_scatter_inputs(columns, ids_in, buffers_in);
+  for (size_t j = 0; j < ids_in.size(); ++j) {  // part after part: a later part's row wins
+    const auto ids = ids_in[j].contiguous();
+    const auto buffer = buffers_in[j].contiguous();
+    const int64_t M = ids.size(0);
+    const int64_t W = buffer.size(1);
+    if (M == 0) {
+      continue;
     }
-  });
+    const int64_t* id = ids.data_ptr<int64_t>();
+    const float* in = buffer.data_ptr<float>();
+    // Distinct ids (strictly increasing): rows write disjoint memory, in any order.
+    at::parallel_for(0, M, std::max<int64_t>(1, 65536 / std::max<int64_t>(W, 1)),
+                     [&](int64_t begin, int64_t end) {
+      int64_t off = 0;
+      for (const auto& t : rows) {
+        const int64_t c = t.size(1);
+        float* dst = t.data_ptr<float>();
+        for (int64_t i = begin; i < end; ++i) {
+          std::memcpy(dst + id[i] * c, in + i * W + off, static_cast<size_t>(c) * sizeof(float));
+        }
+        off += c;
+      }
+    });
+  }
 }
 
 // ---- accumulate_ready_rows --------------------------------------------------------------
@@ -518,7 +520,7 @@ TORCH_LIBRARY(odin, m) {
       "int width, int height, float margin_px, float near_plane, float opacity_threshold)"
       " -> (Tensor, Tensor)");
   m.def("pack_rows(Tensor ids, Tensor[] columns) -> Tensor");
-  m.def("scatter_rows(Tensor(a!)[] columns, Tensor ids, Tensor buffer) -> ()");
+  m.def("scatter_rows(Tensor(a!)[] columns, Tensor[] ids, Tensor[] buffers) -> ()");
   m.def(
       "accumulate_ready_rows(Tensor(a!) acc, Tensor ready, Tensor[] positions, "
       "Tensor[] contribs) -> ()");

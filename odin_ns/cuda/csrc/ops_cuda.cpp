@@ -123,22 +123,27 @@ at::Tensor pack_rows_cuda(const at::Tensor& ids_in, at::TensorList columns) {
   return buffer;
 }
 
-void scatter_rows_cuda(at::TensorList columns, const at::Tensor& ids_in,
-                       const at::Tensor& buffer_in) {
-  const auto rows = check_scatter_inputs(columns, ids_in, buffer_in);
-  const c10::cuda::CUDAGuard guard(ids_in.device());
-  const auto stream = c10::cuda::getCurrentCUDAStream();
-  const auto ids = ids_in.contiguous();
-  const auto buffer = buffer_in.contiguous();
-  const int64_t M = ids.size(0);
-  if (M == 0) {
+void scatter_rows_cuda(at::TensorList columns, at::TensorList ids_in,
+                       at::TensorList buffers_in) {
+  const auto rows = check_scatter_inputs(columns, ids_in, buffers_in);
+  if (ids_in.empty()) {
     return;
   }
-  for_each_row_batch(rows, [&](const cuda::RowBatch& batch) {
-    check_launch(cuda::scatter_rows(ids.data_ptr<int64_t>(), M, buffer.size(1), batch,
-                                    buffer.data_ptr<float>(), stream),
-                 "scatter_rows");
-  });
+  const c10::cuda::CUDAGuard guard(ids_in[0].device());
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  for (size_t j = 0; j < ids_in.size(); ++j) {  // in stream order: a later part's row wins
+    const auto ids = ids_in[j].contiguous();
+    const auto buffer = buffers_in[j].contiguous();
+    const int64_t M = ids.size(0);
+    if (M == 0) {
+      continue;
+    }
+    for_each_row_batch(rows, [&](const cuda::RowBatch& batch) {
+      check_launch(cuda::scatter_rows(ids.data_ptr<int64_t>(), M, buffer.size(1), batch,
+                                      buffer.data_ptr<float>(), stream),
+                   "scatter_rows");
+    });
+  }
 }
 
 void accumulate_ready_rows_cuda(const at::Tensor& acc, const at::Tensor& ready_in,
