@@ -204,7 +204,6 @@ class StepPath:
 
     reads: Tensor  # [M] local ids of the read set
     reads_global: Tensor  # [M] their global ids (the same tensor where they are the same)
-    own_rows: Tensor  # owned local ids of the reads
     # [G] local ids: every distinct list of gradient rows sent, then the owned reads (where
     # they are not one of those), one after the other, so that the step packs its gradient
     # rows in one operation and each send and the log's own rows are a slice of the result
@@ -212,8 +211,13 @@ class StepPath:
     # (start, stop, the owners rows grad_rows[start:stop] go to): one entry per distinct
     # list (rows every rank owns: to every peer)
     grad_sends: list[tuple[int, int, list[int]]]
-    own_slice: slice  # where grad_rows holds own_rows
+    own_slice: slice  # where grad_rows holds the owned reads
     own_test: VersionTest  # the owned reads against their last update before the step
+
+    @property
+    def own_rows(self) -> Tensor:
+        """Owned local ids of the reads (a slice of ``grad_rows``)."""
+        return self.grad_rows[self.own_slice]
 
 
 class PhaseSteps:
@@ -749,7 +753,6 @@ class ShardedEngine:
             path = self._paths[t] = StepPath(
                 reads=on_device[id(st.reads)],
                 reads_global=on_device[id(st.reads_global)],
-                own_rows=grad_rows[own],
                 grad_rows=grad_rows,
                 grad_sends=[
                     (start, stop, sent_to)
@@ -929,14 +932,14 @@ class ShardedEngine:
     def _send_current_pushes(self, pushes: list[tuple[int, int]]) -> None:
         """Pack the rows of ``pushes`` ((reader, push index), current now) in one operation
         and send each (or queue it behind the pair's earlier ones)."""
-        rows = [self._push_rows_out[q][k] for q, k in pushes]
-        rows = rows[0] if len(rows) == 1 else torch.cat(rows)
+        parts = [self._push_rows_out[q][k] for q, k in pushes]
+        rows = parts[0] if len(parts) == 1 else torch.cat(parts)
         packed = self._row_ops.pack_rows(rows, self._table)
         if self.admission is not None:
             packed = torch.cat([packed, self.admission.push_strength(rows)], dim=1)
         start = 0
-        for q, k in pushes:
-            stop = start + self._push_rows_out[q][k].numel()
+        for (q, k), part in zip(pushes, parts, strict=True):
+            stop = start + part.numel()
             buf, start = packed[start:stop], stop
             queue = self._deferred[q]
             if queue or not self._has_credits(self.push_tx, q, buf.numel() * 4):
