@@ -33,6 +33,7 @@ from harness import (
 
 from odin_ns.runtime import FALLBACK_REASONS, RunLedger, SyncConfig, fallback_reason
 from odin_ns.runtime.admission import GradientEvidence
+from odin_ns.runtime.sharded_admission import ShardedAdmission, TakenPush
 
 WEAK = (95, 100)  # the rows both ranks of the edge plans share, with weak gradients
 
@@ -214,6 +215,46 @@ def test_gradient_evidence_keep_mask_records_only_the_kept_rows():
     assert torch.equal(masked.active, selected.active)
     assert masked.active_count.item() == selected.active_count.item() > 0
     assert masked.mean() == pytest.approx(selected.mean(), rel=1e-12)
+
+
+def test_pushes_one_look_took_in_record_as_one_by_one():
+    """A reader records the evidence of the pushes one look took in with one operation per
+    layer (every owner's first push, then every owner's second, ...): the same tables as
+    recording them one by one in arrival order, where an owner's later push of a row
+    overwrites its earlier one."""
+    g = torch.Generator().manual_seed(2)
+    owned, n = 10, 40  # cache rows 10..39: owner 1 holds 10..24, owner 2 25..39
+    cache = {1: np.arange(10, 25), 2: np.arange(25, 40)}
+
+    def push(owner, step, size):
+        rows = np.sort(np.random.default_rng(step).choice(cache[owner], size, replace=False))
+        values = torch.rand(size, 4, generator=g)
+        values[:, -1] = torch.where(torch.rand(size, generator=g) > 0.3, values[:, -1], 0.0)
+        values[0, -1] = math.nan  # no update of this row applied yet
+        return TakenPush(owner, step, rows, torch.from_numpy(rows), values)
+
+    looks = [[push(1, 1, 8), push(2, 1, 9), push(1, 2, 8), push(1, 3, 6), push(2, 3, 5)],
+             [push(2, 4, 7)]]  # fmt: skip
+    batched, single = (ShardedAdmission(SyncConfig(), n, owned, 0, torch.device("cpu"))
+                       for _ in range(2))  # fmt: skip
+    calls = []
+    record = batched.evidence.observe_strengths
+    batched.evidence.observe_strengths = lambda rows, s: calls.append(rows) or record(rows, s)
+    for look in looks:
+        batched.observe_pushes(look)
+        for p in look:
+            single.observe_pushes([p])
+    assert len(calls) == 3 + 1  # owner 1 pushed three times in the first look
+    a, b = batched.evidence, single.evidence
+    assert torch.equal(a.strength.isnan(), b.strength.isnan()) and a.strength.isnan().any()
+    assert torch.equal(a.strength.nan_to_num(), b.strength.nan_to_num())
+    assert torch.equal(a.active, b.active) and a.active.any()
+    assert a.active_count.item() == b.active_count.item()
+    assert a.mean() == pytest.approx(b.mean(), rel=1e-12)
+    assert np.array_equal(batched.fresh_since, single.fresh_since)
+    # E of many sources in one read: as one by one
+    queries = [torch.tensor([3, 11, 12]), torch.tensor([30]), torch.arange(10, 40)]
+    assert a.ratios(queries) == [a.ratio(q) for q in queries]
 
 
 # ------------------------------------------------------ crafted cases in the engine

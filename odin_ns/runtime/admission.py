@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from odin_ns.runtime.uploads import upload
+from odin_ns.runtime.uploads import upload, upload_together
 
 FALLBACK_REASONS = ("overlap", "evidence", "impact", "staleness", "phase")
 ADMISSION_RULES = ("overlap", "impact")
@@ -222,8 +222,20 @@ class GradientEvidence:
         """
         if rows.numel() == 0:
             return
-        norms = buf[:, :-1].float().norm(dim=1)  # [M]
-        visible = buf[:, -1] > 0
+        self._record(rows, buf[:, :-1].float().norm(dim=1), buf[:, -1] > 0, keep)
+
+    @torch.no_grad()
+    def observe_strengths(self, rows: Tensor, strength: Tensor) -> None:
+        """Record the strengths an owner sent with a push: ``strength`` [M] float32 of rows
+        ``rows`` ([M] int64, distinct), the norms of their last applied updates (0: the
+        update was not visible, NaN: none applied yet; neither joins the active set)."""
+        if rows.numel() == 0:
+            return
+        self._record(rows, strength, strength > 0, None)  # (NaN is not > 0)
+
+    def _record(self, rows: Tensor, norms: Tensor, visible: Tensor, keep: Tensor | None):
+        """Write ``norms`` ([M]) and ``visible`` ([M] bool) of rows ``rows`` (where ``keep``)
+        into the tables and move the active set's sum and count by the difference."""
         rows = upload(rows, self.strength.device)
         old, was_active = self.strength[rows], self.active[rows]
         now_active = visible
@@ -249,24 +261,37 @@ class GradientEvidence:
         return max(float(self.active_sum), 0.0) / count
 
     @torch.no_grad()
-    def ratio_tensor(self, rows: Tensor) -> Tensor:
-        """E for the rows ``rows`` ([K] int64, K > 0) as a 0-d float64 tensor on the tables'
-        device (see the module docstring; 1 before the first visible update)."""
+    def ratio_tensors(self, rows: Tensor, query: Tensor, sizes: Tensor) -> Tensor:
+        """E of Q queries at once (see the module docstring; 1 before the first visible
+        update), a [Q] float64 tensor on the tables' device: a fixed number of operations
+        however many queries.
+
+        Args:
+            rows: [K] int64 every query's rows, query after query.
+            query: [K] int64 the query each row belongs to (0 .. Q - 1).
+            sizes: [Q] int64 rows per query (each > 0).
+        """
         count = self.active_count
         mean = self.active_sum.clamp(min=0.0) / count.clamp(min=1)
-        vals = self.strength[upload(rows, self.strength.device)]
-        known = ~torch.isnan(vals)
-        total = torch.where(known, vals, 0.0).double().sum() + (rows.numel() - known.sum()) * mean
-        over = total / rows.numel()
-        inf = torch.full_like(over, math.inf)
-        ratio = torch.where(mean > 0, over / mean, torch.where(over == 0, 0.0, inf))
+        vals = self.strength[rows].double()
+        vals = torch.where(vals.isnan(), mean, vals)  # an unknown row counts as the mean
+        total = torch.zeros(sizes.numel(), dtype=torch.float64, device=rows.device)
+        over = total.index_add_(0, query, vals) / sizes
+        ratio = torch.where(mean > 0, over / mean, torch.where(over == 0, 0.0, math.inf))
         return torch.where(count == 0, 1.0, ratio)
 
     def ratios(self, queries: Sequence[Tensor]) -> list[float]:
-        """E of each query's rows, read from the device in one copy."""
+        """E of each query's rows ([K_i] int64 host tensors, K_i > 0), moved to the device
+        in one copy and read back in one."""
         if not queries:
             return []
-        return torch.stack([self.ratio_tensor(rows) for rows in queries]).cpu().tolist()
+        sizes = [int(q.numel()) for q in queries]
+        query = torch.from_numpy(np.repeat(np.arange(len(sizes), dtype=np.int64), sizes))
+        rows, query, sizes_d = upload_together(
+            [torch.cat(list(queries)), query, torch.tensor(sizes, dtype=torch.int64)],
+            self.strength.device,
+        )
+        return self.ratio_tensors(rows, query, sizes_d).cpu().tolist()
 
     def ratio(self, rows: Tensor) -> float:
         """E of one set of rows (one read of the device)."""

@@ -77,7 +77,7 @@ from odin_ns.cuda import ops
 from odin_ns.runtime.config import ParamGroupState, SyncConfig
 from odin_ns.runtime.ledger import RunLedger, StepMetrics
 from odin_ns.runtime.liveness import Awaited, PeerSilence, wait_until
-from odin_ns.runtime.sharded_admission import PendingSource, ShardedAdmission
+from odin_ns.runtime.sharded_admission import PendingSource, ShardedAdmission, TakenPush
 from odin_ns.runtime.step_signal import StepSignal
 from odin_ns.runtime.transport import ALL_PEERS, Transport, has_credits
 from odin_ns.runtime.update_log import (
@@ -818,7 +818,7 @@ class ShardedEngine:
         if tx is None:  # a single rank, or (every rank owns every row) no pushes
             return 0
         arrived = tx.take(timeout)
-        pushes: list[tuple[Tensor, Tensor]] = []  # (cache rows, their values), in order
+        pushes: list[TakenPush] = []  # in arrival order
         for a in arrived:
             self.ledger.current.bytes_recv += a.buf.numel() * a.buf.element_size()
             if a.peer == ALL_PEERS:  # ddp: every rank's gradient rows of a step, summed
@@ -828,26 +828,26 @@ class ShardedEngine:
             else:
                 pushes.append(self._absorb_push(a.peer, a.step, a.buf))
         if pushes:  # the table's cache rows, in one operation (a later push of a row wins)
-            rows, bufs = zip(*pushes, strict=True)
-            self._row_ops.scatter_rows(self._table, list(rows), list(bufs))
+            self._row_ops.scatter_rows(
+                self._table, [p.rows_data for p in pushes], [p.values for p in pushes]
+            )
+            if self.admission is not None:
+                self.admission.observe_pushes(pushes)
         err = tx.failure()
         if err is not None:
             raise err
         return len(arrived)
 
-    def _absorb_push(self, owner: int, k: int, buf: Tensor) -> tuple[Tensor, Tensor]:
-        """Owner ``owner``'s push k, taken in order: (the cache rows it refreshes, their
-        values) on the parameters' device, for the caller to write into the table (the
-        evidence noted here, unread)."""
-        push = self.inn[owner][k]
+    def _absorb_push(self, owner: int, k: int, buf: Tensor) -> TakenPush:
+        """Owner ``owner``'s push k, taken in order, its values on the parameters' device
+        (for the caller to write into the table and note the evidence of)."""
         if k != self.push_recv[owner]:
             raise RuntimeError(f"rank {self.rank}: push {k} from {owner} out of order")
         self.push_recv[owner] += 1
-        rows = self._push_rows_in[owner][k]
-        buf = upload(buf, self.device)
-        if self.admission is not None:
-            self.admission.observe_push(push.rows, rows, push.step, buf[:, -1])
-        return rows, buf
+        push = self.inn[owner][k]
+        return TakenPush(
+            owner, push.step, push.rows, self._push_rows_in[owner][k], upload(buf, self.device)
+        )
 
     def lagging_owned_reads(self, t: int) -> tuple[np.ndarray, int | None]:
         """Local step t's owned reads whose last planned update before t is not applied yet

@@ -31,7 +31,7 @@ quality-first reads.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,7 +44,24 @@ from odin_ns.runtime.admission import (
     decide_in_one_read,
 )
 from odin_ns.runtime.config import SyncConfig
-from odin_ns.runtime.uploads import upload_together
+
+
+@dataclass(frozen=True, slots=True)
+class TakenPush:
+    """A push a reader took in: owner ``owner``'s push for the read at local step ``step``
+    refreshes cached local rows ``rows`` ([M], host; ``rows_data``: the same on the
+    parameters' device) with ``values`` ([M, W] as the owner packed them; throughput-first
+    appends the owner's evidence of each row, ``push_strength``, as a last column)."""
+
+    owner: int
+    step: int
+    rows: np.ndarray
+    rows_data: Tensor
+    values: Tensor
+
+
+def _joined(parts: list[Tensor]) -> Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 @dataclass
@@ -96,16 +113,25 @@ class ShardedAdmission:
         return self.evidence.strength[rows].unsqueeze(1)
 
     @torch.no_grad()
-    def observe_push(
-        self, rows: np.ndarray, rows_data: Tensor, step: int, strength: Tensor
-    ) -> None:
-        """The push for the read at local step ``step`` refreshed cached local rows ``rows``
-        ([M], host; ``rows_data``: the same on the device); ``strength`` [M] is the owner's
-        evidence of them."""
-        self.fresh_since[rows - self.num_owned] = step
-        visible = (strength > 0).to(torch.float32)  # NaN (unknown) is not > 0
-        buf = torch.stack([strength, visible], dim=1)
-        self.evidence.observe(rows_data, buf)
+    def observe_pushes(self, pushes: Sequence[TakenPush]) -> None:
+        """The pushes one look took in, in arrival order, refreshed their cached rows; the
+        owners' evidence of them is recorded in as few operations as the rows allow: one
+        for every owner's first push, one more for every owner's second, and so on (a
+        later push of a row overwrites an earlier one's evidence, as if recorded one by
+        one; rows of different owners are distinct)."""
+        layers: list[list[TakenPush]] = []
+        seen: dict[int, int] = {}  # owner -> its pushes so far in this look
+        for push in pushes:
+            self.fresh_since[push.rows - self.num_owned] = push.step
+            layer = seen.get(push.owner, 0)
+            seen[push.owner] = layer + 1
+            if layer == len(layers):
+                layers.append([])
+            layers[layer].append(push)
+        for layer in layers:
+            self.evidence.observe_strengths(
+                _joined([p.rows_data for p in layer]), _joined([p.values[:, -1] for p in layer])
+            )
 
     def oldest_missing(self, cached_rows: np.ndarray) -> int:
         """Earliest local step of an update cached local rows ``cached_rows`` may lack."""
@@ -118,9 +144,7 @@ class ShardedAdmission:
         now = self.offset + t
         reasons = decide_in_one_read(
             [(now, self.offset + src.pub_step, int(src.rows.size), read_rows) for src in sources],
-            lambda idx: self.evidence.ratios(  # the sources' rows moved in one copy
-                upload_together([torch.from_numpy(sources[i].rows) for i in idx], self.device)
-            ),
+            lambda idx: self.evidence.ratios([torch.from_numpy(sources[i].rows) for i in idx]),
             float(self.config.tau),
             int(self.config.staleness_window),
             self.config.admission,
@@ -133,4 +157,4 @@ class ShardedAdmission:
         ]  # fmt: skip
 
 
-__all__ = ["PendingSource", "ShardedAdmission"]
+__all__ = ["PendingSource", "ShardedAdmission", "TakenPush"]
