@@ -193,7 +193,8 @@ class GradientEvidence:
     update (an owner's rows), or as its owner sent it with a push (a cached row).
 
     Everything lives on ``device`` and is updated without reading it back: on a GPU an
-    update costs no synchronization; ``ratios`` reads many decisions' E in one copy.
+    update costs no synchronization and two writes; ``ratios`` reads many decisions' E in
+    one copy.
 
     Args:
         num_rows: rows of the table.
@@ -203,9 +204,6 @@ class GradientEvidence:
     def __init__(self, num_rows: int, device: torch.device):
         self.strength = torch.full((num_rows,), math.nan, device=device)  # [N] (NaN: unknown)
         self.active = torch.zeros(num_rows, dtype=torch.bool, device=device)  # [N]
-        # the active rows' sum of norms (float64) and their number
-        self.active_sum = torch.zeros((), dtype=torch.float64, device=device)
-        self.active_count = torch.zeros((), dtype=torch.int64, device=device)
 
     @torch.no_grad()
     def observe(self, rows: Tensor, buf: Tensor, keep: Tensor | None = None) -> None:
@@ -222,7 +220,13 @@ class GradientEvidence:
         """
         if rows.numel() == 0:
             return
-        self._record(rows, buf[:, :-1].float().norm(dim=1), buf[:, -1] > 0, keep)
+        norms, visible = buf[:, :-1].float().norm(dim=1), buf[:, -1] > 0
+        rows = upload(rows, self.strength.device)
+        if keep is not None:  # rows not kept: the tables unchanged
+            norms = torch.where(keep, norms, self.strength[rows])
+            visible = torch.where(keep, visible, self.active[rows])
+        self.strength[rows] = norms
+        self.active[rows] = visible
 
     @torch.no_grad()
     def observe_strengths(self, rows: Tensor, strength: Tensor) -> None:
@@ -231,34 +235,24 @@ class GradientEvidence:
         update was not visible, NaN: none applied yet; neither joins the active set)."""
         if rows.numel() == 0:
             return
-        self._record(rows, strength, strength > 0, None)  # (NaN is not > 0)
-
-    def _record(self, rows: Tensor, norms: Tensor, visible: Tensor, keep: Tensor | None):
-        """Write ``norms`` ([M]) and ``visible`` ([M] bool) of rows ``rows`` (where ``keep``)
-        into the tables and move the active set's sum and count by the difference."""
         rows = upload(rows, self.strength.device)
-        old, was_active = self.strength[rows], self.active[rows]
-        now_active = visible
-        if keep is not None:  # rows not kept: counted neither way, tables unchanged
-            visible, was_counted = visible & keep, was_active & keep
-            now_active = torch.where(keep, visible, was_active)
-            norms = torch.where(keep, norms, old)
-        else:
-            was_counted = was_active
-        gained = torch.where(visible, norms, 0.0).double().sum()
-        lost = torch.where(was_counted, old, 0.0).double().sum()
-        self.active_sum += gained - lost
-        self.active_count += visible.sum() - was_counted.sum()
-        self.strength[rows] = norms
-        self.active[rows] = now_active
+        self.strength[rows] = strength
+        self.active[rows] = strength > 0  # (NaN is not > 0)
+
+    def _active_mean(self) -> tuple[Tensor, Tensor]:
+        """(the active set's mean norm as a 0-d float64 tensor, 0 while it is empty; its
+        size, 0-d int64), summed over the table on its device when a decision needs it
+        (cheaper on a GPU host than keeping running sums: those cost a dozen operations at
+        every recording)."""
+        count = self.active.sum()
+        total = torch.where(self.active, self.strength, 0.0).sum(dtype=torch.float64)
+        return total / count.clamp(min=1), count
 
     def mean(self) -> float | None:
         """Mean known norm over the active set, None before the first visible update
         (reads the device: for reports and tests, not for the step)."""
-        count = int(self.active_count)
-        if count == 0:
-            return None
-        return max(float(self.active_sum), 0.0) / count
+        mean, count = self._active_mean()
+        return float(mean) if int(count) else None
 
     @torch.no_grad()
     def ratio_tensors(self, rows: Tensor, query: Tensor, sizes: Tensor) -> Tensor:
@@ -271,8 +265,7 @@ class GradientEvidence:
             query: [K] int64 the query each row belongs to (0 .. Q - 1).
             sizes: [Q] int64 rows per query (each > 0).
         """
-        count = self.active_count
-        mean = self.active_sum.clamp(min=0.0) / count.clamp(min=1)
+        mean, count = self._active_mean()
         vals = self.strength[rows].double()
         vals = torch.where(vals.isnan(), mean, vals)  # an unknown row counts as the mean
         total = torch.zeros(sizes.numel(), dtype=torch.float64, device=rows.device)
