@@ -54,7 +54,7 @@ def test_sync_count_of_a_steady_state_step(footprints, layout, mode):
         assert summary["decisions"] > 0, summary
         # the evidence of the pushes one look took in is recorded in one operation per
         # layer (every owner's first push, then its second ...; two layers at most in one
-        # look here), not one per push (before 2026-12-07: 27 for 9 looks, sharded); each
+        # look here), not one per push (7df2a92 and before: 27 for 9 looks, sharded); each
         # recording writes two tables, as does each apply's
         records = ops_run["index_put_"] / 2 - ops_run["apply_ready_rows"]
         assert records <= 2 * ops_run["scatter_rows"], dict(ops_run)
