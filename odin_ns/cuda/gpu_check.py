@@ -34,9 +34,9 @@ whether a build was running beside it, and the run goes on):
 6. ``gsplat_speed``: gsplat forward and forward + backward at 0.1M, 1M and 3M Gaussians on
    one 1280x720 view (median of 5, CUDA events).
 7. ``control_plane``: ``odin_ns.bench.control_plane`` on CUDA, after the builds: rank 0's
-   engine in the replicated layout at 1M Gaussians, R = 8 (peers injected), 10 warm-up and 30 measured
-   steps: host and wall ms per step and the stream synchronizations per step (torch's sync
-   debug mode).
+   engine in the replicated and the sharded layout at 1M Gaussians, R = 8 (peers injected),
+   10 warm-up and 30 measured steps: host and wall ms per step, the stream synchronizations
+   per step (torch's sync debug mode) and the device operations a step dispatches.
 8. ``single_process``: ``ns-train odin-splatfacto`` on the gsplat backend, steps/s and
    final loss from its tensorboard events, then ``ns-eval`` PSNR.
 
@@ -102,6 +102,7 @@ CHECKS = (
     "control_plane", "single_process",
 )  # fmt: skip
 CUDA_ONLY = ("copy_bandwidth", "nccl_link", "raster", "gsplat_speed")  # not in the dry run
+PLANE_LAYOUTS = ("replicated", "sharded")  # the control plane check's, R = 8 each
 # Seconds each check after ``ops`` plans for on a GPU (``ops`` leaves them this much).
 GPU_PLAN_S = {  # from the H200 run of 2026-12-04 (bench/gpu_check_h200), rounded up
     "copy_bandwidth": 10.0,
@@ -109,7 +110,7 @@ GPU_PLAN_S = {  # from the H200 run of 2026-12-04 (bench/gpu_check_h200), rounde
     "two_ranks_one_gpu": 150.0,
     "raster": 20.0,
     "gsplat_speed": 40.0,
-    "control_plane": 45.0,
+    "control_plane": 80.0,  # (one layout took 31 s then; two now)
     "single_process": 70.0,
 }
 EXIT_NO_CUDA, EXIT_WATCHDOG = 2, 3
@@ -744,38 +745,42 @@ def check_single_process(run: Run, gsplat: BackgroundBuild) -> dict[str, Any]:
 # ------------------------------------------------------------------------- main
 def check_control_plane(run: Run) -> dict[str, Any]:
     """The engine's steady-state step on the GPU (``bench.control_plane --device cuda``; the
-    CPU dry run: 20k rows on the CPU)."""
+    CPU dry run: 20k rows on the CPU), in both layouts: per layout its figures."""
     from odin_ns.bench import control_plane
 
     out = run.work / "control_plane.json"
     rows = "1000000" if run.cuda else "20000"
-    argv = ["--rows", rows, "--ranks", "8", "--layouts", "replicated", "--steps", "30"]
+    argv = ["--rows", rows, "--ranks", "8", "--layouts", ",".join(PLANE_LAYOUTS)]
     threads = str(torch.get_num_threads())
-    argv += ["--warmup", "10", "--profile-steps", "3", "--device", run.args.device]
-    argv += ["--threads", threads, "--out", str(out)]
+    argv += ["--steps", "30", "--warmup", "10", "--profile-steps", "3", "--no-twin"]
+    argv += ["--device", run.args.device, "--threads", threads, "--out", str(out)]
     result = control_plane.main(argv)
-    key = "r8_replicated"
-    cuda_syncs = {
-        f"cuda_syncs_per_step_{stat}": result[f"cuda_syncs_per_step_{key}_{stat}"]
-        for stat in ("max", "median")
-        if run.cuda
+    return {
+        "ok": True,
+        **{layout: _plane_figures(result, f"r8_{layout}", run.cuda) for layout in PLANE_LAYOUTS},
+        "device_reads_per_step_max": result["syncs_per_step_max"],  # bench.device_reads
+        "share_per_view": result["share_per_view"],
+        "json": str(out),
     }
+
+
+def _plane_figures(result: dict[str, Any], key: str, cuda: bool) -> dict[str, Any]:
+    """One variant's figures of a ``bench.control_plane`` result (``key``: r8_replicated)."""
     figures = {
         f"{name}_ms_per_step": result[f"{name}_ms_per_step_{key}"]
         for name in ("engine", "data", "control", "host", "cpu")
     }
+    if cuda:  # torch's sync debug mode, over the profiled steps
+        for stat in ("max", "median"):
+            figures[f"cuda_syncs_per_step_{stat}"] = result[f"cuda_syncs_per_step_{key}_{stat}"]
     return {
-        "ok": True,
         **figures,
-        **cuda_syncs,
-        "device_reads_per_step_max": result["syncs_per_step_max"],  # bench.device_reads
         # the step thread's host-to-device copies a quality-first step, and their bytes
         "uploads_per_step": result[f"uploads_per_step_{key}_quality"],
         "upload_mb_per_step": result[f"upload_mb_per_step_{key}_quality"],
         # the device operations (not views) it dispatches: the launches the host pays for
         "device_ops_per_step": result[f"device_ops_per_step_{key}_quality"],
-        "share_per_view": result["share_per_view"],
-        "json": str(out),
+        "device_ops_per_step_throughput_first": result[f"device_ops_per_step_{key}_throughput"],
     }
 
 
@@ -885,12 +890,18 @@ def write_figure(report: dict[str, Any], path: Path) -> None:
     ax.set(title="copy bandwidth", xlabel="GB/s", xscale="log")
     ax = axes[3]
     plane = checks.get("control_plane", {})
-    keys = [k for k in ("host", "control", "data", "engine") if f"{k}_ms_per_step" in plane]
-    if keys:
-        ax.bar(keys, [plane[f"{k}_ms_per_step"] for k in keys], color="tab:orange")
-        syncs = plane.get("cuda_syncs_per_step_max", plane.get("device_reads_per_step_max"))
-        ax.text(0.02, 0.95, f"syncs per step (max): {syncs}", transform=ax.transAxes, va="top")
-    ax.set(title="engine step, R=8 replicated (median ms)", ylabel="ms")
+    names = ("host", "control", "data", "engine")
+    for i, layout in enumerate(layout for layout in PLANE_LAYOUTS if layout in plane):
+        figures = plane[layout]
+        x = [j + 0.4 * i for j in range(len(names))]
+        ax.bar(x, [figures[f"{k}_ms_per_step"] for k in names], 0.4, label=layout)
+        syncs = figures.get("cuda_syncs_per_step_max", plane.get("device_reads_per_step_max"))
+        ax.text(0.02, 0.95 - 0.07 * i, f"{layout}: syncs per step (max) {syncs}",
+                transform=ax.transAxes, va="top")  # fmt: skip
+    if any(layout in plane for layout in PLANE_LAYOUTS):
+        ax.set_xticks([j + 0.2 for j in range(len(names))], names)
+        ax.legend(loc="center right")
+    ax.set(title="engine step, R=8 (median ms)", ylabel="ms")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
