@@ -120,6 +120,7 @@ def make_inputs(
     if op == "pack_rows":
         columns = [torch.randn(n, math.prod(s), generator=gen) for s in SPLATFACTO_ROWS.values()]
         columns.append((torch.rand(n, 1, generator=gen) < 0.7).float())  # visible flag
+        columns.append(torch.rand(n, generator=gen))  # a [N] column: a push's row evidence
         return dict(ids=subset_ids(n, m, gen, duplicates), columns=columns)
     if op == "scatter_rows":
         # pushes' rows written into a table of n rows, part after part (a later push of a row

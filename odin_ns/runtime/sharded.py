@@ -687,6 +687,10 @@ class ShardedEngine:
         self._table = [
             g.param.data.view(num_local, d) for g, d in zip(self.groups, self.dims, strict=True)
         ]
+        # what a push carries of a row: its columns (throughput-first: then its evidence)
+        self._pushed_columns = self._table + (
+            [] if self.admission is None else [self.admission.evidence.strength]
+        )
         self._paths: dict[int, StepPath] = {}  # the steps in flight
         # throughput-first: local step -> [K] local rows its reads went around (read stale)
         self._read_around: dict[int, np.ndarray] = {}
@@ -934,9 +938,7 @@ class ShardedEngine:
         and send each (or queue it behind the pair's earlier ones)."""
         parts = [self._push_rows_out[q][k] for q, k in pushes]
         rows = parts[0] if len(parts) == 1 else torch.cat(parts)
-        packed = self._row_ops.pack_rows(rows, self._table)
-        if self.admission is not None:
-            packed = torch.cat([packed, self.admission.push_strength(rows)], dim=1)
+        packed = self._row_ops.pack_rows(rows, self._pushed_columns)
         start = 0
         for (q, k), part in zip(pushes, parts, strict=True):
             stop = start + part.numel()

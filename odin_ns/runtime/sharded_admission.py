@@ -51,7 +51,7 @@ class TakenPush:
     """A push a reader took in: owner ``owner``'s push for the read at local step ``step``
     refreshes cached local rows ``rows`` ([M], host; ``rows_data``: the same on the
     parameters' device) with ``values`` ([M, W] as the owner packed them; throughput-first
-    appends the owner's evidence of each row, ``push_strength``, as a last column)."""
+    appends the owner's evidence of each row, ``evidence.strength``, as a last column)."""
 
     owner: int
     step: int
@@ -106,11 +106,6 @@ class ShardedAdmission:
         """An owner applied ``acc`` ([U, W] summed gradient rows, visible count last) to the
         rows ``applied`` ([U] bool) of owned local rows ``rows`` ([U] int64)."""
         self.evidence.observe(rows, acc, keep=applied)
-
-    def push_strength(self, rows: Tensor) -> Tensor:
-        """[M, 1] float32 the evidence of owned local rows ``rows`` to send with a push
-        (NaN: no update of the row applied in this phase yet)."""
-        return self.evidence.strength[rows].unsqueeze(1)
 
     @torch.no_grad()
     def observe_pushes(self, pushes: Sequence[TakenPush]) -> None:
