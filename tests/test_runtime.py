@@ -45,9 +45,11 @@ from odin_ns.runtime.update_log import (
     SumBuffers,
     UpdateLog,
     add_arrivals_reference,
+    any_unapplied_reference,
     mark_ready_reference,
     step_record_reference,
     take_ready_reference,
+    write_versions_reference,
     writer_groups_reference,
 )
 
@@ -158,8 +160,8 @@ def test_step_kernels_equal_their_twins():
     a caller holds), ``writer_groups`` (the rows grouped by their writers),
     ``add_arrivals`` (the rows each arrival completes), ``take_ready`` (in order, or
     checking versions against the planned previous writes beyond the step every earlier
-    one is applied through, the versions only read) and ``mark_ready`` (every candidate);
-    empty footprints and refused calls included."""
+    one is applied through, the versions only read), ``mark_ready`` (every candidate),
+    ``write_versions`` and ``any_unapplied``; empty footprints and refused calls included."""
     record, group, arrivals, take_ready = (
         ops.host_op(name) for name in ("step_record", "writer_groups", "add_arrivals", "take_ready")
     )
@@ -268,6 +270,37 @@ def test_step_kernels_equal_their_twins():
             with pytest.raises(error, match=match):
                 kernel(bad, stop, before, ids, v, 11)
             assert torch.equal(before, applied) and torch.equal(v, versions)  # nothing written
+    # write_versions: the versions a look left unwritten, the ready rows' set (a row of
+    # ids written once; rows not ready keep theirs); an id out of range writes nothing
+    write = ops.host_op("write_versions")
+    for ready in (a, torch.zeros(u, dtype=torch.bool), torch.ones(u, dtype=torch.bool)):
+        v, v_want = versions.clone(), versions.clone()
+        write(v, ids, ready, 12)
+        write_versions_reference(v_want, ids, ready, 12)
+        assert torch.equal(v, v_want)
+        expect = versions.clone()
+        expect[ids[ready]] = 12
+        assert torch.equal(v, expect)
+    bad = ids.clone()
+    bad[-1] = versions.numel()
+    for kernel in (write, write_versions_reference):
+        v = versions.clone()
+        with pytest.raises(ValueError, match="out of range"):
+            kernel(v, bad, torch.ones(u, dtype=torch.bool), 12)
+        assert torch.equal(v, versions)
+    # any_unapplied: whether some of a read's rows are rows of the step not applied yet
+    unapplied = ops.host_op("any_unapplied")
+    outside = torch.from_numpy(np.setdiff1d(np.arange(500), ids.numpy()))[:7]
+    done = torch.zeros(u, dtype=torch.bool)
+    done[::2] = True
+    reads = [ids[1::2][:3], ids[::2], torch.cat([outside, ids[-1:]]).sort().values, outside,
+             ids[:0], ids]  # fmt: skip
+    for rows in (r.contiguous() for r in reads):
+        want = bool((~done[torch.isin(ids, rows)]).any())
+        for kernel in (unapplied, any_unapplied_reference):
+            assert kernel(ids, done, rows) is want, rows
+            assert kernel(ids, torch.ones(u, dtype=torch.bool), rows) is False
+    assert unapplied(ids[:0], done[:0], ids) is any_unapplied_reference(ids[:0], done[:0], ids)
     with pytest.raises(RuntimeError, match="already applied"):
         take_ready(
             candidates, torch.ones(u, dtype=torch.bool), ids, local_prev, 3, versions, 10, -1

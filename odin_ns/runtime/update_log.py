@@ -257,6 +257,25 @@ def first_lacking_reference(
     return start + int(lacking[0]) if lacking.numel() else rows.numel()
 
 
+def write_versions_reference(versions: Tensor, ids: Tensor, ready: Tensor, step: int) -> None:
+    """``versions[ids[ready]] = step`` in place ([N] int64 versions, a step's [U] int64 ids
+    and [U] bool ready mask; host tensors): the versions a look left unwritten, written when
+    a read asks (the twin of the host kernel ``write_versions``)."""
+    if ids.numel() and bool((ids < 0).any() | (ids >= versions.numel()).any()):
+        raise ValueError("write_versions: ids out of range")
+    versions.index_fill_(0, ids[ready], step)
+
+
+def any_unapplied_reference(step_ids: Tensor, applied: Tensor, ids: Tensor) -> bool:
+    """Whether any of ``ids`` ([K] int64 sorted) is a row of a pending step (``step_ids``:
+    its [U] int64 sorted unique rows) not applied yet (``applied``: [U] bool); host tensors
+    (the twin of the host kernel ``any_unapplied``)."""
+    if step_ids.numel() == 0 or ids.numel() == 0:
+        return False
+    pos = torch.searchsorted(step_ids, ids).clamp_(max=step_ids.numel() - 1)
+    return bool(((step_ids[pos] == ids) & ~applied[pos]).any())
+
+
 class VersionTest:
     """Whether owned local ``rows`` have applied the global steps they ``need`` ([K] int64
     each), asked again and again while a step or a push waits. A row that has its step keeps
@@ -341,6 +360,8 @@ class StepKernels:
     take_ready: Callable = take_ready_reference
     mark_ready: Callable = mark_ready_reference
     first_lacking: Callable = first_lacking_reference
+    write_versions: Callable = write_versions_reference
+    any_unapplied: Callable = any_unapplied_reference
 
     @classmethod
     def resolve(cls) -> StepKernels:
@@ -350,6 +371,8 @@ class StepKernels:
             ops.host_op("take_ready") or take_ready_reference,
             ops.host_op("mark_ready") or mark_ready_reference,
             ops.host_op("first_lacking") or first_lacking_reference,
+            ops.host_op("write_versions") or write_versions_reference,
+            ops.host_op("any_unapplied") or any_unapplied_reference,
         )
 
 
@@ -671,8 +694,7 @@ class UpdateLog:
                 continue
             if ids is None:
                 return s
-            pos = torch.searchsorted(rec.ids, ids).clamp_(max=max(rec.ids.numel() - 1, 0))
-            if bool(((rec.ids[pos] == ids) & ~rec.applied[pos]).any()):
+            if self.kernels.any_unapplied(rec.ids, rec.applied, ids):
                 return s
         return None
 
@@ -747,7 +769,7 @@ class UpdateLog:
                 break
             if rec.unversioned and rec.step > through:
                 for ready in rec.unversioned:
-                    self.versions.index_fill_(0, rec.ids[ready], rec.step)
+                    self.kernels.write_versions(self.versions, rec.ids, ready, rec.step)
             rec.unversioned.clear()
 
     def _apply(self, rec: PendingStep, ready: Tensor) -> None:

@@ -12,7 +12,10 @@
 //   the rows taken; mark_ready: all of them, where every previous write is applied (or, with
 //   no list, every row not applied and not written by a missing writer);
 // - first_lacking: the first of a read's rows, from a start, whose version is below the
-//   step it needs (the engine's version tests: a step's owned reads, a push's rows).
+//   step it needs (the engine's version tests: a step's owned reads, a push's rows);
+// - write_versions: the versions of rows a look took without writing them, set when a read
+//   asks (UpdateLog.settle_versions); any_unapplied: whether a pending step has one of a
+//   read's rows not applied yet (UpdateLog.oldest_unapplied).
 //
 // Both take the step through which every update is applied (applied_through): a row whose
 // step is at or below it has it, whatever the version vector says, so neither reads the
@@ -21,8 +24,8 @@
 //
 // Their specifications are the torch twins update_log.step_record_reference,
 // writer_groups_reference, add_arrivals_reference, take_ready_reference,
-// mark_ready_reference and first_lacking_reference, checked equal in tests/test_runtime.py and
-// tests/test_sharded.py. Each replaces several torch operations per step (a unique and a
+// mark_ready_reference, first_lacking_reference, write_versions_reference and
+// any_unapplied_reference, checked equal in tests/test_runtime.py and tests/test_sharded.py. Each replaces several torch operations per step (a unique and a
 // searchsorted, a gather and a fill; a unique of writer sets and a sort; an index_add, a
 // compare and a boolean-mask index; a gather, a compare, a fill and a scatter), one pass
 // instead of one per operation and no temporaries. add_arrivals touches
@@ -548,6 +551,52 @@ int64_t first_lacking_cpu(const at::Tensor& versions, const at::Tensor& rows,
   return K;
 }
 
+// The versions the update log left unwritten (a look that took rows without writing them:
+// write_step -1), written when a read asks: in row order, a select per row, as mark_ready
+// writes them. torch's versions.index_fill_(0, ids[ready], step) makes the ids list first
+// (a boolean-mask index: 4-5 ms for a 400K-row step at R = 8 replicated, where throughput-
+// first asks at every step); this reads the mask once, in ~0.3 ms, and checks every id
+// before writing any.
+void write_versions_cpu(const at::Tensor& versions, const at::Tensor& ids,
+                        const at::Tensor& ready, int64_t step) {
+  const char* op = "write_versions";
+  const int64_t U = check_ids_and_versions(ids, versions, op);
+  check_step_rows(ready, U, at::kBool, op, "ready");
+  const int64_t* id = ids.data_ptr<int64_t>();
+  int64_t* version = versions.data_ptr<int64_t>();
+  const int64_t N = versions.size(0);
+  bool in_range = true;
+  for (int64_t u = 0; u < U; ++u) in_range &= (id[u] >= 0) & (id[u] < N);
+  TORCH_CHECK_VALUE(in_range, op, ": ids out of range [0, ", N, ")");
+  const auto* take = reinterpret_cast<const uint8_t*>(ready.data_ptr<bool>());
+  for (int64_t u = 0; u < U; ++u) {  // a select, not a branch
+    const int64_t p = id[u];
+    version[p] = take[u] ? step : version[p];
+  }
+}
+
+// Whether any of a read's lagging rows is a row of a pending step not applied yet: a binary
+// search per row that stops at the first such row (the oldest pending step a throughput-
+// first source may lack is usually found at its first row; torch's searchsorted, gather,
+// compare and any read every row: 2 ms a step at R = 8 replicated).
+bool any_unapplied_cpu(const at::Tensor& step_ids, const at::Tensor& applied,
+                       const at::Tensor& ids) {
+  const char* op = "any_unapplied";
+  check_step_rows(step_ids, -1, at::kLong, op, "step_ids");
+  const int64_t U = step_ids.size(0);
+  check_step_rows(applied, U, at::kBool, op, "applied");
+  check_step_rows(ids, -1, at::kLong, op, "ids");
+  const int64_t* row = step_ids.data_ptr<int64_t>();
+  const bool* done = applied.data_ptr<bool>();
+  const int64_t* id = ids.data_ptr<int64_t>();
+  const int64_t K = ids.size(0);
+  for (int64_t i = 0; i < K; ++i) {
+    const int64_t* at = std::lower_bound(row, row + U, id[i]);
+    if (at != row + U && *at == id[i] && !done[at - row]) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(odin, m) {
@@ -569,6 +618,8 @@ TORCH_LIBRARY_FRAGMENT(odin, m) {
   m.def(
       "first_lacking(Tensor versions, Tensor rows, Tensor need, int start, int applied_through) "
       "-> int");
+  m.def("write_versions(Tensor(a!) versions, Tensor ids, Tensor ready, int step) -> ()");
+  m.def("any_unapplied(Tensor step_ids, Tensor applied, Tensor ids) -> bool");
 }
 
 TORCH_LIBRARY_IMPL(odin, CPU, m) {
@@ -578,6 +629,8 @@ TORCH_LIBRARY_IMPL(odin, CPU, m) {
   m.impl("take_ready", &take_ready_cpu);
   m.impl("mark_ready", &mark_ready_cpu);
   m.impl("first_lacking", &first_lacking_cpu);
+  m.impl("write_versions", &write_versions_cpu);
+  m.impl("any_unapplied", &any_unapplied_cpu);
 }
 
 }  // namespace odin
