@@ -62,3 +62,18 @@ def test_tiny_run_reports_every_key(tmp_path):
     assert 0 <= result["syncs_per_step_max"] <= 2
     assert 0 < result["share_per_view"] <= 0.05
     assert out.with_suffix(".png").exists()
+
+
+def test_late_peers_run_throughput_first_decisions_on_the_meta_twin_too(tmp_path):
+    """``--late-peers``: the peers run one step behind, so throughput-first decides at every
+    step; the meta twin's decisions read the device, answered by the read double."""
+    out = tmp_path / "late.json"
+    argv = ["--rows", "20000", "--ranks", "2", "--layouts", "sharded", "--steps", "3"]
+    argv += ["--warmup", "1", "--calibration-steps", "4", "--profile-steps", "1", "--no-twin"]
+    control_plane.main([*argv, "--mode", "throughput-first", "--late-peers", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["late_peers"] is True and result["mode"] == "throughput-first"
+    # (the meta twin's every operation goes through the read double here: at this size its
+    # step can take longer than the CPU rank's)
+    assert result["meta_ms_per_step_r2_sharded"] > 0
+    assert result["host_ms_per_step_r2_sharded"] < result["engine_ms_per_step_r2_sharded"]

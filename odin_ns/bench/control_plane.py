@@ -9,9 +9,10 @@ N Gaussians of splatfacto's row widths, on a plan
 footprints are widened to N rows (each city primitive stands for N / N_city rows) and thinned
 to ``--share`` of the rows per view. The R - 1 peers are simulated: an injected transport
 answers every receive the engine posts at once with a publication of the plan's size (the
-steady state of a rank that is never behind) and takes every send; it is device-resident,
-as the NCCL transport is, so no host wire copy is made. Per step the engine runs what the
-session calls: ``before_step``, ``after_backward``.
+steady state of a rank that is never behind; ``--late-peers``: peers one step behind, so
+that throughput-first decides at every step, as where views overlap densely) and takes
+every send; it is device-resident, as the NCCL transport is, so no host wire copy is made.
+Per step the engine runs what the session calls: ``before_step``, ``after_backward``.
 
 Measured per step, R values interleaved step by step:
 
@@ -91,6 +92,7 @@ debug mode) over ``--profile-steps`` more steps.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import dataclasses
 import pstats
@@ -277,6 +279,7 @@ class ShardedRankUnderTest:
         plan=None,
         every_rank_owns: bool = False,
         tables_thread: bool = True,
+        answer_reads: bool = False,
     ):
         from odin_ns.runtime.sharded import (
             ShardedEngine,
@@ -323,6 +326,12 @@ class ShardedRankUnderTest:
         ]
         self.visible = torch.zeros(layout.num_local, dtype=torch.bool, device=device)
         self.step = 0
+        # on the meta device a step that reads device values (throughput-first's decisions)
+        # gets zeros from the read double, uncounted (``answer_reads``)
+        self.reads = None
+        if answer_reads:
+            self.reads = DeviceReads()
+            self.reads.counting = False
 
     def prepare_step(self) -> None:
         """The model's part, not measured: this step's local rows are the visible ones (read
@@ -349,8 +358,9 @@ class ShardedRankUnderTest:
 
     def run_step(self) -> None:
         """One step's engine calls, as the sharded session makes them."""
-        self.engine.before_step(self.step)
-        self.engine.after_backward(self.step, self.grads, self.visible)
+        with self.reads if self.reads is not None else contextlib.nullcontext():
+            self.engine.before_step(self.step)
+            self.engine.after_backward(self.step, self.grads, self.visible)
         self.step += 1
 
 
@@ -588,6 +598,7 @@ def measure(args) -> dict:
         "rows": args.rows,
         "share_per_view": share,
         "mode": args.mode,
+        "late_peers": args.late_peers,
         "steps": args.steps,
         "dispatch_overhead_us": overhead * 1e6,
         "device": str(device),
@@ -600,14 +611,24 @@ def measure(args) -> dict:
             tic = time.perf_counter()
             key = f"r{r}_{layout}"
             variant[key] = (r, layout)
-            tested[key] = RANKS_UNDER_TEST[layout](F, r, total_steps, args.mode, args.seed, device)
+            tested[key] = RANKS_UNDER_TEST[layout](
+                F, r, total_steps, args.mode, args.seed, device, late=args.late_peers
+            )
             print(f"{key}: plan and engine in {time.perf_counter() - tic:.0f} s")
     keys = list(tested)
     # The same rank with its data plane on a device without values: its step's wall time
     # is the host's (Python, integer operations, one dispatch per data operation).
     without_values = {
         key: RANKS_UNDER_TEST[variant[key][1]](
-            F, variant[key][0], total_steps, args.mode, args.seed, "meta", plan=tested[key].plan
+            F,
+            variant[key][0],
+            total_steps,
+            args.mode,
+            args.seed,
+            "meta",
+            late=args.late_peers,
+            answer_reads=args.late_peers,
+            plan=tested[key].plan,
         )
         for key in keys
     }
@@ -617,7 +638,14 @@ def measure(args) -> dict:
     # instrument in it (``host_twin_ms``)
     twins = {
         key: RANKS_UNDER_TEST[variant[key][1]](
-            F, variant[key][0], total_steps, args.mode, args.seed, device, plan=tested[key].plan
+            F,
+            variant[key][0],
+            total_steps,
+            args.mode,
+            args.seed,
+            device,
+            late=args.late_peers,
+            plan=tested[key].plan,
         )
         for key in (keys if args.twin and not cuda else [])  # (on a GPU: cpu_ms)
     }
@@ -832,6 +860,15 @@ def main(argv: list[str] | None = None) -> dict:
     )  # fmt: skip
     parser.add_argument("--mode", default="quality-first", choices=("quality-first", "barrier",
                         "throughput-first"))  # fmt: skip
+    parser.add_argument(
+        "--late-peers",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="the timed ranks' peers run one step behind (throughput-first decides at every "
+        "step, quality-first waits), as the device-read counts' always do; the meta twin's "
+        "reads of device values are then answered by bench.device_reads' double (zeros, "
+        "its dispatch cost in meta_ms)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--device", default="cpu", help="the parameters' device (cpu, cuda)")
