@@ -30,6 +30,7 @@ ID_OPS = (
     "scatter_rows",
     "accumulate_ready_rows",
     "apply_ready_rows",
+    "record_row_norms",
     "validate_reads",
 )
 ID_ARG = {
@@ -37,6 +38,7 @@ ID_ARG = {
     "scatter_rows": "ids",
     "accumulate_ready_rows": "positions",
     "apply_ready_rows": "ids",
+    "record_row_norms": "ids",
     "validate_reads": "read_ids",
 }
 
@@ -150,9 +152,9 @@ def test_empty_ids(odin_ops, gen, op):
 def test_out_of_range_ids_raise_before_writing(odin_ops, gen, impl, op, bad):
     inputs = cases.make_inputs(op, 100, gen, fraction=0.3)
     ids = id_list(inputs, op)
-    if op in ("apply_ready_rows", "scatter_rows"):  # keep the ids increasing: corrupt an end
-        ids[0 if bad < 0 else -1] = bad
-        if op == "apply_ready_rows":
+    if op in ("apply_ready_rows", "record_row_norms", "scatter_rows"):  # keep ids increasing:
+        ids[0 if bad < 0 else -1] = bad  # corrupt an end
+        if op != "scatter_rows":
             inputs["ready"][:] = True
     else:
         ids[len(ids) // 2] = bad
@@ -365,6 +367,25 @@ def test_apply_ready_rows_default_cpu_kernels_and_cached_load(odin_ops):
     assert float(words[words.index("seconds") + 1]) < 5.0
 
 
+@pytest.mark.parametrize("impl", ["compiled", "reference"])
+def test_record_row_norms_is_the_gradient_norm(odin_ops, gen, impl):
+    """An apply's evidence: each ready row's L2 norm over its gradient columns (torch's norm,
+    up to float rounding) and its visible flag; rows not ready, and rows outside the union,
+    keep theirs bit for bit (NaN too)."""
+    inputs = cases.make_inputs("record_row_norms", 2000, gen, fraction=0.4)
+    run = cases.copy_inputs(inputs, "cpu")
+    (compiled("record_row_norms") if impl == "compiled" else reference.record_row_norms)(**run)
+    ids, acc, ready = inputs["ids"], inputs["acc"], inputs["ready"]
+    assert ready.any() and (~ready).any() and (acc[ready, -1] == 0).any()
+    want = acc[ready, :-1].norm(dim=1)
+    torch.testing.assert_close(run["norms"][ids[ready]], want, rtol=1e-6, atol=0.0)
+    assert torch.equal(run["active"][ids[ready]], acc[ready, -1] > 0)
+    kept = torch.ones(inputs["norms"].shape[0], dtype=torch.bool)
+    kept[ids[ready]] = False
+    assert torch.equal(bits(run["norms"][kept]), bits(inputs["norms"][kept]))
+    assert torch.equal(run["active"][kept], inputs["active"][kept])
+
+
 # ---- bad input ---------------------------------------------------------------------------------
 
 
@@ -390,6 +411,11 @@ def _bad_cases(gen) -> list[tuple[str, dict, str]]:
     params = list(ap["params"])
     params[4] = params[4].double()
     out.append(("apply_ready_rows", {**ap, "params": params}, "exp_avgs"))
+    rec = cases.make_inputs("record_row_norms", 50, gen, fraction=0.5)
+    out.append(("record_row_norms", {**rec, "ids": rec["ids"].flip(0)}, "increasing"))
+    out.append(("record_row_norms", {**rec, "active": rec["active"][:-1]}, "active"))
+    out.append(("record_row_norms", {**rec, "norms": rec["norms"].double()}, "float32"))
+    out.append(("record_row_norms", {**rec, "ready": rec["ready"][:-1]}, "ready"))
     cull = cases.make_inputs("footprint_cull", 10, gen)
     out.append(("footprint_cull", {**cull, "means2d": torch.zeros(4, 10, 3)}, "means2d"))
     vr = cases.make_inputs("validate_reads", 50, gen)
@@ -487,7 +513,9 @@ def test_row_ops_resolved_once_equal_the_module_functions(odin_ops, gen, monkeyp
                 inputs[key] = [torch.nn.Parameter(t) for t in inputs[key]]
         return inputs
 
-    for op in ("pack_rows", "scatter_rows", "accumulate_ready_rows", "apply_ready_rows"):
+    for op in (
+        "pack_rows", "scatter_rows", "accumulate_ready_rows", "apply_ready_rows", "record_row_norms"
+    ):  # fmt: skip
         inputs = cases.make_inputs(op, 300, gen)
         theirs = cases.run_op(getattr(ops, op), op, leaf_parameters(inputs))
         ours = cases.run_op(getattr(row_ops, op), op, leaf_parameters(inputs))

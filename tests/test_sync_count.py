@@ -55,9 +55,14 @@ def test_sync_count_of_a_steady_state_step(footprints, layout, mode):
         # the evidence of the pushes one look took in is recorded in one operation per
         # layer (every owner's first push, then its second ...; two layers at most in one
         # look here), not one per push (7df2a92 and before: 27 for 9 looks, sharded); each
-        # recording writes two tables, as does each apply's
-        records = ops_run["index_put_"] / 2 - ops_run["apply_ready_rows"]
+        # recording writes two tables
+        records = ops_run["index_put_"] / 2
         assert records <= 2 * ops_run["scatter_rows"], dict(ops_run)
+        # an apply's evidence in one operation (before: a norm, a compare, two gathers, two
+        # selects and two writes)
+        assert ops_run["record_row_norms"] == ops_run["apply_ready_rows"], dict(ops_run)
+    else:
+        assert ops_run["record_row_norms"] == 0, dict(ops_run)
 
 
 def test_sync_count_double_sees_what_a_gpu_waits_for():

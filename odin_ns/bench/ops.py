@@ -18,6 +18,8 @@ step the engine calls:
   order;
 - ``apply_ready_rows(...)`` once over the union (six splatfacto groups);
 - ``validate_reads(footprint_r, versions, required)`` once;
+- ``record_row_norms(norms, active, union, acc, ready)`` once per apply in throughput-first
+  (the apply's gradient evidence);
 - ``footprint_cull``: the calls ``compute_footprints`` makes on the scene (recorded).
 
 The "1m" case scales the same layout to 1M rows (U = 1M union rows, N = 2M Gaussians; M
@@ -143,6 +145,7 @@ def engine_calls(w: dict[str, Any], gen: torch.Generator) -> dict[str, Callable[
     summed = cases.publication(U, gen, writers=RANKS)
     versions = torch.randint(0, 50, (N,), generator=gen)
     required = torch.randint(0, 50, (fps[0].numel(),), generator=gen)
+    norms, active = torch.full((N,), math.nan), torch.zeros(N, dtype=torch.bool)
     hyper = dict(
         lrs=list(cases.SPLATFACTO_LRS),
         betas=[(0.9, 0.999)] * len(dims),
@@ -164,6 +167,7 @@ def engine_calls(w: dict[str, Any], gen: torch.Generator) -> dict[str, Callable[
         "apply_ready_rows": lambda lib: lib.apply_ready_rows(
             **state, ids=union, acc=summed, ready=ready, **hyper, step=1000, versions=versions
         ),
+        "record_row_norms": lambda lib: lib.record_row_norms(norms, active, union, summed, ready),
         "validate_reads": lambda lib: lib.validate_reads(fps[0], versions, required),
     }
 

@@ -36,6 +36,7 @@ INPLACE_OUTPUTS: dict[str, tuple[str, ...]] = {
     "scatter_rows": ("columns",),
     "accumulate_ready_rows": ("acc",),
     "apply_ready_rows": ("params", "exp_avgs", "exp_avg_sqs", "versions"),
+    "record_row_norms": ("norms", "active"),
 }
 OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
     "footprint_cull": ("indptr", "indices"),
@@ -151,6 +152,18 @@ def make_inputs(
             step=int(torch.randint(0, 30000, (1,), generator=gen)),
             versions=torch.randint(-1, 100, (n,), generator=gen),
         )
+    if op == "record_row_norms":
+        # an apply's evidence: n rows of a table (NaN: never updated), ``fraction`` in the union
+        ids = subset_ids(n, m, gen)
+        norms = torch.rand(n, generator=gen)
+        norms[torch.rand(n, generator=gen) < 0.3] = math.nan
+        return dict(
+            norms=norms,
+            active=torch.rand(n, generator=gen) < 0.5,
+            ids=ids,
+            acc=publication(len(ids), gen, writers=2),
+            ready=torch.rand(len(ids), generator=gen) < 0.8,
+        )
     if op == "validate_reads":
         read_ids = subset_ids(n, m, gen, duplicates)
         return dict(
@@ -194,14 +207,17 @@ def run_op(fn: Callable, op: str, inputs: dict[str, Any]) -> dict[str, Tensor]:
 
 
 def compare(op: str, expected: dict[str, Tensor], actual: dict[str, Tensor]) -> dict[str, Any]:
-    """Exact comparison, or within TOLERANCES for the outputs listed there."""
+    """Exact comparison (NaN equal to NaN), or within TOLERANCES for the outputs listed
+    there."""
     report: dict[str, Any] = {"match": True, "exact": True, "max_abs_diff": 0.0}
     for name, want in expected.items():
         got = actual[name].cpu()
         if got.shape != want.shape or got.dtype != want.dtype:
             report.update(match=False, exact=False, detail=f"{name}: {got.shape} {got.dtype}")
             return report
-        if torch.equal(got, want):
+        if torch.equal(got, want) or (
+            want.is_floating_point() and torch.allclose(got, want, 0.0, 0.0, equal_nan=True)
+        ):  # (a NaN where the other has one: a table's unknown rows)
             continue
         report["exact"] = False
         if want.is_floating_point():

@@ -30,6 +30,7 @@ OPS = (
     "scatter_rows",
     "accumulate_ready_rows",
     "apply_ready_rows",
+    "record_row_norms",
     "validate_reads",
 )
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA", "meta": "Meta"}
@@ -104,6 +105,7 @@ def _register_meta_kernels() -> None:
         ("scatter_rows", in_place),
         ("accumulate_ready_rows", in_place),
         ("apply_ready_rows", in_place),
+        ("record_row_norms", in_place),
     ):
         torch.library.register_fake(f"odin::{name}")(fn)
 
@@ -191,6 +193,7 @@ class RowOps:
         self.scatter_rows = self._resolve("scatter_rows")
         self.accumulate_ready_rows = self._resolve("accumulate_ready_rows")
         self.apply_ready_rows = self._resolve("apply_ready_rows")
+        self.record_row_norms = self._resolve("record_row_norms")
 
     def _resolve(self, name: str) -> Callable:
         fn = implementation(name, self.device)
@@ -290,6 +293,16 @@ def apply_ready_rows(
     implementation("apply_ready_rows", versions.device)(
         params, exp_avgs, exp_avg_sqs, ids, acc, ready, lrs, betas, eps, step, versions
     )
+
+
+@torch.no_grad()
+def record_row_norms(
+    norms: Tensor, active: Tensor, ids: Tensor, acc: Tensor, ready: Tensor
+) -> None:
+    """In place, for every ready row i (``ready`` [U] bool): ``norms[ids[i]]`` ([N] float32) =
+    the L2 norm of its gradient columns ``acc[i, :-1]`` ([U, W] float32), ``active[ids[i]]``
+    ([N] bool) = its visible flag ``acc[i, -1] > 0``; ``ids`` [U] int64 strictly increasing."""
+    implementation("record_row_norms", norms.device)(norms, active, ids, acc, ready)
 
 
 @torch.no_grad()

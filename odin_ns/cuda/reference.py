@@ -5,8 +5,9 @@ Each function has the signature of its compiled op and the same defined behaviou
 - repeated ids: ``pack_rows`` copies a repeated row once per occurrence;
   ``accumulate_ready_rows`` adds it once per occurrence, in part and list order
   (``index_add_``);
-  ``validate_reads`` reports it once per occurrence; ``apply_ready_rows`` requires strictly
-  increasing ids (the engine's union of footprints is sorted and unique);
+  ``validate_reads`` reports it once per occurrence; ``apply_ready_rows`` and
+  ``record_row_norms`` require strictly increasing ids (the engine's union of footprints is
+  sorted and unique);
 - empty id lists give empty outputs and leave in-place arguments untouched;
 - bad input (shape, dtype, device, out-of-range ids) raises ValueError before anything is
   written; checks that read values (id ranges, sorted ids) run on host tensors always and
@@ -270,6 +271,22 @@ def accumulate_ready_rows(
             acc.index_add_(0, pos[keep], contrib[keep])
 
 
+def _check_union_ids(ids: Tensor, U: int, N: int, op: str) -> None:
+    """A step's union of footprints: [U] int64, in [0, N), strictly increasing."""
+    _check(
+        ids.dim() == 1 and ids.shape[0] == U,
+        op,
+        f"ids must have shape [{U}], got {list(ids.shape)}",
+    )
+    _check_ids(ids, N, op)
+    if U > 1 and reads_values(ids):
+        _check(
+            bool((ids[1:] > ids[:-1]).all()),
+            op,
+            "ids must be strictly increasing (the step's sorted union of footprints)",
+        )
+
+
 def check_apply_inputs(
     params: Sequence[Tensor],
     exp_avgs: Sequence[Tensor],
@@ -347,18 +364,7 @@ def check_apply_inputs(
     _check(versions.is_contiguous(), op, "versions must be contiguous (it is updated in place)")
     _check(step >= 0, op, f"step is the 0-based global step, got {step}")
     _check_same_device(op, device, ids=ids, acc=acc, ready=ready)
-    _check(
-        ids.dim() == 1 and ids.shape[0] == U,
-        op,
-        f"ids must have shape [{U}], got {list(ids.shape)}",
-    )
-    _check_ids(ids, N, op)
-    if U > 1 and reads_values(ids):
-        _check(
-            bool((ids[1:] > ids[:-1]).all()),
-            op,
-            "ids must be strictly increasing (the step's sorted union of footprints)",
-        )
+    _check_union_ids(ids, U, N, op)
     return dims
 
 
@@ -405,6 +411,60 @@ def apply_ready_rows(
                 )
             off += d
     versions[ids[ready]] = step
+
+
+def check_record_inputs(
+    norms: Tensor, active: Tensor, ids: Tensor, acc: Tensor, ready: Tensor
+) -> None:
+    """Validate ``record_row_norms``' arguments (ValueError)."""
+    op = "record_row_norms"
+    _check(norms.dim() == 1, op, f"norms must have shape [N], got {list(norms.shape)}")
+    N = norms.shape[0]
+    _check(norms.dtype == torch.float32, op, f"norms must be torch.float32, got {norms.dtype}")
+    _check(list(active.shape) == [N], op, f"active must have shape [{N}], got {list(active.shape)}")
+    _check(active.dtype == torch.bool, op, f"active must be torch.bool, got {active.dtype}")
+    for name, t in (("norms", norms), ("active", active)):
+        _check(t.is_contiguous(), op, f"{name} must be contiguous (it is updated in place)")
+    _check(
+        acc.dim() == 2 and acc.shape[1] >= 1,
+        op,
+        f"acc must have shape [U, W], got {list(acc.shape)}",
+    )
+    U = acc.shape[0]
+    _check(acc.dtype == torch.float32, op, f"acc must be torch.float32, got {acc.dtype}")
+    _check(list(ready.shape) == [U], op, f"ready must have shape [{U}], got {list(ready.shape)}")
+    _check(ready.dtype == torch.bool, op, f"ready must be torch.bool, got {ready.dtype}")
+    _check_same_device(op, norms.device, active=active, ids=ids, acc=acc, ready=ready)
+    _check_union_ids(ids, U, N, op)
+
+
+@torch.no_grad()
+def record_row_norms(
+    norms: Tensor,  # [N] float32 per-primitive gradient-row norm, updated in place
+    active: Tensor,  # [N] bool per-primitive visible flag, updated in place
+    ids: Tensor,  # [U] int64 strictly increasing primitive ids (the step's union)
+    acc: Tensor,  # [U, W] float32 summed rows: gradient columns, then the visible flag
+    ready: Tensor,  # [U] bool rows to record
+) -> None:
+    """Record an apply's gradient evidence: for every i with ready[i],
+    norms[ids[i]] = ||acc[i, :W-1]||_2 and active[ids[i]] = acc[i, W-1] > 0; the other rows
+    keep theirs.
+
+    The norm's sum of squares is taken in float64, column after column (each square is
+    exact there), its square root in float64, then rounded to float32: one order of
+    operations, so every implementation gives the same bits.
+    """
+    check_record_inputs(norms, active, ids, acc, ready)
+    rows = ids[ready]
+    if rows.numel() == 0:
+        return
+    picked = acc[ready]
+    total = torch.zeros(rows.shape[0], dtype=torch.float64, device=acc.device)
+    for c in range(acc.shape[1] - 1):
+        column = picked[:, c].double()
+        total += column * column
+    norms[rows] = total.sqrt().float()
+    active[rows] = picked[:, -1] > 0
 
 
 def validate_reads(

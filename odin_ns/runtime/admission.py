@@ -49,6 +49,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from odin_ns.cuda.ops import RowOps
 from odin_ns.runtime.uploads import upload, upload_together
 
 FALLBACK_REASONS = ("overlap", "evidence", "impact", "staleness", "phase")
@@ -204,29 +205,26 @@ class GradientEvidence:
     def __init__(self, num_rows: int, device: torch.device):
         self.strength = torch.full((num_rows,), math.nan, device=device)  # [N] (NaN: unknown)
         self.active = torch.zeros(num_rows, dtype=torch.bool, device=device)  # [N]
+        self._record_row_norms = RowOps(device).record_row_norms
 
-    @torch.no_grad()
     def observe(self, rows: Tensor, buf: Tensor, keep: Tensor | None = None) -> None:
-        """Record rows' updates.
+        """Record rows' updates (one ``record_row_norms``: a launch beside a GPU).
 
         A row that was not visible (footprint margin) has a zero gradient: its strength is
         recorded as 0 but it is not part of the active set, so margins do not dilute the
         active-set mean.
 
         Args:
-            rows: [M] int64 distinct row ids.
+            rows: [M] int64 strictly increasing row ids (a step's union).
             buf: [M, D + 1] float32 gradient rows (last column: visible flag or count).
             keep: [M] bool rows to record (None: all); the others stay as they were.
         """
         if rows.numel() == 0:
             return
-        norms, visible = buf[:, :-1].float().norm(dim=1), buf[:, -1] > 0
-        rows = upload(rows, self.strength.device)
-        if keep is not None:  # rows not kept: the tables unchanged
-            norms = torch.where(keep, norms, self.strength[rows])
-            visible = torch.where(keep, visible, self.active[rows])
-        self.strength[rows] = norms
-        self.active[rows] = visible
+        device = self.strength.device
+        if keep is None:
+            keep = torch.ones(rows.shape[0], dtype=torch.bool, device=device)
+        self._record_row_norms(self.strength, self.active, upload(rows, device), buf, keep)
 
     @torch.no_grad()
     def observe_strengths(self, rows: Tensor, strength: Tensor) -> None:

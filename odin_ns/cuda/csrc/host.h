@@ -153,6 +153,22 @@ inline HostIdStats host_id_stats(const at::Tensor& ids_cpu) {
   return s;
 }
 
+// A step's union of footprints: [U] int64 ids in [0, N), strictly increasing (the values
+// checked where reads_values allows; mirrors reference._check_union_ids).
+inline void check_union_ids(const at::Tensor& ids, int64_t U, int64_t N, const char* op) {
+  TORCH_CHECK_VALUE(ids.dim() == 1 && ids.size(0) == U, op, ": ids must have shape [", U,
+                    "], got ", ids.sizes());
+  check_dtype(ids, at::kLong, op, "ids");
+  if (U == 0 || !reads_values(ids)) {
+    return;
+  }
+  const auto [lo, hi, increasing] = host_id_stats(ids.cpu());  // range and order, one pass
+  TORCH_CHECK_VALUE(lo >= 0 && hi < N, op, ": ids out of range: values span [", lo, ", ", hi,
+                    "] but must lie in [0, ", N, ")");
+  TORCH_CHECK_VALUE(increasing, op,
+                    ": ids must be strictly increasing (the step's sorted union of footprints)");
+}
+
 // Validated [N, cols] float32 views of pack_rows's tensors (same device as ids).
 inline std::vector<at::Tensor> check_pack_inputs(const at::Tensor& ids,
                                                  at::TensorList columns) {
@@ -329,21 +345,34 @@ inline std::vector<int64_t> check_apply_inputs(
   check_device(ids, device, op, "ids");
   check_device(acc, device, op, "acc");
   check_device(ready, device, op, "ready");
-  TORCH_CHECK_VALUE(ids.dim() == 1 && ids.size(0) == U, op, ": ids must have shape [", U,
-                    "], got ", ids.sizes());
-  check_dtype(ids, at::kLong, op, "ids");
-  if (U == 0) {
-    return dims;
-  }
-  if (!reads_values(ids)) {
-    return dims;
-  }
-  const auto [lo, hi, increasing] = host_id_stats(ids.cpu());  // range and order, one pass
-  TORCH_CHECK_VALUE(lo >= 0 && hi < N, op, ": ids out of range: values span [", lo, ", ", hi,
-                    "] but must lie in [0, ", N, ")");
-  TORCH_CHECK_VALUE(increasing, op,
-                    ": ids must be strictly increasing (the step's sorted union of footprints)");
+  check_union_ids(ids, U, N, op);
   return dims;
+}
+
+// Validated arguments of record_row_norms (mirrors reference.check_record_inputs).
+inline void check_record_inputs(const at::Tensor& norms, const at::Tensor& active,
+                                const at::Tensor& ids, const at::Tensor& acc,
+                                const at::Tensor& ready) {
+  const char* op = "record_row_norms";
+  TORCH_CHECK_VALUE(norms.dim() == 1, op, ": norms must have shape [N], got ", norms.sizes());
+  const int64_t N = norms.size(0);
+  check_dtype(norms, at::kFloat, op, "norms");
+  check_shape_1d(active, N, op, "active");
+  check_dtype(active, at::kBool, op, "active");
+  check_contiguous(norms, op, "norms");
+  check_contiguous(active, op, "active");
+  TORCH_CHECK_VALUE(acc.dim() == 2 && acc.size(1) >= 1, op, ": acc must have shape [U, W], got ",
+                    acc.sizes());
+  const int64_t U = acc.size(0);
+  check_dtype(acc, at::kFloat, op, "acc");
+  check_shape_1d(ready, U, op, "ready");
+  check_dtype(ready, at::kBool, op, "ready");
+  const auto device = norms.device();
+  check_device(active, device, op, "active");
+  check_device(ids, device, op, "ids");
+  check_device(acc, device, op, "acc");
+  check_device(ready, device, op, "ready");
+  check_union_ids(ids, U, N, op);
 }
 
 inline void check_validate_inputs(const at::Tensor& read_ids, const at::Tensor& versions,

@@ -193,6 +193,27 @@ __global__ void apply_ready_versions_kernel(const int64_t* ids, const bool* read
   }
 }
 
+// One thread per union row (rows are distinct ids: no two threads write one row); the sum
+// in the CPU kernel's order, so both give the same bits.
+__global__ void record_row_norms_kernel(float* norms, bool* active, const int64_t* ids,
+                                        const float* acc, const bool* ready, int64_t U,
+                                        int64_t W) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < U;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (!ready[i]) {
+      continue;
+    }
+    const float* row = acc + i * W;
+    double total = 0.0;
+    for (int64_t c = 0; c + 1 < W; ++c) {
+      const double x = row[c];
+      total += x * x;
+    }
+    norms[ids[i]] = __double2float_rn(sqrt(total));
+    active[ids[i]] = row[W - 1] > 0.0f;
+  }
+}
+
 template <typename T>
 cudaError_t launch_apply_group(T* param, T* exp_avg, T* exp_avg_sq, const int64_t* ids,
                                const float* acc, const bool* ready, int64_t U, int64_t W,
@@ -272,6 +293,13 @@ cudaError_t apply_ready_versions(const int64_t* ids, const bool* ready, int64_t 
                                  int64_t step, int64_t* versions, cudaStream_t stream) {
   apply_ready_versions_kernel<<<grid_for(U), kThreads, 0, stream>>>(ids, ready, U, step,
                                                                      versions);
+  return cudaGetLastError();
+}
+
+cudaError_t record_row_norms(float* norms, bool* active, const int64_t* ids, const float* acc,
+                             const bool* ready, int64_t U, int64_t W, cudaStream_t stream) {
+  record_row_norms_kernel<<<grid_for(U), kThreads, 0, stream>>>(norms, active, ids, acc, ready,
+                                                                U, W);
   return cudaGetLastError();
 }
 

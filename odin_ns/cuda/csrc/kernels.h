@@ -61,6 +61,11 @@ cudaError_t apply_ready_group(double* param, double* exp_avg, double* exp_avg_sq
 cudaError_t apply_ready_versions(const int64_t* ids, const bool* ready, int64_t U,
                                  int64_t step, int64_t* versions, cudaStream_t stream);
 
+// record_row_norms: for every ready i, norms[ids[i]] = the L2 norm of acc[i, 0:W-1] (squares
+// summed in float64 column after column, rounded to float32), active[ids[i]] = acc[i, W-1] > 0.
+cudaError_t record_row_norms(float* norms, bool* active, const int64_t* ids, const float* acc,
+                             const bool* ready, int64_t U, int64_t W, cudaStream_t stream);
+
 // validate_reads: counts per piece, then write stale ids from offsets (exclusive scan).
 cudaError_t validate_count(const int64_t* read_ids, const int64_t* versions,
                            const int64_t* required, int64_t M, int64_t* counts,

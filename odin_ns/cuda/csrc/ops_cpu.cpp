@@ -3,8 +3,9 @@
 // Semantics, shared with odin_ns/cuda/reference.py (the pure-torch specification):
 // - ids may repeat: pack_rows copies a repeated row once per occurrence;
 //   accumulate_ready_rows adds it once per occurrence, in part and list order (like
-//   index_add_ on CPU, one part after another); validate_reads reports it once per occurrence; apply_ready_rows needs strictly
-//   increasing ids (the engine's sorted union);
+//   index_add_ on CPU, one part after another); validate_reads reports it once per
+//   occurrence; apply_ready_rows and record_row_norms need strictly increasing ids (the
+//   engine's sorted union);
 // - empty id lists give empty outputs and leave in-place arguments untouched;
 // - out-of-range ids raise ValueError before any output is written.
 #include <ATen/ATen.h>
@@ -12,6 +13,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -470,6 +472,44 @@ void apply_ready_rows_cpu(at::TensorList params, at::TensorList exp_avgs,
   }
 }
 
+// ---- record_row_norms -------------------------------------------------------------------
+
+void record_row_norms_cpu(const at::Tensor& norms, const at::Tensor& active,
+                          const at::Tensor& ids_in, const at::Tensor& acc_in,
+                          const at::Tensor& ready_in) {
+  check_record_inputs(norms, active, ids_in, acc_in, ready_in);
+  const int64_t U = acc_in.size(0);
+  if (U == 0) {
+    return;
+  }
+  const auto ids_t = ids_in.contiguous();
+  const auto acc_t = acc_in.contiguous();
+  const auto ready_t = ready_in.contiguous();
+  const int64_t* ids = ids_t.data_ptr<int64_t>();
+  const float* acc = acc_t.data_ptr<float>();
+  const bool* ready = ready_t.data_ptr<bool>();
+  float* norm = norms.data_ptr<float>();
+  bool* act = active.data_ptr<bool>();
+  const int64_t W = acc_t.size(1);
+  // The reference's order: float64 squares (exact) summed column after column, the float64
+  // square root, rounded to float32. Ids are distinct: tasks write disjoint rows.
+  at::parallel_for(0, U, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (!ready[i]) {
+        continue;
+      }
+      const float* row = acc + i * W;
+      double total = 0.0;
+      for (int64_t c = 0; c + 1 < W; ++c) {
+        const double x = row[c];
+        total += x * x;
+      }
+      norm[ids[i]] = static_cast<float>(std::sqrt(total));
+      act[ids[i]] = row[W - 1] > 0.0f;
+    }
+  });
+}
+
 // ---- validate_reads ---------------------------------------------------------------------
 
 at::Tensor validate_reads_cpu(const at::Tensor& read_ids_in, const at::Tensor& versions_in,
@@ -528,6 +568,9 @@ TORCH_LIBRARY(odin, m) {
       "apply_ready_rows(Tensor(a!)[] params, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
       "Tensor ids, Tensor acc, Tensor ready, float[] lrs, float[] betas, float[] eps, "
       "int step, Tensor(d!) versions) -> ()");
+  m.def(
+      "record_row_norms(Tensor(a!) norms, Tensor(b!) active, Tensor ids, Tensor acc, "
+      "Tensor ready) -> ()");
   m.def("validate_reads(Tensor read_ids, Tensor versions, Tensor required) -> Tensor");
 }
 
@@ -537,6 +580,7 @@ TORCH_LIBRARY_IMPL(odin, CPU, m) {
   m.impl("scatter_rows", &scatter_rows_cpu);
   m.impl("accumulate_ready_rows", &accumulate_ready_rows_cpu);
   m.impl("apply_ready_rows", &apply_ready_rows_cpu);
+  m.impl("record_row_norms", &record_row_norms_cpu);
   m.impl("validate_reads", &validate_reads_cpu);
 }
 

@@ -220,6 +220,25 @@ void apply_ready_rows_cuda(at::TensorList params, at::TensorList exp_avgs,
                "apply_ready_rows");
 }
 
+void record_row_norms_cuda(const at::Tensor& norms, const at::Tensor& active,
+                           const at::Tensor& ids_in, const at::Tensor& acc_in,
+                           const at::Tensor& ready_in) {
+  check_record_inputs(norms, active, ids_in, acc_in, ready_in);
+  const int64_t U = acc_in.size(0);
+  if (U == 0) {
+    return;
+  }
+  const c10::cuda::CUDAGuard guard(norms.device());
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const auto ids = ids_in.contiguous();
+  const auto acc = acc_in.contiguous();
+  const auto ready = ready_in.contiguous();
+  check_launch(cuda::record_row_norms(norms.data_ptr<float>(), active.data_ptr<bool>(),
+                                      ids.data_ptr<int64_t>(), acc.data_ptr<float>(),
+                                      ready.data_ptr<bool>(), U, acc.size(1), stream),
+               "record_row_norms");
+}
+
 at::Tensor validate_reads_cuda(const at::Tensor& read_ids_in, const at::Tensor& versions_in,
                                const at::Tensor& required_in) {
   check_validate_inputs(read_ids_in, versions_in, required_in);
@@ -260,6 +279,7 @@ TORCH_LIBRARY_IMPL(odin, CUDA, m) {
   m.impl("scatter_rows", &scatter_rows_cuda);
   m.impl("accumulate_ready_rows", &accumulate_ready_rows_cuda);
   m.impl("apply_ready_rows", &apply_ready_rows_cuda);
+  m.impl("record_row_norms", &record_row_norms_cuda);
   m.impl("validate_reads", &validate_reads_cuda);
 }
 
