@@ -35,13 +35,16 @@ from harness import (
 from odin_ns.cuda import ops
 from odin_ns.runtime import MODES, SyncConfig
 from odin_ns.runtime.sharded import (
+    GROUPS_AHEAD_MAX_RANKS,
     PhaseSteps,
     ShardedEngine,
     ShardLayout,
+    groups_ahead,
     replicated_layout,
     step_rows,
 )
 from odin_ns.runtime.update_log import (
+    StepKernels,
     SumBuffers,
     UpdateLog,
     add_arrivals_reference,
@@ -497,9 +500,24 @@ def test_tables_made_ahead_are_the_tables_made_in_the_step():
         steps_ahead[3]
 
 
-@pytest.mark.parametrize("on_take", [False, True])
-@pytest.mark.parametrize("world", [3, 5])
-def test_host_versions_are_written_when_asked(on_take, world):
+def test_tables_group_writers_ahead_only_where_it_pays():
+    """The tables' thread groups a step's rows by writer set only for the replicated layout,
+    its tables made ahead, up to ``GROUPS_AHEAD_MAX_RANKS`` (beyond, the groups cost that
+    thread more than a step lasts)."""
+    replicated, limit = replicated_layout(50, 0), GROUPS_AHEAD_MAX_RANKS
+    assert groups_ahead(replicated, 8, True) and groups_ahead(replicated, limit, True)
+    assert not groups_ahead(replicated, limit + 1, True)
+    assert not groups_ahead(replicated, 8, False)  # CPU ranks: made when a step needs them
+    owner = np.arange(50) % 2
+    sharded = ShardLayout(owner, 0, np.flatnonzero(owner == 1))
+    assert not groups_ahead(sharded, 2, True)
+
+
+@pytest.mark.parametrize(
+    "on_take, world, grouped",
+    [(False, 3, False), (True, 3, False), (False, 5, False), (True, 5, False), (False, 5, True)],
+)
+def test_host_versions_are_written_when_asked(on_take, world, grouped, monkeypatch):
     """The update log applies rows without writing the host's version vector (or, with
     ``versions_on_take``, as it takes them); asked (``settle_versions``), the host vector
     says, of every row, what the apply op's exact vector says wherever that is after
@@ -510,11 +528,30 @@ def test_host_versions_are_written_when_asked(on_take, world):
     order, bit for bit; after every arrival, every row whose writers are all in and whose
     previous planned write is applied is applied, and no other. (A step first looked at
     with at most two writers missing finds its complete rows by a mask, with more it counts
-    its writers: 3 ranks take the first way only, 5 ranks both.)"""
+    its writers: 3 ranks take the first way only, 5 ranks both; ``grouped``: the tables
+    bring the rows grouped by writer set, as beside an accelerator, and the counting leaves
+    those groups as they were made.)"""
     n, steps, offset = 90, 10, 7
     plan = ListPlan(random_footprints(n, steps, world, seed=2))
-    tables = step_rows(plan, replicated_layout(n, 0), world)  # the engine's step tables
+    # the engine's step tables
+    tables = step_rows(plan, replicated_layout(n, 0), world, group_writers=grouped)
     writes = PhaseSteps((step for step, _, _ in tables), steps)
+    made = [writes[t].writes.groups for t in range(steps)]
+    assert all((g is not None) == grouped for g in made)
+    made_need = [None if g is None else g[2].clone() for g in made]
+    counted = []  # the writers' arrivals counted down by groups
+    if grouped:  # a step takes the groups its tables made and makes none
+        real = StepKernels.resolve()
+
+        def refuse(*_):
+            raise AssertionError("a step grouped rows its tables had grouped")
+
+        def count(*args):
+            counted.append(1)
+            return real.add_arrivals(*args)
+
+        kernels = dataclasses.replace(real, writer_groups=refuse, add_arrivals=count)
+        monkeypatch.setattr(StepKernels, "resolve", classmethod(lambda cls: kernels))
     width = 3 + 12 + 1 + 1
     gen = torch.Generator().manual_seed(5)
     parts = {  # (a writer with no row of a step sends nothing)
@@ -557,6 +594,9 @@ def test_host_versions_are_written_when_asked(on_take, world):
         results.append(groups)
         assert skipped != on_take and ahead  # (written on take: the host vector is exact)
     assert _same(*results)
+    for g, need in zip(made, made_need, strict=True):  # the tables' groups as made
+        assert g is None or torch.equal(g[2], need)
+    assert bool(counted) == grouped
 
 
 def test_the_plans_dependency_table_is_not_read():

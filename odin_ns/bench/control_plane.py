@@ -76,7 +76,7 @@ Measured per step, R values interleaved step by step:
   (``sharded.Step``) and the time to make them, median over the first 10 steps: what a
   rank holds per step in flight (a layout with pushes holds every step of the phase from
   its start), and what the tables' thread spends per step (``replicated``: the host time
-  the step's thread no longer spends);
+  the step's thread no longer spends, the rows' writer groups included);
 - ``split``: cProfile's own time per function of ``odin_ns`` over a few separate steps
   (shares of the profiled total; cProfile slows Python code, so shares, not milliseconds),
   and ``control_lines``: the integer / boolean operations' ms per step by source line.
@@ -298,6 +298,7 @@ class ShardedRankUnderTest:
             reads = phase_read_sets(self.plan, ranks)[0]
             layout = ShardLayout(owner, 0, cache_of(owner, 0, reads))
         self.layout = layout
+        self.tables_thread = tables_thread
         owned = layout.num_owned
         self.groups = [
             ParamGroupState(
@@ -344,10 +345,14 @@ class ShardedRankUnderTest:
 
     def tables(self, steps: int) -> tuple[float, float]:
         """(median host MB, median ms) of one of the first ``steps`` steps' tables
-        (``sharded.Step``), made apart by the function the engine makes them with."""
-        from odin_ns.runtime.sharded import step_rows
+        (``sharded.Step``), made apart by the function the engine makes them with, as the
+        engine makes them (the replicated layout's made ahead: with their writer groups, up
+        to ``GROUPS_AHEAD_MAX_RANKS``)."""
+        from odin_ns.runtime.sharded import groups_ahead, step_rows
 
-        made = step_rows(self.plan, self.layout, self.plan.num_ranks, steps)
+        ranks = self.plan.num_ranks
+        grouped = groups_ahead(self.layout, ranks, self.tables_thread)
+        made = step_rows(self.plan, self.layout, ranks, steps, group_writers=grouped)
         sizes, times = [], []
         for _ in range(steps):
             tic = time.perf_counter()

@@ -86,6 +86,7 @@ from odin_ns.runtime.update_log import (
     UpdateLog,
     VersionTest,
     step_record_reference,
+    writer_groups_reference,
 )
 from odin_ns.runtime.uploads import upload, upload_together
 
@@ -93,6 +94,17 @@ GRAD, PUSH = 0, 1
 EVERY_RANK = -1  # an ``owner`` entry: the row is replicated, every rank owns it
 NOTHING_LEFT = np.iinfo(np.int64).max  # the step a reader's next push waits on: none left
 TABLES_AHEAD = 2  # steps whose tables a thread makes ahead beside an accelerator (PhaseSteps)
+# The most ranks at which that thread also groups each step's rows by writer set (for a step
+# whose peers are behind): at 1M rows, 4.5% per view, the groups cost it 1.7 ms a step at
+# R = 8 (tables 2.9 -> 4.6 ms) but 26 ms at R = 64 (15 -> 41 ms), longer than a step there
+GROUPS_AHEAD_MAX_RANKS = 16
+
+
+def groups_ahead(layout: ShardLayout, world_size: int, tables_thread: bool) -> bool:
+    """Whether the tables' thread groups each step's rows by writer set (``step_rows``'
+    ``group_writers``): the replicated layout, its tables made ahead, up to
+    ``GROUPS_AHEAD_MAX_RANKS`` ranks."""
+    return tables_thread and layout.replicated and world_size <= GROUPS_AHEAD_MAX_RANKS
 
 
 def owned_by(owner: np.ndarray, rank: int) -> np.ndarray:
@@ -302,6 +314,7 @@ def step_rows(
     num_steps: int | None = None,
     aside: bool = False,
     device: torch.device | str = "cpu",
+    group_writers: bool = False,
 ) -> Iterator[tuple[Step, list[Push], list[Push]]]:
     """Per local step of the phase's plan, in order: (rank ``layout.rank``'s ``Step``, the
     pushes it makes (one per reader), the pushes it receives (one per owner)).
@@ -320,11 +333,17 @@ def step_rows(
     ``aside`` (a layout with owners): a thread of its own cuts step t's tables while the
     caller's thread makes step t + 1's record (the kernels release the GIL; the tables come
     out in step order, the same tables). At R = 64, 1M rows: 10 -> 5.6 ms a step on 2 cores.
+
+    ``group_writers`` (the replicated layout, its tables made ahead beside an accelerator):
+    each step's rows grouped by writer set with its record (``StepRows.groups``), off the
+    step's path; a step whose first look misses more than two writers (peers behind) needs
+    them, and made by the step they cost it 1.5 ms at R = 8 (1M rows).
     """
     me = layout.rank
     record = ops.host_op("step_record") or step_record_reference
     as_owner = ops.host_op("owner_rows") or owner_rows_reference
     as_reader = ops.host_op("reader_rows") or reader_rows_reference
+    group = (ops.host_op("writer_groups") or writer_groups_reference) if group_writers else None
     # the maps as the kernels take them: int32, half the bytes a look-up pulls in
     owner = torch.from_numpy(layout.owner.astype(np.int32))
     local_of = torch.from_numpy(layout.local_of.astype(np.int32))
@@ -377,7 +396,7 @@ def step_rows(
             reads = [torch.from_numpy(plan.step_footprint(t, q)) for q in range(num_ranks)]
             ids, positions, prev = record(reads, last, t, held)  # the union [U], sorted
             if layout.replicated:  # no owner to look up (1.3 ms a step at R = 8, 1M rows)
-                writes = step_writes(ids, prev, positions, device)
+                writes = step_writes(ids, prev, positions, device, group)
                 yield replicated_step(writes, me, peers), [], []
             elif cutter is None:
                 yield cut(t, ids, positions, prev)
@@ -502,13 +521,21 @@ def replicated_step(writes: StepRows, me: int, peers: list[int]) -> Step:
     )
 
 
-def step_writes(ids: Tensor, prev: Tensor, positions: list[Tensor], device) -> StepRows:
+def step_writes(
+    ids: Tensor,
+    prev: Tensor,
+    positions: list[Tensor],
+    device,
+    writer_groups: Callable | None = None,
+) -> StepRows:
     """The update log's ``StepRows`` of a step's owned writes: [U] local ids, their [U]
     previous writes, per writer its [M_q] positions among them (host int64 tensors, kept),
-    the ids and positions also on ``device``, moved there in one copy."""
+    the ids and positions also on ``device``, moved there in one copy; with
+    ``writer_groups`` (the host kernel), the rows grouped by writer set too."""
     ids_data, *positions_data = upload_together([ids, *positions], device)
     prev_max = int(prev.max()) if prev.numel() else -1
-    return StepRows(ids, positions, prev, prev_max, ids_data, positions_data)
+    groups = None if writer_groups is None else writer_groups(positions, ids.numel())
+    return StepRows(ids, positions, prev, prev_max, ids_data, positions_data, groups)
 
 
 def _waits(rows: np.ndarray, prev: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -634,7 +661,10 @@ class ShardedEngine:
         lazy = world_size == 1 or layout.replicated
         if lazy:
             # nothing is pushed: each step's tables are made when the step is first needed
-            made = step_rows(plan, layout, world_size, num_steps, device=self.device)
+            made = step_rows(
+                plan, layout, world_size, num_steps, device=self.device,
+                group_writers=groups_ahead(layout, world_size, tables_thread),
+            )  # fmt: skip
             steps = (step for step, _, _ in made)
             self.out = {q: [] for q in range(world_size) if q != rank}
             self.inn = {q: [] for q in range(world_size) if q != rank}
@@ -1344,12 +1374,14 @@ class ShardedEngine:
 
 __all__ = [
     "EVERY_RANK",
+    "GROUPS_AHEAD_MAX_RANKS",
     "TABLES_AHEAD",
     "Push",
     "ShardLayout",
     "ShardedEngine",
     "Step",
     "cache_of",
+    "groups_ahead",
     "owned_by",
     "phase_read_sets",
     "replicated_layout",

@@ -332,6 +332,10 @@ class StepRows:
     ids_data, positions_data: ids and positions on the parameters' device, moved there
         together when the tables were made (``uploads.upload_together``; on the CPU the
         host tensors themselves), so that the step moves no id list of its own.
+    groups: the rows grouped by their set of writers (``writer_groups``' five outputs),
+        made with the tables where those are made off the step's path (beside an
+        accelerator), for a step whose first look misses many writers; None: that step
+        makes them (``WriterCounts``).
     """
 
     ids: Tensor
@@ -340,6 +344,7 @@ class StepRows:
     prev_max: int
     ids_data: Tensor
     positions_data: list[Tensor]
+    groups: tuple[Tensor, Tensor, Tensor, Tensor, Tensor] | None = None
 
 
 class StepWrites(Protocol):
@@ -427,13 +432,25 @@ class WriterCounts:
         positions: per writer q, [M_q] int64 its rows' positions in the step's [U] rows.
         num_rows: U.
         kernels: the per-step host kernels.
+        made: the groups as ``writer_groups`` gives them, made with the step's tables
+            (``StepRows.groups``; not written here); None: made now.
     """
 
-    def __init__(self, positions: Sequence[Tensor], num_rows: int, kernels: StepKernels):
+    def __init__(
+        self,
+        positions: Sequence[Tensor],
+        num_rows: int,
+        kernels: StepKernels,
+        made: tuple[Tensor, Tensor, Tensor, Tensor, Tensor] | None = None,
+    ):
         self.kernels = kernels
-        self.group_ptr, self.group_rows, self.need, writer_ptr, self.writer_groups = (
-            kernels.writer_groups(positions, num_rows)
-        )  # (need: [G] int32 the writers each group still waits for, a fresh tensor)
+        if made is None:
+            groups = kernels.writer_groups(positions, num_rows)
+        else:  # the countdown is this step's to write
+            ptr, group_rows, need, writer_ptr, writer_groups = made
+            groups = ptr, group_rows, need.clone(), writer_ptr, writer_groups
+        # (need: [G] int32 the writers each group still waits for, counted down here)
+        self.group_ptr, self.group_rows, self.need, writer_ptr, self.writer_groups = groups
         self.writer_bounds = writer_ptr.tolist()  # writer q's groups: [q] to [q + 1]
 
     def arrive(self, q: int) -> Tensor:
@@ -451,10 +468,11 @@ class PendingStep:
     looked at after an arrival of its own (rows held back for a previous write are looked
     at again from a list), so it takes at most that many more byte passes over its rows. A
     step whose first look misses more groups its rows by their writers then
-    (``WriterCounts``) and each arrival counts down its groups: a step whose writers
+    (``WriterCounts``; or takes the groups its tables brought, made off the step's path:
+    ``StepRows.groups``) and each arrival counts down its groups: a step whose writers
     trickle in costs what arrives, not a pass over its rows at each arrival. While the
     peers keep up, a step's first look misses at most this rank's own rows and no group is
-    made (``writer_groups`` cost 1.8-2.6 ms a step at R = 8, 1M rows).
+    made (``writer_groups`` cost 1.5-2.6 ms a step at R = 8, 1M rows).
 
     Args:
         step: global step.
@@ -471,6 +489,7 @@ class PendingStep:
         self.ids = rows.ids  # [U] int64 (host)
         self.prev = rows.prev  # [U] int64 planned previous write (local step, -1: none)
         self.positions = rows.positions  # per rank [M_q] int64 positions into U
+        self.groups = rows.groups  # the rows by writer set, if the tables made them
         # [U] (numpy's zeros: fresh zero pages, not a pass over them, and no wait for the
         # GIL that a torch call gives up and takes back)
         self.applied = torch.from_numpy(np.zeros(self.ids.numel(), dtype=bool))
@@ -583,7 +602,7 @@ class PendingStep:
     def _count_arrivals(self) -> None:
         """Make the writer counts and count every writer arrived so far (at the step's first
         look: no row is applied yet)."""
-        self.counts = WriterCounts(self.positions, self.ids.numel(), self.kernels)
+        self.counts = WriterCounts(self.positions, self.ids.numel(), self.kernels, self.groups)
         arrived = [self.counts.arrive(q) for q, got in enumerate(self.received) if got]
         self.complete = [c for c in arrived if c.numel()]
 
