@@ -89,6 +89,14 @@ def test_sync_count_double_sees_what_a_gpu_waits_for():
     # uploads are not counted there
     assert double.device_ops == {"sum": 1, "_local_scalar_dense": 1, "gt": 1, "index": 1,
                                  "nonzero": 1, "_to_copy": 1, "add_": 1}  # fmt: skip
+    # not counting (set-up, or a step timed through it): the reads answered, nothing counted
+    double.counting = False
+    reads, ops_run = double.total, sum(double.device_ops.values())
+    with double:
+        assert int(dev.sum()) == 0 and dev[dev > 0].numel() == 0
+        assert torch.nonzero(dev).shape == (0, 1) and dev.cpu().device.type == "cpu"
+        dev.add_(1)
+    assert double.total == reads and sum(double.device_ops.values()) == ops_run
 
 
 def test_sync_count_upload_together_is_one_copy():

@@ -42,6 +42,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 SIZE_FROM_VALUES = {"nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive"}
+# every op ``_read_kind`` may call a read of device values (or an upload): the rest cannot
+MAY_READ = {"_local_scalar_dense", "index", "_to_copy", "copy_", *SIZE_FROM_VALUES}
 
 
 def _on_meta(t) -> bool:
@@ -107,7 +109,9 @@ def _answer(func, name: str, args, kwargs):
 class DeviceReads(TorchDispatchMode):
     """Counts reads of meta tensors' values (see the module docstring) while active.
 
-    ``counting`` off lets set-up run through the double without being counted.
+    ``counting`` off lets set-up run through the double without being counted, and at
+    little cost: only the ops that may read values are looked at (``bench.control_plane
+    --late-peers`` times its meta twin's step through it so).
     """
 
     def __init__(self):
@@ -125,6 +129,8 @@ class DeviceReads(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func.__name__.split(".")[0]
+        if not self.counting and name not in MAY_READ:  # only answering: it reads nothing
+            return func(*args, **kwargs)
         to_meta = _meta_device(kwargs.get("device"))
         if not to_meta and not any(_on_meta(t) for t in tree_leaves((args, kwargs))):
             return func(*args, **kwargs)
