@@ -40,6 +40,7 @@ from odin_ns.runtime.sharded import (
 from odin_ns.runtime.update_log import (
     VersionTest,
     first_lacking_reference,
+    lacking_rows_reference,
     step_record_reference,
 )
 from odin_ns.schedule import build_plan
@@ -417,7 +418,7 @@ def test_version_test_finds_every_lacking_row(rows, kind):
         versions[raised] = np.maximum(versions[raised], rng.integers(0, 20, raised.size))
         through += int(rng.integers(0, 2))  # the prefix of applied steps grows now and then
         answers.append(test.current(versions, through))
-        assert answers[-1] == (not test.lacking(versions, through).any())
+        assert answers[-1] == (test.lacking(versions, through).size == 0)
         if not answers[-1]:  # what it waits on (``_flush_pushes``' pre-filter) still lacks
             row, step = test.waiting_on()
             assert row in test_rows and versions[row] < step and step > through
@@ -447,6 +448,33 @@ def test_first_lacking_kernel_equals_its_twin_and_refuses_bad_input():
         kernel(versions, rows, need, 3, -1)
     with pytest.raises(ValueError, match="must be torch.int64"):
         kernel(versions.int(), rows, need, 0, -1)
+
+
+def test_lacking_rows_kernel_equals_its_twin_and_refuses_bad_input():
+    """The host kernel ``lacking_rows`` (every row of a version test that lacks its step,
+    from a start) returns its twin's positions on random tests from every start and prefix
+    of applied steps, which are exactly the rows the test's own check finds there; it
+    refuses rows outside the versions and a start outside [0, K] with one line."""
+    kernel = ops.host_op("lacking_rows")
+    if kernel is None:
+        pytest.skip("the CPU library is not built (python -m odin_ns.cuda build)")
+    rng = np.random.default_rng(6)
+    versions = torch.from_numpy(rng.integers(-1, 30, 400))
+    for k in (0, 1, 9, 300):
+        rows = torch.from_numpy(np.sort(rng.choice(400, k, replace=False)))
+        need = torch.from_numpy(rng.integers(-1, 12, k))
+        for through in (-1, 4, 11):
+            for start in range(k + 1):
+                got = kernel(versions, rows, need, start, through)
+                want = lacking_rows_reference(versions, rows, need, start, through)
+                assert got.dtype == torch.int64 and torch.equal(got, want)
+                first = first_lacking_reference(versions, rows, need, start, through)
+                assert (int(got[0]) if got.numel() else k) == first
+    rows, need = torch.tensor([3, 400]), torch.tensor([-5, 0])
+    with pytest.raises(ValueError, match="rows out of range"):
+        kernel(versions, rows, need, 0, 99)  # checked even where no version is read
+    with pytest.raises(ValueError, match="start 3 outside"):
+        kernel(versions, rows, need, 3, -1)
 
 
 def _table_kernels():

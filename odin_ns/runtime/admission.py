@@ -242,7 +242,7 @@ class GradientEvidence:
         size, 0-d int64), summed over the table on its device when a decision needs it
         (cheaper on a GPU host than keeping running sums: those cost a dozen operations at
         every recording)."""
-        count = self.active.sum()
+        count = torch.count_nonzero(self.active)  # (a bool sum widens to int64 first)
         total = torch.where(self.active, self.strength, 0.0).sum(dtype=torch.float64)
         return total / count.clamp(min=1), count
 

@@ -804,7 +804,8 @@ class ShardedEngine:
         """The test of owned local ``rows`` against their last planned update before a read
         (``prev``: local steps, each >= 0: rows that wait, a step's ``own_waits`` or a
         push's rows)."""
-        return VersionTest(rows, self.offset + prev, self.log.kernels.first_lacking)
+        kernels = self.log.kernels
+        return VersionTest(rows, self.offset + prev, kernels.first_lacking, kernels.lacking_rows)
 
     # ------------------------------------------------------------ keys and posting
     def _key(self, kind: int, t: int) -> int:
@@ -1094,7 +1095,8 @@ class ShardedEngine:
         if rows.size:
             own = self._path(t).own_test
             need = own.need[np.searchsorted(own.rows, rows)]
-            lagging = VersionTest(rows, need, self.log.kernels.first_lacking)
+            kernels = self.log.kernels
+            lagging = VersionTest(rows, need, kernels.first_lacking, kernels.lacking_rows)
             step = self.offset + t
             out.append(
                 PendingSource(
@@ -1102,7 +1104,8 @@ class ShardedEngine:
                     rows,
                     s,
                     lambda lagging=lagging: (
-                        not lagging.lacking(self._versions, self.log.settle_versions(step)).all()
+                        lagging.lacking(self._versions, self.log.settle_versions(step)).size
+                        < lagging.rows.size
                     ),
                 )
             )

@@ -257,6 +257,16 @@ def first_lacking_reference(
     return start + int(lacking[0]) if lacking.numel() else rows.numel()
 
 
+def lacking_rows_reference(
+    versions: Tensor, rows: Tensor, need: Tensor, start: int, applied_through: int
+) -> Tensor:
+    """[L] int64 every i >= ``start`` with ``need[i] > applied_through`` and
+    ``versions[rows[i]] < need[i]``, in order (``first_lacking_reference``'s test, read to the
+    end; the twin of the host kernel ``lacking_rows``). Arguments as there."""
+    later = need[start:] > applied_through
+    return start + (later & (versions[rows[start:]] < need[start:])).nonzero().flatten()
+
+
 def write_versions_reference(versions: Tensor, ids: Tensor, ready: Tensor, step: int) -> None:
     """``versions[ids[ready]] = step`` in place ([N] int64 versions, a step's [U] int64 ids
     and [U] bool ready mask; host tensors): the versions a look left unwritten, written when
@@ -286,17 +296,26 @@ class VersionTest:
     host) and ``through`` (every step through it is applied; ``UpdateLog.settle_versions``)."""
 
     def __init__(
-        self, rows: np.ndarray, need: np.ndarray, first_lacking: Callable = first_lacking_reference
+        self,
+        rows: np.ndarray,
+        need: np.ndarray,
+        first_lacking: Callable = first_lacking_reference,
+        lacking_rows: Callable = lacking_rows_reference,
     ):
         self.rows = np.ascontiguousarray(rows, dtype=np.int64)
         self.need = np.ascontiguousarray(need, dtype=np.int64)
         self._rows, self._need = torch.from_numpy(self.rows), torch.from_numpy(self.need)
         self._first_lacking = first_lacking
+        self._lacking_rows = lacking_rows
         self._first = 0  # rows before it were seen current
 
     def lacking(self, versions: np.ndarray, through: int) -> np.ndarray:
-        """[K] bool: the rows that lack their step."""
-        return (self.need > through) & (versions[self.rows] < self.need)
+        """[L] int64 the positions of the rows that lack their step, in order (read from the
+        first row not yet seen current: the host kernel ``lacking_rows``, or its twin)."""
+        found = self._lacking_rows(
+            torch.from_numpy(versions), self._rows, self._need, self._first, through
+        )
+        return found.numpy()
 
     def waiting_on(self) -> tuple[int, int]:
         """(row, step): the first row not yet seen current and the step it needs; the test
@@ -365,6 +384,7 @@ class StepKernels:
     take_ready: Callable = take_ready_reference
     mark_ready: Callable = mark_ready_reference
     first_lacking: Callable = first_lacking_reference
+    lacking_rows: Callable = lacking_rows_reference
     write_versions: Callable = write_versions_reference
     any_unapplied: Callable = any_unapplied_reference
 
@@ -376,6 +396,7 @@ class StepKernels:
             ops.host_op("take_ready") or take_ready_reference,
             ops.host_op("mark_ready") or mark_ready_reference,
             ops.host_op("first_lacking") or first_lacking_reference,
+            ops.host_op("lacking_rows") or lacking_rows_reference,
             ops.host_op("write_versions") or write_versions_reference,
             ops.host_op("any_unapplied") or any_unapplied_reference,
         )
