@@ -534,6 +534,18 @@ std::tuple<at::Tensor, int64_t> mark_ready_cpu(const std::optional<at::Tensor>& 
   return {ready, count};
 }
 
+// A version test's arguments (first_lacking, lacking_rows): [O] int64 versions, [K] int64
+// rows and the steps they need, a start in [0, K]. Returns K.
+int64_t check_version_test(const at::Tensor& versions, const at::Tensor& rows,
+                           const at::Tensor& need, int64_t start, const char* op) {
+  check_step_rows(versions, -1, at::kLong, op, "versions");
+  check_step_rows(rows, -1, at::kLong, op, "rows");
+  const int64_t K = rows.size(0);
+  check_step_rows(need, K, at::kLong, op, "need");
+  TORCH_CHECK_VALUE(start >= 0 && start <= K, op, ": start ", start, " outside [0, ", K, "]");
+  return K;
+}
+
 // A version test reads on from where the last one stopped, one row at a time, and stops at
 // the first row that lacks its step: no temporaries, and a test that fails early reads
 // little (numpy's gather, compare and argmax over the rest cost 5 ns a row and read all of
@@ -542,11 +554,7 @@ std::tuple<at::Tensor, int64_t> mark_ready_cpu(const std::optional<at::Tensor>& 
 int64_t first_lacking_cpu(const at::Tensor& versions, const at::Tensor& rows,
                           const at::Tensor& need, int64_t start, int64_t applied_through) {
   const char* op = "first_lacking";
-  check_step_rows(versions, -1, at::kLong, op, "versions");
-  check_step_rows(rows, -1, at::kLong, op, "rows");
-  const int64_t K = rows.size(0);
-  check_step_rows(need, K, at::kLong, op, "need");
-  TORCH_CHECK_VALUE(start >= 0 && start <= K, op, ": start ", start, " outside [0, ", K, "]");
+  const int64_t K = check_version_test(versions, rows, need, start, op);
   const int64_t N = versions.size(0);
   const int64_t* version = versions.data_ptr<int64_t>();
   const int64_t* row = rows.data_ptr<int64_t>();
@@ -562,16 +570,12 @@ int64_t first_lacking_cpu(const at::Tensor& versions, const at::Tensor& rows,
 
 // Every row of a version test, from a start, that lacks its step (first_lacking's test,
 // read to the end): their positions, in order. Throughput-first asks it of a step's owned
-// reads when it decides (numpy's gather, compares and mask over every row: 0.4-0.6 ms a step
+// reads when it decides (numpy's gather, compares and mask over every row: 0.4-0.8 ms a step
 // at R = 8, 1M rows); rows before start were seen current.
 at::Tensor lacking_rows_cpu(const at::Tensor& versions, const at::Tensor& rows,
                             const at::Tensor& need, int64_t start, int64_t applied_through) {
   const char* op = "lacking_rows";
-  check_step_rows(versions, -1, at::kLong, op, "versions");
-  check_step_rows(rows, -1, at::kLong, op, "rows");
-  const int64_t K = rows.size(0);
-  check_step_rows(need, K, at::kLong, op, "need");
-  TORCH_CHECK_VALUE(start >= 0 && start <= K, op, ": start ", start, " outside [0, ", K, "]");
+  const int64_t K = check_version_test(versions, rows, need, start, op);
   const int64_t N = versions.size(0);
   const int64_t* version = versions.data_ptr<int64_t>();
   const int64_t* row = rows.data_ptr<int64_t>();
