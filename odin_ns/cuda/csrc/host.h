@@ -349,6 +349,27 @@ inline std::vector<int64_t> check_apply_inputs(
   return dims;
 }
 
+// A step's union rows as the ops that read an apply's sums take them (apply_ready_rows,
+// record_row_norms): ids [U] int64, acc [U, W] float32, ready [U] bool, contiguous (held
+// here), and their data.
+struct UnionRows {
+  at::Tensor ids_t, acc_t, ready_t;
+  const int64_t* ids;
+  const float* acc;
+  const bool* ready;
+  int64_t U, W;
+};
+
+inline UnionRows union_rows(const at::Tensor& ids, const at::Tensor& acc,
+                            const at::Tensor& ready) {
+  UnionRows r{ids.contiguous(), acc.contiguous(), ready.contiguous(), nullptr, nullptr,
+              nullptr, acc.size(0), acc.size(1)};
+  r.ids = r.ids_t.data_ptr<int64_t>();
+  r.acc = r.acc_t.data_ptr<float>();
+  r.ready = r.ready_t.data_ptr<bool>();
+  return r;
+}
+
 // Validated arguments of record_row_norms (mirrors reference.check_record_inputs).
 inline void check_record_inputs(const at::Tensor& norms, const at::Tensor& active,
                                 const at::Tensor& ids, const at::Tensor& acc,

@@ -430,18 +430,16 @@ void apply_ready_rows_cpu(at::TensorList params, at::TensorList exp_avgs,
                           at::ArrayRef<double> eps, int64_t step, const at::Tensor& versions) {
   const auto dims = check_apply_inputs(params, exp_avgs, exp_avg_sqs, ids_in, acc_in, ready_in,
                                        lrs, betas, eps, step, versions);
-  const int64_t U = ids_in.size(0);
-  if (U == 0) {
+  if (ids_in.size(0) == 0) {
     return;
   }
-  const auto ids_t = ids_in.contiguous();
-  const auto acc_t = acc_in.contiguous();
-  const auto ready_t = ready_in.contiguous();
-  const int64_t* ids = ids_t.data_ptr<int64_t>();
-  const float* acc = acc_t.data_ptr<float>();
-  const bool* ready = ready_t.data_ptr<bool>();
+  const auto in = union_rows(ids_in, acc_in, ready_in);
+  const int64_t* ids = in.ids;
+  const float* acc = in.acc;
+  const bool* ready = in.ready;
+  const int64_t U = in.U;
+  const int64_t W = in.W;
   int64_t* ver = versions.data_ptr<int64_t>();
-  const int64_t W = acc_t.size(1);
   // Ready rows get the version; ready rows some writer saw (visible flag > 0) move.
   std::vector<int64_t> rows;
   rows.reserve(static_cast<size_t>(U));
@@ -478,19 +476,17 @@ void record_row_norms_cpu(const at::Tensor& norms, const at::Tensor& active,
                           const at::Tensor& ids_in, const at::Tensor& acc_in,
                           const at::Tensor& ready_in) {
   check_record_inputs(norms, active, ids_in, acc_in, ready_in);
-  const int64_t U = acc_in.size(0);
-  if (U == 0) {
+  if (acc_in.size(0) == 0) {
     return;
   }
-  const auto ids_t = ids_in.contiguous();
-  const auto acc_t = acc_in.contiguous();
-  const auto ready_t = ready_in.contiguous();
-  const int64_t* ids = ids_t.data_ptr<int64_t>();
-  const float* acc = acc_t.data_ptr<float>();
-  const bool* ready = ready_t.data_ptr<bool>();
+  const auto in = union_rows(ids_in, acc_in, ready_in);
+  const int64_t* ids = in.ids;
+  const float* acc = in.acc;
+  const bool* ready = in.ready;
+  const int64_t U = in.U;
+  const int64_t W = in.W;
   float* norm = norms.data_ptr<float>();
   bool* act = active.data_ptr<bool>();
-  const int64_t W = acc_t.size(1);
   // The reference's order: float64 squares (exact) summed column after column, the float64
   // square root, rounded to float32. Ids are distinct: tasks write disjoint rows.
   at::parallel_for(0, U, 4096, [&](int64_t begin, int64_t end) {
