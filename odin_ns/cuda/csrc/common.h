@@ -202,4 +202,20 @@ ODIN_HD T adam_param(T param, T exp_avg, T sqrt_exp_avg_sq, const AdamScalars<T>
   return fp_add(param, fp_div(fp_mul(s.step_size, exp_avg), denom));
 }
 
+// The L2 norm of a row's first n float32 values (record_row_norms), as
+// reference.record_row_norms computes it: float64 squares (exact) summed in column order, the
+// float64 square root, rounded to float32.
+ODIN_HD float row_norm(const float* row, int64_t n) {
+  double total = 0.0;
+  for (int64_t c = 0; c < n; ++c) {
+    const double x = row[c];
+    total = fp_add(total, fp_mul(x, x));
+  }
+#if defined(__CUDA_ARCH__)
+  return __double2float_rn(fp_sqrt(total));
+#else
+  return static_cast<float>(fp_sqrt(total));
+#endif
+}
+
 }  // namespace odin

@@ -193,24 +193,18 @@ __global__ void apply_ready_versions_kernel(const int64_t* ids, const bool* read
   }
 }
 
-// One thread per union row (rows are distinct ids: no two threads write one row); the sum
-// in the CPU kernel's order, so both give the same bits.
+// One thread per union row (rows are distinct ids: no two threads write one row); the norm
+// is common.h's row_norm, as on the CPU, so both give the same bits.
 __global__ void record_row_norms_kernel(float* norms, bool* active, const int64_t* ids,
                                         const float* acc, const bool* ready, int64_t U,
                                         int64_t W) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < U;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    if (!ready[i]) {
-      continue;
+    if (ready[i]) {
+      const float* row = acc + i * W;
+      norms[ids[i]] = row_norm(row, W - 1);
+      active[ids[i]] = row[W - 1] > 0.0f;
     }
-    const float* row = acc + i * W;
-    double total = 0.0;
-    for (int64_t c = 0; c + 1 < W; ++c) {
-      const double x = row[c];
-      total += x * x;
-    }
-    norms[ids[i]] = __double2float_rn(sqrt(total));
-    active[ids[i]] = row[W - 1] > 0.0f;
   }
 }
 

@@ -13,7 +13,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -480,28 +479,16 @@ void record_row_norms_cpu(const at::Tensor& norms, const at::Tensor& active,
     return;
   }
   const auto in = union_rows(ids_in, acc_in, ready_in);
-  const int64_t* ids = in.ids;
-  const float* acc = in.acc;
-  const bool* ready = in.ready;
-  const int64_t U = in.U;
-  const int64_t W = in.W;
   float* norm = norms.data_ptr<float>();
   bool* act = active.data_ptr<bool>();
-  // The reference's order: float64 squares (exact) summed column after column, the float64
-  // square root, rounded to float32. Ids are distinct: tasks write disjoint rows.
-  at::parallel_for(0, U, 4096, [&](int64_t begin, int64_t end) {
+  // Ids are distinct: tasks write disjoint rows.
+  at::parallel_for(0, in.U, 4096, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      if (!ready[i]) {
-        continue;
+      if (in.ready[i]) {
+        const float* row = in.acc + i * in.W;
+        norm[in.ids[i]] = row_norm(row, in.W - 1);
+        act[in.ids[i]] = row[in.W - 1] > 0.0f;
       }
-      const float* row = acc + i * W;
-      double total = 0.0;
-      for (int64_t c = 0; c + 1 < W; ++c) {
-        const double x = row[c];
-        total += x * x;
-      }
-      norm[ids[i]] = static_cast<float>(std::sqrt(total));
-      act[ids[i]] = row[W - 1] > 0.0f;
     }
   });
 }

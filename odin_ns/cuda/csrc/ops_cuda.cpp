@@ -178,16 +178,14 @@ void apply_ready_rows_cuda(at::TensorList params, at::TensorList exp_avgs,
                            at::ArrayRef<double> eps, int64_t step, const at::Tensor& versions) {
   const auto dims = check_apply_inputs(params, exp_avgs, exp_avg_sqs, ids_in, acc_in, ready_in,
                                        lrs, betas, eps, step, versions);
-  const int64_t U = ids_in.size(0);
-  if (U == 0) {
+  if (ids_in.size(0) == 0) {
     return;
   }
   const c10::cuda::CUDAGuard guard(versions.device());
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  const auto ids = ids_in.contiguous();
-  const auto acc = acc_in.contiguous();
-  const auto ready = ready_in.contiguous();
-  const int64_t W = acc.size(1);
+  const auto in = union_rows(ids_in, acc_in, ready_in);
+  const int64_t U = in.U;
+  const int64_t W = in.W;
   // Same multiply-add fusion as the CPU op on this host, so the two agree (up to the
   // square root, which is IEEE here and torch's (MKL) on the CPU).
   const bool fma = torch_cpu_uses_fma();
@@ -199,15 +197,13 @@ void apply_ready_rows_cuda(at::TensorList params, at::TensorList exp_avgs,
       if (params[g].scalar_type() == at::kFloat) {
         err = cuda::apply_ready_group(
             params[g].data_ptr<float>(), exp_avgs[g].data_ptr<float>(),
-            exp_avg_sqs[g].data_ptr<float>(), ids.data_ptr<int64_t>(), acc.data_ptr<float>(),
-            ready.data_ptr<bool>(), U, W, off, d,
+            exp_avg_sqs[g].data_ptr<float>(), in.ids, in.acc, in.ready, U, W, off, d,
             make_adam_scalars<float>(lrs[g], betas[2 * g], betas[2 * g + 1], eps[g], step + 1),
             fma, stream);
       } else {
         err = cuda::apply_ready_group(
             params[g].data_ptr<double>(), exp_avgs[g].data_ptr<double>(),
-            exp_avg_sqs[g].data_ptr<double>(), ids.data_ptr<int64_t>(), acc.data_ptr<float>(),
-            ready.data_ptr<bool>(), U, W, off, d,
+            exp_avg_sqs[g].data_ptr<double>(), in.ids, in.acc, in.ready, U, W, off, d,
             make_adam_scalars<double>(lrs[g], betas[2 * g], betas[2 * g + 1], eps[g], step + 1),
             fma, stream);
       }
@@ -215,8 +211,8 @@ void apply_ready_rows_cuda(at::TensorList params, at::TensorList exp_avgs,
     }
     off += d;
   }
-  check_launch(cuda::apply_ready_versions(ids.data_ptr<int64_t>(), ready.data_ptr<bool>(), U,
-                                          step, versions.data_ptr<int64_t>(), stream),
+  check_launch(cuda::apply_ready_versions(in.ids, in.ready, U, step,
+                                          versions.data_ptr<int64_t>(), stream),
                "apply_ready_rows");
 }
 
@@ -224,18 +220,14 @@ void record_row_norms_cuda(const at::Tensor& norms, const at::Tensor& active,
                            const at::Tensor& ids_in, const at::Tensor& acc_in,
                            const at::Tensor& ready_in) {
   check_record_inputs(norms, active, ids_in, acc_in, ready_in);
-  const int64_t U = acc_in.size(0);
-  if (U == 0) {
+  if (acc_in.size(0) == 0) {
     return;
   }
   const c10::cuda::CUDAGuard guard(norms.device());
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  const auto ids = ids_in.contiguous();
-  const auto acc = acc_in.contiguous();
-  const auto ready = ready_in.contiguous();
-  check_launch(cuda::record_row_norms(norms.data_ptr<float>(), active.data_ptr<bool>(),
-                                      ids.data_ptr<int64_t>(), acc.data_ptr<float>(),
-                                      ready.data_ptr<bool>(), U, acc.size(1), stream),
+  const auto in = union_rows(ids_in, acc_in, ready_in);
+  check_launch(cuda::record_row_norms(norms.data_ptr<float>(), active.data_ptr<bool>(), in.ids,
+                                      in.acc, in.ready, in.U, in.W, stream),
                "record_row_norms");
 }
 
