@@ -38,6 +38,7 @@ from odin_ns.runtime.sharded import (
     step_tables,
 )
 from odin_ns.runtime.update_log import (
+    StepKernels,
     VersionTest,
     first_lacking_reference,
     lacking_rows_reference,
@@ -372,14 +373,14 @@ def test_step_tables_agree_pairwise(ranks):
             last[np.unique(np.concatenate([plan.step_footprint(t, q) for q in range(ranks)]))] = t
 
 
-def _first_lacking(kind: str):
-    """The host kernel ("kernel"; skips where the CPU library is not built) or its twin."""
+def _version_kernels(kind: str) -> StepKernels:
+    """A version test's host kernels ("kernel"; skips where the CPU library is not built) or
+    their twins."""
     if kind == "twin":
-        return first_lacking_reference
-    kernel = ops.host_op("first_lacking")
-    if kernel is None:
+        return StepKernels()
+    if ops.host_op("first_lacking") is None:
         pytest.skip("the CPU library is not built (python -m odin_ns.cuda build)")
-    return kernel
+    return StepKernels.resolve()
 
 
 @pytest.mark.parametrize("kind", ["kernel", "twin"])
@@ -392,7 +393,7 @@ def test_version_test_finds_every_lacking_row(rows, kind):
     update log's ``applied_through``) has it whatever its version says; and it answers so
     while versions and ``through`` grow in random order, naming a row that still lacks its
     step (``waiting_on``) whenever it refuses."""
-    first_lacking = _first_lacking(kind)
+    kernels = _version_kernels(kind)
     rng = np.random.default_rng(rows)
     owned = 3 * rows
     test_rows = np.sort(rng.choice(owned, rows, replace=False))
@@ -401,7 +402,7 @@ def test_version_test_finds_every_lacking_row(rows, kind):
     none = -1  # no step is applied through the log's prefix
     for start in sorted({0, rows // 3, rows - 1}):
         for lacking in range(start, rows):
-            test = VersionTest(test_rows, need, first_lacking)
+            test = VersionTest(test_rows, need, kernels)
             versions = have.copy()
             versions[test_rows[start]] = -1  # the last test stopped at row `start`
             assert not test.current(versions, none)
@@ -411,7 +412,7 @@ def test_version_test_finds_every_lacking_row(rows, kind):
             assert test.current(versions, need[lacking])  # its step applied through the prefix
             versions[test_rows[lacking]] = need[lacking]
             assert test.current(versions, none)
-    test, versions = VersionTest(test_rows, need, first_lacking), np.full(owned, -1, dtype=np.int64)
+    test, versions = VersionTest(test_rows, need, kernels), np.full(owned, -1, dtype=np.int64)
     answers, through = [], none
     while not answers or not answers[-1]:
         raised = rng.choice(owned, max(1, owned // 50), replace=False)
@@ -426,11 +427,15 @@ def test_version_test_finds_every_lacking_row(rows, kind):
     assert test.waiting_on()[1] == np.iinfo(np.int64).min  # nothing: any version passes
 
 
-def test_first_lacking_kernel_equals_its_twin_and_refuses_bad_input():
-    """The host kernel ``first_lacking`` returns its twin's index on random tests from every
-    start and prefix of applied steps, and refuses rows outside the versions, a start
-    outside [0, K] and int32 input with one line (ValueError) before it reads on."""
-    kernel = _first_lacking("kernel")
+def test_version_test_kernels_equal_their_twins_and_refuse_bad_input():
+    """The host kernels ``first_lacking`` (the first row of a version test that lacks its
+    step, from a start) and ``lacking_rows`` (every such row's position) return their twins'
+    answers on random tests from every start and prefix of applied steps, and the first of
+    ``lacking_rows`` is ``first_lacking``; both refuse rows outside the versions and a start
+    outside [0, K] with one line (ValueError) before they read on, and ``first_lacking``
+    int32 input."""
+    kernels = _version_kernels("kernel")
+    first_lacking, lacking_rows = kernels.first_lacking, kernels.lacking_rows
     rng = np.random.default_rng(5)
     versions = torch.from_numpy(rng.integers(-1, 30, 400))
     for k in (0, 1, 9, 300):
@@ -438,43 +443,22 @@ def test_first_lacking_kernel_equals_its_twin_and_refuses_bad_input():
         need = torch.from_numpy(rng.integers(-1, 12, k))
         for through in (-1, 4, 11):
             for start in range(k + 1):
-                assert kernel(versions, rows, need, start, through) == first_lacking_reference(
-                    versions, rows, need, start, through
-                )
-    rows, need = torch.tensor([3, 400]), torch.tensor([-5, 0])
-    with pytest.raises(ValueError, match="rows out of range: 400"):
-        kernel(versions, rows, need, 0, 99)  # checked even where no version is read
-    with pytest.raises(ValueError, match="start 3 outside"):
-        kernel(versions, rows, need, 3, -1)
-    with pytest.raises(ValueError, match="must be torch.int64"):
-        kernel(versions.int(), rows, need, 0, -1)
-
-
-def test_lacking_rows_kernel_equals_its_twin_and_refuses_bad_input():
-    """The host kernel ``lacking_rows`` (every row of a version test that lacks its step,
-    from a start) returns its twin's positions on random tests from every start and prefix
-    of applied steps, which are exactly the rows the test's own check finds there; it
-    refuses rows outside the versions and a start outside [0, K] with one line."""
-    kernel = ops.host_op("lacking_rows")
-    if kernel is None:
-        pytest.skip("the CPU library is not built (python -m odin_ns.cuda build)")
-    rng = np.random.default_rng(6)
-    versions = torch.from_numpy(rng.integers(-1, 30, 400))
-    for k in (0, 1, 9, 300):
-        rows = torch.from_numpy(np.sort(rng.choice(400, k, replace=False)))
-        need = torch.from_numpy(rng.integers(-1, 12, k))
-        for through in (-1, 4, 11):
-            for start in range(k + 1):
-                got = kernel(versions, rows, need, start, through)
-                want = lacking_rows_reference(versions, rows, need, start, through)
-                assert got.dtype == torch.int64 and torch.equal(got, want)
-                first = first_lacking_reference(versions, rows, need, start, through)
+                args = versions, rows, need, start, through
+                first = first_lacking_reference(*args)
+                assert first_lacking(*args) == first
+                got = lacking_rows(*args)
+                assert got.dtype == torch.int64 and torch.equal(got, lacking_rows_reference(*args))
                 assert (int(got[0]) if got.numel() else k) == first
     rows, need = torch.tensor([3, 400]), torch.tensor([-5, 0])
-    with pytest.raises(ValueError, match="rows out of range"):
-        kernel(versions, rows, need, 0, 99)  # checked even where no version is read
-    with pytest.raises(ValueError, match="start 3 outside"):
-        kernel(versions, rows, need, 3, -1)
+    for kernel in (first_lacking, lacking_rows):
+        with pytest.raises(ValueError, match="rows out of range"):
+            kernel(versions, rows, need, 0, 99)  # checked even where no version is read
+        with pytest.raises(ValueError, match="start 3 outside"):
+            kernel(versions, rows, need, 3, -1)
+    with pytest.raises(ValueError, match="rows out of range: 400"):
+        first_lacking(versions, rows, need, 0, 99)
+    with pytest.raises(ValueError, match="must be torch.int64"):
+        first_lacking(versions.int(), rows, need, 0, -1)
 
 
 def _table_kernels():

@@ -804,8 +804,7 @@ class ShardedEngine:
         """The test of owned local ``rows`` against their last planned update before a read
         (``prev``: local steps, each >= 0: rows that wait, a step's ``own_waits`` or a
         push's rows)."""
-        kernels = self.log.kernels
-        return VersionTest(rows, self.offset + prev, kernels.first_lacking, kernels.lacking_rows)
+        return VersionTest(rows, self.offset + prev, self.log.kernels)
 
     # ------------------------------------------------------------ keys and posting
     def _key(self, kind: int, t: int) -> int:
@@ -1095,8 +1094,7 @@ class ShardedEngine:
         if rows.size:
             own = self._path(t).own_test
             need = own.need[np.searchsorted(own.rows, rows)]
-            kernels = self.log.kernels
-            lagging = VersionTest(rows, need, kernels.first_lacking, kernels.lacking_rows)
+            lagging = VersionTest(rows, need, self.log.kernels)
             step = self.offset + t
             out.append(
                 PendingSource(

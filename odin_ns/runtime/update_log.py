@@ -286,6 +286,35 @@ def any_unapplied_reference(step_ids: Tensor, applied: Tensor, ids: Tensor) -> b
     return bool(((step_ids[pos] == ids) & ~applied[pos]).any())
 
 
+@dataclass(frozen=True)
+class StepKernels:
+    """The update log's per-step host kernels: the compiled ``torch.ops.odin`` ones where the
+    CPU library is built, else their torch twins (same results). Resolved once per log (and
+    ``first_lacking`` and ``lacking_rows`` for the engine's version tests)."""
+
+    writer_groups: Callable = writer_groups_reference
+    add_arrivals: Callable = add_arrivals_reference
+    take_ready: Callable = take_ready_reference
+    mark_ready: Callable = mark_ready_reference
+    first_lacking: Callable = first_lacking_reference
+    lacking_rows: Callable = lacking_rows_reference
+    write_versions: Callable = write_versions_reference
+    any_unapplied: Callable = any_unapplied_reference
+
+    @classmethod
+    def resolve(cls) -> StepKernels:
+        return cls(
+            ops.host_op("writer_groups") or writer_groups_reference,
+            ops.host_op("add_arrivals") or add_arrivals_reference,
+            ops.host_op("take_ready") or take_ready_reference,
+            ops.host_op("mark_ready") or mark_ready_reference,
+            ops.host_op("first_lacking") or first_lacking_reference,
+            ops.host_op("lacking_rows") or lacking_rows_reference,
+            ops.host_op("write_versions") or write_versions_reference,
+            ops.host_op("any_unapplied") or any_unapplied_reference,
+        )
+
+
 class VersionTest:
     """Whether owned local ``rows`` have applied the global steps they ``need`` ([K] int64
     each), asked again and again while a step or a push waits. A row that has its step keeps
@@ -295,24 +324,17 @@ class VersionTest:
     Each question gives the versions as the update log has them: ``versions`` ([O] int64
     host) and ``through`` (every step through it is applied; ``UpdateLog.settle_versions``)."""
 
-    def __init__(
-        self,
-        rows: np.ndarray,
-        need: np.ndarray,
-        first_lacking: Callable = first_lacking_reference,
-        lacking_rows: Callable = lacking_rows_reference,
-    ):
+    def __init__(self, rows: np.ndarray, need: np.ndarray, kernels: StepKernels = StepKernels()):
         self.rows = np.ascontiguousarray(rows, dtype=np.int64)
         self.need = np.ascontiguousarray(need, dtype=np.int64)
         self._rows, self._need = torch.from_numpy(self.rows), torch.from_numpy(self.need)
-        self._first_lacking = first_lacking
-        self._lacking_rows = lacking_rows
+        self._kernels = kernels  # first_lacking and lacking_rows: the host kernels or twins
         self._first = 0  # rows before it were seen current
 
     def lacking(self, versions: np.ndarray, through: int) -> np.ndarray:
         """[L] int64 the positions of the rows that lack their step, in order (read from the
         first row not yet seen current: the host kernel ``lacking_rows``, or its twin)."""
-        found = self._lacking_rows(
+        found = self._kernels.lacking_rows(
             torch.from_numpy(versions), self._rows, self._need, self._first, through
         )
         return found.numpy()
@@ -330,7 +352,7 @@ class VersionTest:
         if i < n and self.need[i] > through and versions[self.rows[i]] < self.need[i]:
             return False
         if i + 1 < n:  # row i has its step: read on from the next
-            i = self._first_lacking(
+            i = self._kernels.first_lacking(
                 torch.from_numpy(versions), self._rows, self._need, i + 1, through
             )
         else:
@@ -371,35 +393,6 @@ class StepWrites(Protocol):
 
     def step_union(self, s: int) -> StepRows:
         """The rows written at local step s."""
-
-
-@dataclass(frozen=True)
-class StepKernels:
-    """The update log's per-step host kernels: the compiled ``torch.ops.odin`` ones where the
-    CPU library is built, else their torch twins (same results). Resolved once per log (and
-    ``first_lacking`` for the engine's version tests)."""
-
-    writer_groups: Callable = writer_groups_reference
-    add_arrivals: Callable = add_arrivals_reference
-    take_ready: Callable = take_ready_reference
-    mark_ready: Callable = mark_ready_reference
-    first_lacking: Callable = first_lacking_reference
-    lacking_rows: Callable = lacking_rows_reference
-    write_versions: Callable = write_versions_reference
-    any_unapplied: Callable = any_unapplied_reference
-
-    @classmethod
-    def resolve(cls) -> StepKernels:
-        return cls(
-            ops.host_op("writer_groups") or writer_groups_reference,
-            ops.host_op("add_arrivals") or add_arrivals_reference,
-            ops.host_op("take_ready") or take_ready_reference,
-            ops.host_op("mark_ready") or mark_ready_reference,
-            ops.host_op("first_lacking") or first_lacking_reference,
-            ops.host_op("lacking_rows") or lacking_rows_reference,
-            ops.host_op("write_versions") or write_versions_reference,
-            ops.host_op("any_unapplied") or any_unapplied_reference,
-        )
 
 
 class SumBuffers:
