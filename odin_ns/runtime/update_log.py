@@ -49,7 +49,7 @@ rows' updates here: per step, per writer, the owned rows the writer read (its st
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Protocol
 
 import numpy as np
@@ -303,16 +303,8 @@ class StepKernels:
 
     @classmethod
     def resolve(cls) -> StepKernels:
-        return cls(
-            ops.host_op("writer_groups") or writer_groups_reference,
-            ops.host_op("add_arrivals") or add_arrivals_reference,
-            ops.host_op("take_ready") or take_ready_reference,
-            ops.host_op("mark_ready") or mark_ready_reference,
-            ops.host_op("first_lacking") or first_lacking_reference,
-            ops.host_op("lacking_rows") or lacking_rows_reference,
-            ops.host_op("write_versions") or write_versions_reference,
-            ops.host_op("any_unapplied") or any_unapplied_reference,
-        )
+        """Each field's compiled kernel of the same name, else its twin (the default)."""
+        return cls(**{f.name: ops.host_op(f.name) or f.default for f in fields(cls)})
 
 
 class VersionTest:
