@@ -611,30 +611,26 @@ def measure(args) -> dict:
     }
     tested = {}
     variant = {}  # key -> (R, layout)
+
+    def rank_of(key: str, on, **kwargs) -> ShardedRankUnderTest:
+        """Variant ``key``'s rank under test with its parameters on ``on``."""
+        r, layout = variant[key]
+        return RANKS_UNDER_TEST[layout](
+            F, r, total_steps, args.mode, args.seed, on, late=args.late_peers, **kwargs
+        )
+
     for r in ranks:
         for layout in args.layouts.split(","):
             tic = time.perf_counter()
             key = f"r{r}_{layout}"
             variant[key] = (r, layout)
-            tested[key] = RANKS_UNDER_TEST[layout](
-                F, r, total_steps, args.mode, args.seed, device, late=args.late_peers
-            )
+            tested[key] = rank_of(key, device)
             print(f"{key}: plan and engine in {time.perf_counter() - tic:.0f} s")
     keys = list(tested)
     # The same rank with its data plane on a device without values: its step's wall time
     # is the host's (Python, integer operations, one dispatch per data operation).
     without_values = {
-        key: RANKS_UNDER_TEST[variant[key][1]](
-            F,
-            variant[key][0],
-            total_steps,
-            args.mode,
-            args.seed,
-            "meta",
-            late=args.late_peers,
-            answer_reads=args.late_peers,
-            plan=tested[key].plan,
-        )
+        key: rank_of(key, "meta", answer_reads=args.late_peers, plan=tested[key].plan)
         for key in keys
     }
     # A twin of each rank (the same plan, seed and peers: the same work, step for step), run
@@ -642,16 +638,7 @@ def measure(args) -> dict:
     # wall time less the timed one's data time is the step's host time with nothing of the
     # instrument in it (``host_twin_ms``)
     twins = {
-        key: RANKS_UNDER_TEST[variant[key][1]](
-            F,
-            variant[key][0],
-            total_steps,
-            args.mode,
-            args.seed,
-            device,
-            late=args.late_peers,
-            plan=tested[key].plan,
-        )
+        key: rank_of(key, device, plan=tested[key].plan)
         for key in (keys if args.twin and not cuda else [])  # (on a GPU: cpu_ms)
     }
     for key in keys:
