@@ -4,6 +4,7 @@ and the launcher rule it relies on (ranks share GPUs round-robin, gloo when they
 from __future__ import annotations
 
 import importlib.metadata as md
+import itertools
 import os
 import re
 import subprocess
@@ -15,6 +16,8 @@ import pytest
 import torch
 
 from odin_ns import launch
+
+LAYOUTS = ("replicated", "sharded")  # the control plane checks'
 
 
 def _gpu_check(*args: str, tmp: Path | None = None) -> subprocess.CompletedProcess:
@@ -34,23 +37,26 @@ def test_help_lists_the_options():
 def test_cpu_dry_run_of_the_script(tmp_path):
     """The same script on the CPU (``--device cpu``), the checks that need no training run
     (the suite trains elsewhere): the ops against their references and the control plane
-    at 20k rows; the report's shape, and a clean end before its self-deadline."""
+    at 20k rows, quality-first and throughput-first with late peers; the report's shape,
+    and a clean end before its self-deadline."""
     import json
 
     out = tmp_path / "dry.json"
     proc = _gpu_check(
-        "--device", "cpu", "--checks", "ops,control_plane", "--sizes", "1000", "--repeats", "1",
+        "--device", "cpu", "--checks", "ops,control_plane,control_plane_late", "--sizes", "1000", "--repeats", "1",
         "--budget-s", "110", "--seed", "0", "--out", str(out), tmp=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["all_ok"] and "watchdog" not in report
     assert report["environment"] and report["seed"] == 0
-    assert set(report["checks"]) == {"ops", "control_plane"}
+    assert set(report["checks"]) == {"ops", "control_plane", "control_plane_late"}
     assert report["checks"]["ops"]["cases"]
-    plane = report["checks"]["control_plane"]
-    assert 0 <= plane["device_reads_per_step_max"] <= 2
-    for layout in ("replicated", "sharded"):
+    late = report["checks"]["control_plane_late"]
+    assert (late["mode"], late["late_peers"]) == ("throughput-first", True)
+    assert report["checks"]["control_plane"]["mode"] == "quality-first"
+    for plane, layout in itertools.product((report["checks"]["control_plane"], late), LAYOUTS):
+        assert 0 <= plane["device_reads_per_step_max"] <= 2
         figures = plane[layout]
         # (host_ms is engine - data - ops x the timer's price, an estimate: at 20k rows
         # within its noise of zero, either side, as in test_bench_control_plane; the integer

@@ -39,6 +39,9 @@ whether a build was running beside it, and the run goes on):
    per step (torch's sync debug mode) and the device operations a step dispatches.
 8. ``single_process``: ``ns-train odin-splatfacto`` on the gsplat backend, steps/s and
    final loss from its tensorboard events, then ``ns-eval`` PSNR.
+9. ``control_plane_late``: check 7 in throughput-first with the peers one step behind
+   (``--late-peers``: it decides at every step, as where views overlap densely), with
+   whatever time is left (no check before it keeps time for it).
 
 gsplat's CUDA code is JIT-compiled on first use (minutes on a fresh machine), so its build
 (and that of the installed odin-ns copy's extension) starts at once in a background process
@@ -99,7 +102,7 @@ RASTER_TOL = {"image_abs": 5e-3, "alpha_abs": 5e-3, "grad_rel": 2e-2}
 # the single-process training run last.
 CHECKS = (
     "ops", "copy_bandwidth", "nccl_link", "two_ranks_one_gpu", "raster", "gsplat_speed",
-    "control_plane", "single_process",
+    "control_plane", "single_process", "control_plane_late",
 )  # fmt: skip
 CUDA_ONLY = ("copy_bandwidth", "nccl_link", "raster", "gsplat_speed")  # not in the dry run
 PLANE_LAYOUTS = ("replicated", "sharded")  # the control plane check's, R = 8 each
@@ -112,6 +115,8 @@ GPU_PLAN_S = {  # from the H200 run of 2026-12-04 (bench/gpu_check_h200), rounde
     "gsplat_speed": 40.0,
     "control_plane": 80.0,  # (one layout took 31 s then; two now)
     "single_process": 70.0,
+    # (run with what is left: the checks before it do not keep time for it)
+    "control_plane_late": 0.0,
 }
 EXIT_NO_CUDA, EXIT_WATCHDOG = 2, 3
 __all__ = ["SPLATFACTO_ROWS", "check_case", "main"]
@@ -743,20 +748,26 @@ def check_single_process(run: Run, gsplat: BackgroundBuild) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------- main
-def check_control_plane(run: Run) -> dict[str, Any]:
+def check_control_plane(run: Run, late: bool = False) -> dict[str, Any]:
     """The engine's steady-state step on the GPU (``bench.control_plane --device cuda``; the
-    CPU dry run: 20k rows on the CPU), in both layouts: per layout its figures."""
+    CPU dry run: 20k rows on the CPU), in both layouts: per layout its figures. ``late``:
+    throughput-first with the peers one step behind, so that it decides at every step (the
+    densely overlapping scenes' case), instead of quality-first with peers that keep up."""
     from odin_ns.bench import control_plane
 
-    out = run.work / "control_plane.json"
+    out = run.work / ("control_plane_late.json" if late else "control_plane.json")
     rows = "1000000" if run.cuda else "20000"
     argv = ["--rows", rows, "--ranks", "8", "--layouts", ",".join(PLANE_LAYOUTS)]
+    if late:
+        argv += ["--mode", "throughput-first", "--late-peers"]
     threads = str(torch.get_num_threads())
     argv += ["--steps", "30", "--warmup", "10", "--profile-steps", "3", "--no-twin"]
     argv += ["--device", run.args.device, "--threads", threads, "--out", str(out)]
     result = control_plane.main(argv)
     return {
         "ok": True,
+        "mode": result["mode"],
+        "late_peers": result["late_peers"],
         **{layout: _plane_figures(result, f"r8_{layout}", run.cuda) for layout in PLANE_LAYOUTS},
         "device_reads_per_step_max": result["syncs_per_step_max"],  # bench.device_reads
         "share_per_view": result["share_per_view"],
@@ -889,18 +900,24 @@ def write_figure(report: dict[str, Any], path: Path) -> None:
         ax.barh(labels, [c["gb_per_s"] for c in copies], color="tab:blue")
     ax.set(title="copy bandwidth", xlabel="GB/s", xscale="log")
     ax = axes[3]
-    plane = checks.get("control_plane", {})
     names = ("host", "control", "data", "engine")
-    for i, layout in enumerate(layout for layout in PLANE_LAYOUTS if layout in plane):
-        figures = plane[layout]
-        x = [j + 0.4 * i for j in range(len(names))]
-        ax.bar(x, [figures[f"{k}_ms_per_step"] for k in names], 0.4, label=layout)
+    # quality-first with peers that keep up, then throughput-first with peers behind
+    bars = [
+        (label, checks[check][layout], checks[check])
+        for check, mode in (("control_plane", "qf"), ("control_plane_late", "tf, late peers"))
+        for layout in PLANE_LAYOUTS
+        if layout in checks.get(check, {})
+        for label in [f"{layout} {mode}"]
+    ]
+    width = 0.8 / max(len(bars), 1)
+    for i, (label, figures, plane) in enumerate(bars):
+        x = [j + width * i for j in range(len(names))]
         syncs = figures.get("cuda_syncs_per_step_max", plane.get("device_reads_per_step_max"))
-        ax.text(0.02, 0.95 - 0.07 * i, f"{layout}: syncs per step (max) {syncs}",
-                transform=ax.transAxes, va="top")  # fmt: skip
-    if any(layout in plane for layout in PLANE_LAYOUTS):
-        ax.set_xticks([j + 0.2 for j in range(len(names))], names)
-        ax.legend(loc="center right")
+        label = f"{label} (syncs a step, max: {syncs})"
+        ax.bar(x, [figures[f"{k}_ms_per_step"] for k in names], width, label=label)
+    if bars:
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names)
+        ax.legend(loc="upper left", fontsize="small")
     ax.set(title="engine step, R=8 (median ms)", ylabel="ms")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -1028,6 +1045,7 @@ def main(argv: list[str] | None = None) -> int:
         "control_plane": (lambda: check_control_plane(run), 40.0),
         "two_ranks_one_gpu": (lambda: check_two_ranks_one_gpu(run), 60.0),
         "single_process": (lambda: check_single_process(run, gsplat), 40.0),
+        "control_plane_late": (lambda: check_control_plane(run, late=True), 40.0),
     }
     for name in CHECKS:
         if name in args.checks and (run.cuda or name not in CUDA_ONLY):
