@@ -7,7 +7,7 @@ import json
 import torch
 
 from odin_ns.bench import control_plane
-from odin_ns.runtime.sharded import TABLES_AHEAD
+from odin_ns.runtime.step_tables import TABLES_AHEAD
 
 
 def test_op_timer_splits_row_data_from_control_and_counts_syncs():

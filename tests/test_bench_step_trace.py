@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from odin_ns.bench.step_trace import project_file, trace_call
-from odin_ns.runtime.sharded import EVERY_RANK, ShardLayout
+from odin_ns.runtime.layout import EVERY_RANK, ShardLayout
 from odin_ns.runtime.uploads import upload
 
 
@@ -19,7 +19,7 @@ def test_trace_lists_the_projects_files_in_the_order_their_code_first_ran():
     result, files = trace_call(call)
     assert result.tolist() == [1, 2]
     assert files == [
-        ("odin_ns/runtime/sharded.py", "__post_init__"),
+        ("odin_ns/runtime/layout.py", "__post_init__"),
         ("odin_ns/runtime/uploads.py", "upload"),
     ]
     assert project_file(torch.__file__) is None and project_file(__file__) is None

@@ -34,15 +34,9 @@ from harness import (
 
 from odin_ns.cuda import ops
 from odin_ns.runtime import MODES, SyncConfig
-from odin_ns.runtime.sharded import (
-    GROUPS_AHEAD_MAX_RANKS,
-    PhaseSteps,
-    ShardedEngine,
-    ShardLayout,
-    groups_ahead,
-    replicated_layout,
-    step_rows,
-)
+from odin_ns.runtime.engine import Engine
+from odin_ns.runtime.layout import ShardLayout, replicated_layout
+from odin_ns.runtime.step_tables import GROUPS_AHEAD_MAX_RANKS, PhaseSteps, groups_ahead, step_rows
 from odin_ns.runtime.update_log import (
     StepKernels,
     SumBuffers,
@@ -152,7 +146,7 @@ def test_bad_input_is_rejected():
     layout = ShardLayout(owner, 0, np.empty(0, dtype=np.int64))
     two = ListPlan([[np.arange(10), np.arange(5, 20)]])
     with pytest.raises(ValueError, match="every rank to own every row"):
-        ShardedEngine(groups, layout, two, 0, 2, None, None, 0, torch.full((150,), -1),
+        Engine(groups, layout, two, 0, 2, None, None, 0, torch.full((150,), -1),
                       sync=SyncConfig(mode="ddp"))  # fmt: skip
 
 

@@ -28,15 +28,8 @@ from harness import assert_same_ids
 from harness.runs import ns_eval_in_process, ns_export_splat_in_process, preflight_last_line
 
 from odin_ns.cuda import ops
-from odin_ns.runtime.sharded import (
-    EVERY_RANK,
-    ShardLayout,
-    cache_of,
-    owner_rows_reference,
-    phase_read_sets,
-    reader_rows_reference,
-    step_tables,
-)
+from odin_ns.runtime.layout import EVERY_RANK, ShardLayout, cache_of, phase_read_sets
+from odin_ns.runtime.step_tables import owner_rows_reference, reader_rows_reference, step_tables
 from odin_ns.runtime.update_log import (
     StepKernels,
     VersionTest,

@@ -16,7 +16,7 @@ import torch
 from harness.sharded_loopback import loopback_plan, run_sharded_loopback
 from harness.toy import LoopbackHub, random_footprints, toy_groups
 
-from odin_ns.runtime.sharded import EVERY_RANK
+from odin_ns.runtime.layout import EVERY_RANK
 
 N, T = 64, 16
 OWNER = np.repeat([0, 1], N // 2).astype(np.int64)  # rank 0 owns 0..31, rank 1 owns 32..63
@@ -59,7 +59,8 @@ def test_a_step_applied_before_its_own_after_backward():
     after_backward(t) must go on (it asked for the retired step's record and failed)."""
     from odin_ns.bench.control_plane import InjectedPeers
     from odin_ns.runtime import ParamGroupState
-    from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, cache_of, phase_read_sets
+    from odin_ns.runtime.engine import Engine
+    from odin_ns.runtime.layout import ShardLayout, cache_of, phase_read_sets
 
     owner = np.repeat([0, 1], 4).astype(np.int64)
     steps = 3
@@ -74,7 +75,7 @@ def test_a_step_applied_before_its_own_after_backward():
         )
         for g in toy_groups(8, seed=1)
     ]  # fmt: skip
-    engine = ShardedEngine(
+    engine = Engine(
         groups, layout, plan, 0, 2, InjectedPeers(8, 32, 0), InjectedPeers(8, 32, 1),
         step_offset=0, versions=torch.full((layout.num_owned,), -1), timeout_s=5.0,
     )  # fmt: skip

@@ -1,6 +1,6 @@
 """Credits in the sharded engine (``max_inflight_bytes``), on an in-process loopback.
 
-Two ranks in threads run ``ShardedEngine`` over a hand-made plan in which both credit paths
+Two ranks in threads run ``Engine`` over a hand-made plan in which both credit paths
 must bind: rank 1 runs ahead of a slow rank 0 and sends it a gradient row every step (its
 sends wait for rank 0 to take the previous one), and one of rank 1's applies readies three
 pushes to rank 0 at once (the later two are packed and queued). With a 1-byte cap the

@@ -61,7 +61,7 @@ Measured per step, R values interleaved step by step:
   a CUDA kernel costs the host, and the control plane is real: the host's time per step
   beside a GPU, without the CPU's cost of allocating and freeing large row buffers that
   ``host_ms`` carries;
-- ``bind_ms_per_plan_step``: the engine's phase start (``ShardedEngine``'s construction),
+- ``bind_ms_per_plan_step``: the engine's phase start (``Engine``'s construction),
   per step of the plan: a layout with pushes makes every step's tables there (their order
   needs them all), ``sharded`` as beside an accelerator (a thread of their own cuts each
   step's tables while the next step's record is made), ``sharded-in-step`` as on CPU ranks
@@ -73,7 +73,7 @@ Measured per step, R values interleaved step by step:
   ``host_and_phase_start_ms_per_step``: their sum, what the host spends per step of a
   phase on the step's thread, wherever it spends it;
 - ``tables_mb_per_step`` and ``tables_ms_per_step``: host memory of one step's tables
-  (``sharded.Step``) and the time to make them, median over the first 10 steps: what a
+  (``step_tables.Step``) and the time to make them, median over the first 10 steps: what a
   rank holds per step in flight (a layout with pushes holds every step of the phase from
   its start), and what the tables' thread spends per step (``replicated``: the host time
   the step's thread no longer spends, the rows' writer groups included);
@@ -240,7 +240,7 @@ def odin_plan(F: sp.csr_matrix, ranks: int, steps: int, seed: int):
 
 
 def step_table_bytes(step) -> int:
-    """Host bytes of one ``sharded.Step``'s arrays and tensors (memory two tables share,
+    """Host bytes of one ``step_tables.Step``'s arrays and tensors (memory two tables share,
     once)."""
     sizes = {}  # data address -> bytes
 
@@ -265,7 +265,7 @@ def step_table_bytes(step) -> int:
 class ShardedRankUnderTest:
     """Rank 0 of a run: its owned rows and this phase's cache; readers' gradient rows and
     owners' pushes arrive from injected peers at once. ``every_rank_owns``: every rank owns
-    every row (``sharded.EVERY_RANK``), the replicated layout; else locality ownership."""
+    every row (``layout.EVERY_RANK``), the replicated layout; else locality ownership."""
 
     def __init__(
         self,
@@ -281,13 +281,8 @@ class ShardedRankUnderTest:
         tables_thread: bool = True,
         answer_reads: bool = False,
     ):
-        from odin_ns.runtime.sharded import (
-            ShardedEngine,
-            ShardLayout,
-            cache_of,
-            phase_read_sets,
-            replicated_layout,
-        )
+        from odin_ns.runtime.engine import Engine
+        from odin_ns.runtime.layout import ShardLayout, cache_of, phase_read_sets, replicated_layout
         from odin_ns.schedule.ownership import assign_ownership
 
         self.plan = plan if plan is not None else odin_plan(F, ranks, steps, seed)
@@ -316,7 +311,7 @@ class ShardedRankUnderTest:
         versions = torch.full((owned,), -1, dtype=torch.int64, device=at)
         config = SyncConfig(mode=mode, timeout_s=600.0)
         tic = time.perf_counter()
-        self.engine = ShardedEngine(
+        self.engine = Engine(
             self.groups, layout, self.plan, 0, ranks, self.peers, pushes, step_offset=0,
             versions=versions, timeout_s=600.0, sync=config, tables_thread=tables_thread,
         )  # fmt: skip
@@ -345,10 +340,10 @@ class ShardedRankUnderTest:
 
     def tables(self, steps: int) -> tuple[float, float]:
         """(median host MB, median ms) of one of the first ``steps`` steps' tables
-        (``sharded.Step``), made apart by the function the engine makes them with, as the
+        (``step_tables.Step``), made apart by the function the engine makes them with, as the
         engine makes them (the replicated layout's made ahead: with their writer groups, up
         to ``GROUPS_AHEAD_MAX_RANKS``)."""
-        from odin_ns.runtime.sharded import groups_ahead, step_rows
+        from odin_ns.runtime.step_tables import groups_ahead, step_rows
 
         ranks = self.plan.num_ranks
         grouped = groups_ahead(self.layout, ranks, self.tables_thread)

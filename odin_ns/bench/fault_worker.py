@@ -47,7 +47,7 @@ def _kill() -> None:
 
 def _install(fault: dict, rank: int) -> None:
     from odin_ns.distributed.session import ReplicatedSession
-    from odin_ns.runtime.sharded import ShardedEngine
+    from odin_ns.runtime.engine import Engine
     from odin_ns.trainer import OdinTrainer
 
     kind, at = fault["kind"], int(fault.get("step", 0))
@@ -72,14 +72,14 @@ def _install(fault: dict, rank: int) -> None:
         ReplicatedSession.after_backward = hooked
 
     if kind == "kill_drain" and mine:
-        drain = ShardedEngine.drain
+        drain = Engine.drain
 
         def hooked_drain(self):
             if self.offset + self.done >= at:
                 _kill()
             return drain(self)
 
-        ShardedEngine.drain = hooked_drain
+        Engine.drain = hooked_drain
 
     if kind == "kill_structural" and mine:
         change = ReplicatedSession._apply_structural_change

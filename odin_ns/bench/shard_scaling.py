@@ -6,7 +6,7 @@ No training run: a 64-rank run cannot be measured on this machine. Each figure i
 exactly from what the runtime would be given: the city's footprints
 (``bench.schedule.make_city``, ``compute_footprints``), one epoch's plan (``build_plan``,
 one view per rank per step), the owners (``ownership.assign_ownership``: locality, and the
-random Grendel-style deal), the cache each rank fills (``runtime.sharded.phase_read_sets``)
+random Grendel-style deal), the cache each rank fills (``runtime.layout.phase_read_sets``)
 and the messages of every step (``simulate.Sharded.traffic``: a gradient row to the owner
 of every non-owned row a rank reads and writes, the updated row pushed back;
 ``simulate.Replicated.traffic``: every rank's footprint rows to every peer), each row
@@ -50,7 +50,7 @@ def ownership_figures(F, ranks: int, seed: int = 0) -> dict:
     """Plan-derived figures of R-rank sharded and replicated training over footprints ``F``
     ([V, N] CSR): one epoch, one view per rank per step."""
     from odin_ns.bench.simulate import PUBLICATION_ROW_BYTES, Replicated, Sharded
-    from odin_ns.runtime.sharded import phase_read_sets
+    from odin_ns.runtime.layout import phase_read_sets
     from odin_ns.schedule import build_plan
     from odin_ns.schedule.ownership import assign_ownership, ownership_report
 

@@ -39,7 +39,7 @@ _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA", "meta": "Meta"}
 # distributed.phase.footprint_slack_reference, runtime.update_log.step_record_reference,
 # writer_groups_reference, add_arrivals_reference, take_ready_reference,
 # mark_ready_reference, first_lacking_reference, lacking_rows_reference,
-# write_versions_reference and any_unapplied_reference; runtime.sharded.owner_rows_reference
+# write_versions_reference and any_unapplied_reference; runtime.step_tables.owner_rows_reference
 # and reader_rows_reference.
 HOST_OPS = (
     "plan_dependencies", "view_overlaps", "footprint_slack", "step_record", "writer_groups",

@@ -10,8 +10,8 @@
                                             # arrived, structural change at refine / reset
     session.drain()                         # before checkpoints and evaluation
 
-Replicated training is the sharded engine (``runtime.sharded.ShardedEngine``) over an
-ownership map in which every rank owns every row (``sharded.EVERY_RANK``): no cache, no
+Replicated training is the one engine (``runtime.engine.Engine``) over an
+ownership map in which every rank owns every row (``layout.EVERY_RANK``): no cache, no
 pushes, every rank's gradient rows of a step go to every peer and every rank applies every
 update in the same order. The session wires the pieces, each in its own module:
 ``PhaseController`` (footprints and plan), the engine (gradient rows, read waits, the
@@ -36,7 +36,8 @@ from odin_ns.distributed.phase import PhaseController, geometry_keys, row_source
 from odin_ns.distributed.session_api import CheckpointState
 from odin_ns.distributed.session_flow import SessionFlow
 from odin_ns.model import GAUSSIAN_GROUPS
-from odin_ns.runtime.sharded import ShardedEngine, replicated_layout
+from odin_ns.runtime.engine import Engine
+from odin_ns.runtime.layout import replicated_layout
 
 
 def runtime_process_group():
@@ -75,7 +76,7 @@ class ReplicatedSession(SessionFlow):
             self.model.strategy, self.model.strategy_state, self.seed, self.noise
         )
         self.densifier.ensure_state(self.model.num_points, self.model.means.device)
-        self.engine: ShardedEngine | None = None
+        self.engine: Engine | None = None
         self.versions: torch.Tensor | None = None  # [N] int64 last applied step per row
         self._start_from_rank0()
 
@@ -97,7 +98,7 @@ class ReplicatedSession(SessionFlow):
         if self.versions is None or self.versions.numel() != n:
             # The first phase, or densified: after the drain every row is current.
             self.versions = torch.full((n,), step - 1, dtype=torch.int64)
-        self.engine = ShardedEngine(
+        self.engine = Engine(
             bind_param_groups(self.model.gauss_params, self.optimizers, GAUSSIAN_GROUPS),
             replicated_layout(n, self.rank),
             plan,

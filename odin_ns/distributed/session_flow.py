@@ -7,7 +7,7 @@ evaluation. What they share lives here, once: the step, the start from rank 0's 
 refusal to publish a non-finite gradient, the phase plan and its exchange (footprints,
 plan, telemetry, panel requests, the plan check, the rank's view stream), the step log, the
 viewer pause, the resume state, the gathers and the end of the run.
-Both train on one engine (``runtime.sharded.ShardedEngine``, over an ownership map: every
+Both train on one engine (``runtime.engine.Engine``, over an ownership map: every
 rank owns every row in the replicated layout) and share its liveness: busy notices, the
 peers' silence and the rendezvous before every collective. The step itself (``before_step``,
 ``after_backward``) is written once, here. A layout supplies ``_start_phase``,
@@ -32,9 +32,10 @@ from odin_ns.distributed.phase import PhaseController, PhaseRecord
 from odin_ns.distributed.session_api import StepReads, StepTiming
 from odin_ns.distributed.telemetry import SyncTelemetry
 from odin_ns.model import GAUSSIAN_GROUPS, RenderedView, union_visible
+from odin_ns.runtime.engine import Engine
+from odin_ns.runtime.layout import ShardLayout
 from odin_ns.runtime.ledger import RunLedger, StepMetrics
 from odin_ns.runtime.liveness import PeerSilence, Rendezvous, StoreLiveness, switch_held_section
-from odin_ns.runtime.sharded import ShardedEngine, ShardLayout
 from odin_ns.runtime.step_signal import StepSignal
 from odin_ns.runtime.transport import Transport
 from odin_ns.runtime.transport_choice import TransportChoice, choose_transport, open_transport
@@ -58,7 +59,7 @@ class SessionFlow:
 
     phases: PhaseController  # the layout's, built in its __init__
     group: dist.ProcessGroup | None  # the phase-start collectives' group
-    engine: ShardedEngine | None  # the phase's, bound by the layout's ``_start_phase``
+    engine: Engine | None  # the phase's, bound by the layout's ``_start_phase``
     noise: MCMCNoise | None = None  # MCMC's lazy position noise (replicated layout only)
 
     def __init__(

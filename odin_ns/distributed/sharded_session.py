@@ -61,7 +61,8 @@ from odin_ns.errors import OdinInputError
 from odin_ns.model import GAUSSIAN_GROUPS
 from odin_ns.preflight import check_sharded_config
 from odin_ns.runtime import ParamGroupState
-from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, cache_of, phase_read_sets
+from odin_ns.runtime.engine import Engine
+from odin_ns.runtime.layout import ShardLayout, cache_of, phase_read_sets
 from odin_ns.schedule.ownership import (
     assign_ownership,
     ownership_report,
@@ -177,7 +178,7 @@ class ShardedSession(SessionFlow):
             self.model.strategy, self.model.strategy_state, self.seed
         )
         self.densifier.ensure_state(self.num_rows, self.model.means.device)
-        self.engine: ShardedEngine | None = None
+        self.engine: Engine | None = None
         self.reports: list[dict] = []
         # A resumed run's ranks read their Gaussians from the checkpoint already.
         loaded = self.model.gauss_params.values() if self.loaded_rows else ()
@@ -355,7 +356,7 @@ class ShardedSession(SessionFlow):
                 )
             )
         stop = None if self.stop_step is None else self.stop_step - step
-        self.engine = ShardedEngine(
+        self.engine = Engine(
             groups,
             layout,
             plan,

@@ -1,6 +1,7 @@
-"""Primitive-sync runtime: the engine over an ownership map (``sharded``: every rank owns
-every row in the replicated layout), its update log, throughput-first's admission, the
-transports and the liveness of ranks."""
+"""Primitive-sync runtime: the one engine (``engine``) over an ownership map (``layout``:
+every rank owns every row in the replicated layout), a phase's step tables
+(``step_tables``), its update log, throughput-first's admission, the transports and the
+liveness of ranks."""
 
 from odin_ns.runtime.admission import FALLBACK_REASONS, Decision, fallback_reason
 from odin_ns.runtime.config import MODES, ParamGroupState, SyncConfig

@@ -39,7 +39,7 @@ class SyncConfig:
     """Options of the primitive-sync engine.
 
     Attributes:
-        mode: what a step waits for before it reads (``odin_ns.runtime.sharded``):
+        mode: what a step waits for before it reads (``odin_ns.runtime.engine``):
             "barrier" (wait for every peer's every earlier step: the synchronous
             baseline), "quality-first" (wait only for what the step's read set depends
             on), "throughput-first" (quality-first, but a pending low-impact peer update

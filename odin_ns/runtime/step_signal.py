@@ -1,4 +1,4 @@
-"""Barrier mode's global step signal for the sharded engine.
+"""Barrier mode's global step signal for the engine (both layouts).
 
 A sharded rank hears only from the peers whose rows it shares, so nothing on its data
 plane says that every rank has finished a step. Barrier mode adds that signal: after its

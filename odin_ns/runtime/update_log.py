@@ -41,7 +41,7 @@ at once.
 
 An optional ``ApplyHook`` sees every applied row set around its Adam update (the MCMC
 strategy's lazy position noise, ``odin_ns.distributed.mcmc_noise``); with the default
-``hook=None`` the apply path is unchanged. The engine (``runtime.sharded``) keeps its owned
+``hook=None`` the apply path is unchanged. The engine (``runtime.engine``) keeps its owned
 rows' updates here: per step, per writer, the owned rows the writer read (its step tables'
 ``step_union``); a writer with none of them sends nothing for the step.
 """

@@ -1,4 +1,4 @@
-"""Ranks of ``ShardedEngine`` in threads over in-process loopbacks, on a hand-made plan.
+"""Ranks of ``Engine`` in threads over in-process loopbacks, on a hand-made plan.
 
 Imported as ``harness.sharded_loopback``. Every rank starts from the same whole toy model
 (``toy_groups``), keeps its owned rows and caches the rest it reads, and trains each step
@@ -19,7 +19,8 @@ import torch
 
 from harness.toy import ListPlan, LoopbackHub, toy_groups
 from odin_ns.runtime import ParamGroupState
-from odin_ns.runtime.sharded import ShardedEngine, ShardLayout, cache_of, phase_read_sets
+from odin_ns.runtime.engine import Engine
+from odin_ns.runtime.layout import ShardLayout, cache_of, phase_read_sets
 
 
 def loopback_plan(footprints: Sequence[Sequence[Sequence[int]]], num_rows: int) -> ListPlan:
@@ -38,7 +39,7 @@ def loopback_plan(footprints: Sequence[Sequence[Sequence[int]]], num_rows: int) 
 class LoopbackRank:
     owned: np.ndarray  # [O] global ids this rank owns
     tables: list[torch.Tensor]  # per group, the owned rows after the drain
-    engine: ShardedEngine
+    engine: Engine
     observed: list  # what ``observe(engine, t)`` returned after each before_step
 
 
@@ -50,7 +51,7 @@ def _rank_engine(
     seed: int,
     step_offset: int,
     **engine_kwargs,
-) -> tuple[ShardedEngine, list[ParamGroupState]]:
+) -> tuple[Engine, list[ParamGroupState]]:
     """Rank ``rank``'s engine over its owned and cached rows of the toy model."""
     n, world = owner.size, plan.views.shape[1]
     full = toy_groups(n, seed=seed)
@@ -70,7 +71,7 @@ def _rank_engine(
         for g in full
     ]
     engine_kwargs.setdefault("timeout_s", 30.0)
-    engine = ShardedEngine(
+    engine = Engine(
         groups,
         layout,
         plan,
@@ -94,7 +95,7 @@ def pull_targets(rank: int, t: int, num_rows: int, groups) -> list[torch.Tensor]
     return [torch.randn(num_rows, *g.param.shape[1:], generator=gen) for g in groups]
 
 
-def _train_step(engine: ShardedEngine, groups: list[ParamGroupState], t: int) -> None:
+def _train_step(engine: Engine, groups: list[ParamGroupState], t: int) -> None:
     """Backward of local step t: a quadratic pull of the rows read towards a per-(rank,
     step) target (``pull_targets``), handed to ``after_backward``."""
     rows = torch.from_numpy(engine.steps[t].reads)
@@ -114,7 +115,7 @@ def run_sharded_loopback(
     hubs: Sequence[LoopbackHub],  # two: gradients, pushes
     seed: int,
     slow_s: float,
-    observe: Callable[[ShardedEngine, int], object] | None = None,
+    observe: Callable[[Engine, int], object] | None = None,
     step_offset: int = 0,
     **engine_kwargs,
 ) -> tuple[list[torch.Tensor], dict[int, LoopbackRank]]:

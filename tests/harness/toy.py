@@ -34,8 +34,9 @@ from odin_ns.runtime import (
     SyncConfig,
     SyncError,
 )
+from odin_ns.runtime.engine import Engine
+from odin_ns.runtime.layout import replicated_layout
 from odin_ns.runtime.liveness import Liveness, PeerSilence, StoreLiveness
-from odin_ns.runtime.sharded import ShardedEngine, replicated_layout
 from odin_ns.runtime.step_signal import StepSignal
 
 
@@ -310,12 +311,12 @@ class ToyRun:
     busy_at: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (step, s)
     weak: tuple[int, int] | None = None  # rows with WEAK_SCALE x gradient (toy_grads)
     record: bool = False  # keep every step's read versions (``ToyRank.reads``)
-    tables_thread: bool | None = None  # ``ShardedEngine``'s (None: its default for the device)
+    tables_thread: bool | None = None  # ``Engine``'s (None: its default for the device)
 
 
 class ReadRecord(NamedTuple):
     """What one step read: its rows, the step each had applied, the step quality-first
-    reads it at (``ShardedEngine.read_versions``)."""
+    reads it at (``Engine.read_versions``)."""
 
     step: int
     rows: np.ndarray
@@ -323,7 +324,7 @@ class ReadRecord(NamedTuple):
     required: Tensor
 
 
-def read_record(engine: ShardedEngine, t: int) -> ReadRecord:
+def read_record(engine: Engine, t: int) -> ReadRecord:
     """What local step t reads, after its ``before_step``."""
     rows, have, need = engine.read_versions(t)
     return ReadRecord(engine.offset + t, rows, torch.from_numpy(have), torch.from_numpy(need))
@@ -333,7 +334,7 @@ class ToyRank(NamedTuple):
     """One rank's outcome of ``run_toy_rank``."""
 
     groups: list[ParamGroupState]
-    engine: ShardedEngine  # the last phase's
+    engine: Engine  # the last phase's
     ledger: RunLedger  # every phase's steps and decisions
     reads: list[ReadRecord]  # with ``ToyRun.record``, else empty
 
@@ -351,12 +352,12 @@ def replicated_engine(
     step_signal=None,
     ledger: RunLedger | None = None,
     tables_thread: bool | None = None,
-) -> ShardedEngine:
+) -> Engine:
     """The engine of one replicated phase: every rank owns every row (``EVERY_RANK``);
     ``versions`` default all -1."""
     config = config if config is not None else SyncConfig()
     n = groups[0].param.shape[0]
-    return ShardedEngine(
+    return Engine(
         groups,
         replicated_layout(n, rank),
         plan,
@@ -377,7 +378,7 @@ def replicated_engine(
 
 
 def train_step(
-    engine: ShardedEngine,
+    engine: Engine,
     groups: Sequence[ParamGroupState],
     t: int,
     weak: tuple[int, int] | None = None,
