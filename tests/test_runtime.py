@@ -36,11 +36,8 @@ from odin_ns.cuda import ops
 from odin_ns.runtime import MODES, SyncConfig
 from odin_ns.runtime.engine import Engine
 from odin_ns.runtime.layout import ShardLayout, replicated_layout
-from odin_ns.runtime.step_tables import GROUPS_AHEAD_MAX_RANKS, PhaseSteps, groups_ahead, step_rows
-from odin_ns.runtime.update_log import (
+from odin_ns.runtime.step_kernels import (
     StepKernels,
-    SumBuffers,
-    UpdateLog,
     add_arrivals_reference,
     any_unapplied_reference,
     mark_ready_reference,
@@ -49,6 +46,8 @@ from odin_ns.runtime.update_log import (
     write_versions_reference,
     writer_groups_reference,
 )
+from odin_ns.runtime.step_tables import GROUPS_AHEAD_MAX_RANKS, PhaseSteps, groups_ahead, step_rows
+from odin_ns.runtime.update_log import SumBuffers, UpdateLog
 
 
 def _same(groups_a, groups_b) -> bool:

@@ -29,14 +29,14 @@ from harness.runs import ns_eval_in_process, ns_export_splat_in_process, preflig
 
 from odin_ns.cuda import ops
 from odin_ns.runtime.layout import EVERY_RANK, ShardLayout, cache_of, phase_read_sets
-from odin_ns.runtime.step_tables import owner_rows_reference, reader_rows_reference, step_tables
-from odin_ns.runtime.update_log import (
+from odin_ns.runtime.step_kernels import (
     StepKernels,
-    VersionTest,
     first_lacking_reference,
     lacking_rows_reference,
     step_record_reference,
 )
+from odin_ns.runtime.step_tables import owner_rows_reference, reader_rows_reference, step_tables
+from odin_ns.runtime.update_log import VersionTest
 from odin_ns.schedule import build_plan
 from odin_ns.schedule.ownership import random_ownership
 

@@ -36,7 +36,7 @@ OPS = (
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA", "meta": "Meta"}
 # Host kernels of phase starts and of the update log's steps; their twins:
 # schedule.plan.dependency_pass_reference, schedule.locality.view_overlaps_reference,
-# distributed.phase.footprint_slack_reference, runtime.update_log.step_record_reference,
+# distributed.phase.footprint_slack_reference, runtime.step_kernels.step_record_reference,
 # writer_groups_reference, add_arrivals_reference, take_ready_reference,
 # mark_ready_reference, first_lacking_reference, lacking_rows_reference,
 # write_versions_reference and any_unapplied_reference; runtime.step_tables.owner_rows_reference

@@ -19,7 +19,8 @@ from torch import Tensor
 
 from odin_ns.cuda import ops
 from odin_ns.runtime.layout import EVERY_RANK, ShardLayout
-from odin_ns.runtime.update_log import StepRows, step_record_reference, writer_groups_reference
+from odin_ns.runtime.step_kernels import step_record_reference, writer_groups_reference
+from odin_ns.runtime.update_log import StepRows
 from odin_ns.runtime.uploads import upload_together
 
 TABLES_AHEAD = 2  # steps whose tables a thread makes ahead beside an accelerator (PhaseSteps)
