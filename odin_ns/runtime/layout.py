@@ -5,10 +5,10 @@ An ownership map gives every row an owner rank, or ``EVERY_RANK``: a row every r
 The sharded layout (``--pipeline.parallel sharded``) gives each row one owner; the
 replicated layout gives every row ``EVERY_RANK``, so a rank holds the whole model, caches
 nothing, sends its gradient rows to every peer and applies every update: one step path,
-two maps. Rank ``me`` holds a local table of ``L = O + C`` rows: the ``O`` rows it owns (sorted by
-global id, so ``[0, O)`` is a contiguous prefix the apply op updates with the ``[O]`` Adam
-moments) followed by a cache of the ``C`` non-owned rows its planned steps read in the
-phase. ``ShardLayout`` maps global ids to local ids. Renders read local ids in global-id
+two maps. Rank ``me`` holds a local table of ``L = O + C`` rows: the ``O`` rows it owns
+(sorted by global id, so ``[0, O)`` is a contiguous prefix the apply op updates with the
+``[O]`` Adam moments) followed by a cache of the ``C`` non-owned rows its planned steps read
+in the phase. ``ShardLayout`` maps global ids to local ids. Renders read local ids in global-id
 order, so a rank draws exactly the tensors replicated training draws.
 """
 

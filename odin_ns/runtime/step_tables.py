@@ -2,7 +2,7 @@
 which gradient rows, which owned rows each writer writes (the update log's ``StepRows``) and
 which pushes it sends and receives, all cut from the plan's footprints by host kernels
 (``step_record``, ``owner_rows``, ``reader_rows``, ``writer_groups``; their twins here and
-in ``update_log``). ``PhaseSteps`` holds a phase's tables while its steps run: made in the
+in ``step_kernels``). ``PhaseSteps`` holds a phase's tables while its steps run: made in the
 step, or beside an accelerator ``TABLES_AHEAD`` steps ahead on a thread of their own.
 """
 
