@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 import json
 import re
+import threading
 
 import numpy as np
 import pytest
@@ -381,12 +382,21 @@ def test_single_rank_matches_reference():
 
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("mode", ["barrier", "quality-first", "ddp"])
-def test_threaded_ranks_match_reference(world, mode):
+def test_threaded_ranks_match_reference(world, mode, monkeypatch):
     """Ranks in threads over a loopback transport, random per-step delays: any
     interleaving must give the synchronous result bit for bit on every replica, whether
     each step's tables are made in the step or ahead on a thread of their own (as beside
-    an accelerator)."""
+    an accelerator; then each step's path is made there too, all but a phase's first)."""
+    made_on: list[str] = []
+    make_path = Engine._make_path
+
+    def recorded(engine, step):
+        made_on.append(threading.current_thread().name)
+        return make_path(engine, step)
+
+    monkeypatch.setattr(Engine, "_make_path", recorded)
     for seed, aside in ((11, False), (12, True)):
+        made_on.clear()
         phases = _two_phases(world, seed=seed)
         ref, ref_versions = reference_train(toy_groups(300), phases)
         cfg = SyncConfig(mode=mode, timeout_s=20)
@@ -394,6 +404,10 @@ def test_threaded_ranks_match_reference(world, mode):
         for groups, engine, _, _ in run_threads(world, run):
             assert _same(groups, ref)
             assert torch.equal(engine.versions, ref_versions)
+        ahead = sum(name.startswith("odin-step-tables") for name in made_on)
+        steps = world * sum(ph.plan.views.shape[0] for ph in phases)
+        assert len(made_on) == steps  # one path a step and rank
+        assert ahead == (steps - world * len(phases) if aside else 0)
 
 
 def test_ddp_mode_is_dense_and_equals_barrier():

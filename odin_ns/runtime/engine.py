@@ -73,10 +73,12 @@ from odin_ns.runtime.layout import ShardLayout
 from odin_ns.runtime.ledger import RunLedger, StepMetrics
 from odin_ns.runtime.liveness import Awaited, PeerSilence, wait_until
 from odin_ns.runtime.sharded_admission import PendingSource, ShardedAdmission, TakenPush
+from odin_ns.runtime.step_kernels import StepKernels
 from odin_ns.runtime.step_signal import StepSignal
 from odin_ns.runtime.step_tables import (
     TABLES_AHEAD,
     PhaseSteps,
+    Step,
     groups_ahead,
     step_rows,
     step_tables,
@@ -216,8 +218,13 @@ class Engine:
             )
             steps = iter(made)
         self._tables_made = not lazy
-        ahead = TABLES_AHEAD if lazy and tables_thread else 0  # (a list: nothing to make)
-        self.steps = PhaseSteps(steps, num_steps, ahead=ahead)
+        # the host kernels of the update log and of the step's version tests
+        self.kernels = StepKernels.resolve()
+        # made ahead (a list is made already), with each step's path on the same thread
+        ahead = TABLES_AHEAD if lazy and tables_thread else 0
+        self.steps = PhaseSteps(
+            steps, num_steps, ahead=ahead, derive=self._make_path if ahead else None
+        )
         self.num_steps = num_steps
         # the owned rows' pending updates, applied per row in version order
         o = layout.num_owned
@@ -231,6 +238,7 @@ class Engine:
             hook=hook,
             observe_sum=None if self.admission is None else self.admission.observe_apply,
             versions_on_take=any(self.out.values()),  # pushes ask as rows are applied
+            kernels=self.kernels,
         )
         self._versions = self.log.versions.numpy()  # [O] host view (``settle_versions``)
         self._row_ops = self.log.row_ops  # pack and scatter, resolved for the device once
@@ -305,48 +313,54 @@ class Engine:
         return upload_together([torch.from_numpy(rows) for rows in lists], self.device)
 
     def _path(self, t: int) -> StepPath:
-        """Local step t's ``StepPath`` (made on first use, forgotten once the step ran)."""
+        """Local step t's ``StepPath``: made with its tables where a thread makes them ahead
+        (``PhaseSteps.derived``), else when the step is first needed; forgotten once the
+        step ran."""
         path = self._paths.get(t)
         if path is None:
             st = self.steps[t]
-            # the gradient rows' lists, each distinct one once, then the owned reads (where
-            # they are none of those)
-            owners: dict[int, tuple[np.ndarray, list[int]]] = {}
-            for o, rows in st.grad_out.items():
-                owners.setdefault(id(rows), (rows, []))[1].append(o)
-            owners.setdefault(id(st.own_rows), (st.own_rows, []))
-            lists = [rows for rows, _ in owners.values()]
-            stops = np.cumsum([rows.size for rows in lists]).tolist()
-            starts = [0, *stops[:-1]]
-            grad_rows = lists[0] if len(lists) == 1 else np.concatenate(lists)
-            shared = [st.reads, st.reads_global, grad_rows]
-            distinct = list({id(rows): rows for rows in shared}.values())  # a shared list once
-            moved = self._upload(distinct)
-            on_device = {id(rows): m for rows, m in zip(distinct, moved, strict=True)}
-            grad_rows = on_device[id(grad_rows)]
-            i = list(owners).index(id(st.own_rows))
-            own = slice(starts[i], stops[i])
-            path = self._paths[t] = StepPath(
-                reads=on_device[id(st.reads)],
-                reads_global=on_device[id(st.reads_global)],
-                grad_rows=grad_rows,
-                grad_sends=[
-                    (start, stop, sent_to)
-                    for start, stop, (_, sent_to) in zip(
-                        starts, stops, owners.values(), strict=True
-                    )
-                    if sent_to
-                ],
-                own_slice=own,
-                own_test=self._version_test(*st.own_waits),
-            )
+            path = self.steps.derived(t)
+            if path is None:
+                path = self._make_path(st)
+            self._paths[t] = path
         return path
+
+    def _make_path(self, st: Step) -> StepPath:
+        """A step's ``StepPath`` from its tables (on the tables' thread too: it reads only
+        the tables and what the engine fixed at its start)."""
+        # the gradient rows' lists, each distinct one once, then the owned reads (where they
+        # are none of those)
+        owners: dict[int, tuple[np.ndarray, list[int]]] = {}
+        for o, rows in st.grad_out.items():
+            owners.setdefault(id(rows), (rows, []))[1].append(o)
+        owners.setdefault(id(st.own_rows), (st.own_rows, []))
+        lists = [rows for rows, _ in owners.values()]
+        stops = np.cumsum([rows.size for rows in lists]).tolist()
+        starts = [0, *stops[:-1]]
+        grad_rows = lists[0] if len(lists) == 1 else np.concatenate(lists)
+        shared = [st.reads, st.reads_global, grad_rows]
+        distinct = list({id(rows): rows for rows in shared}.values())  # a shared list once
+        moved = self._upload(distinct)
+        on_device = {id(rows): m for rows, m in zip(distinct, moved, strict=True)}
+        i = list(owners).index(id(st.own_rows))
+        return StepPath(
+            reads=on_device[id(st.reads)],
+            reads_global=on_device[id(st.reads_global)],
+            grad_rows=on_device[id(grad_rows)],
+            grad_sends=[
+                (start, stop, sent_to)
+                for start, stop, (_, sent_to) in zip(starts, stops, owners.values(), strict=True)
+                if sent_to
+            ],
+            own_slice=slice(starts[i], stops[i]),
+            own_test=self._version_test(*st.own_waits),
+        )
 
     def _version_test(self, rows: np.ndarray, prev: np.ndarray) -> VersionTest:
         """The test of owned local ``rows`` against their last planned update before a read
         (``prev``: local steps, each >= 0: rows that wait, a step's ``own_waits`` or a
         push's rows)."""
-        return VersionTest(rows, self.offset + prev, self.log.kernels)
+        return VersionTest(rows, self.offset + prev, self.kernels)
 
     # ------------------------------------------------------------ keys and posting
     def _key(self, kind: int, t: int) -> int:
@@ -636,7 +650,7 @@ class Engine:
         if rows.size:
             own = self._path(t).own_test
             need = own.need[np.searchsorted(own.rows, rows)]
-            lagging = VersionTest(rows, need, self.log.kernels)
+            lagging = VersionTest(rows, need, self.kernels)
             step = self.offset + t
             out.append(
                 PendingSource(

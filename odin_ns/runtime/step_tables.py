@@ -80,21 +80,33 @@ class PhaseSteps:
     the newest one asked for, in step order, while the engine's step runs: the step path
     then takes them made (the host kernels release the GIL; replicated at R = 8, 1M rows,
     2 ms a step). Each table is made once, by one thread at a time, in order, so they are
-    the same tables either way.
+    the same tables either way. That thread also makes what ``derive`` gives of each table
+    it makes (the engine's ``StepPath``: the step's id lists on the device and its version
+    test), which the engine takes with ``derived``; a table made on the asking thread has
+    none (the engine makes it there, when the step needs it).
 
     Args:
         steps: the tables in step order (``step_rows``'s, or an iterator over a list).
         num_steps: how many there are.
         ahead: how many steps past the newest one asked for to make meanwhile (0: each
             step's tables are made when first asked for, on the asking thread).
+        derive: what to make of each table on the maker's thread (None: nothing).
     """
 
-    def __init__(self, steps: Iterator[Step], num_steps: int, ahead: int = 0):
+    def __init__(
+        self,
+        steps: Iterator[Step],
+        num_steps: int,
+        ahead: int = 0,
+        derive: Callable[[Step], object] | None = None,
+    ):
         self._steps = steps
         self._made: dict[int, Step] = {}
+        self._derive = derive
+        self._derived: dict[int, object] = {}  # what ``derive`` made, until taken
         self._next = 0  # the next step to make (or to take from ``_coming``)
-        # the tables of steps _next, _next + 1, ... being made on the maker's thread
-        self._coming: deque[Future[Step]] = deque()
+        # (tables, derived) of steps _next, _next + 1, ... being made on the maker's thread
+        self._coming: deque[Future[tuple[Step, object]]] = deque()
         self.ahead = max(0, int(ahead))
         self._maker = (
             ThreadPoolExecutor(1, thread_name_prefix="odin-step-tables")
@@ -110,19 +122,34 @@ class PhaseSteps:
         if not 0 <= t < self.num_steps:
             raise IndexError(f"local step {t} outside the phase's {self.num_steps} steps")
         while self._next <= t:  # (the maker's thread is idle when nothing is coming)
-            coming = self._coming.popleft().result() if self._coming else next(self._steps)
-            self._made[self._next] = coming
+            if self._coming:
+                step, derived = self._coming.popleft().result()
+                if derived is not None:
+                    self._derived[self._next] = derived
+            else:
+                step = next(self._steps)
+            self._made[self._next] = step
             self._next += 1
         if self._maker is not None:
             last = min(t + self.ahead, self.num_steps - 1)
             while self._next + len(self._coming) <= last:
-                self._coming.append(self._maker.submit(next, self._steps))
+                self._coming.append(self._maker.submit(self._make_next))
             if self._next + len(self._coming) == self.num_steps:  # every step asked for
                 self.close()
         step = self._made.get(t)
         if step is None:
             raise RuntimeError(f"local step {t} has run: its tables are forgotten")
         return step
+
+    def _make_next(self) -> tuple[Step, object]:
+        """The next table and what ``derive`` makes of it (on the maker's thread)."""
+        step = next(self._steps)
+        return step, None if self._derive is None else self._derive(step)
+
+    def derived(self, t: int) -> object | None:
+        """What ``derive`` made of step t's tables on the maker's thread, handed over once
+        (None: not made there, or taken already). Ask after ``self[t]``."""
+        return self._derived.pop(t, None)
 
     def close(self) -> None:
         """Let the maker's thread end once it has made the tables already asked of it
@@ -136,6 +163,8 @@ class PhaseSteps:
         """Steps <= t have run: drop their tables."""
         for s in [s for s in self._made if s <= t]:
             del self._made[s]
+        for s in [s for s in self._derived if s <= t]:
+            del self._derived[s]
 
     def step_union(self, s: int) -> StepRows:
         """The owned rows written at local step s (local ids), host tensors."""

@@ -413,6 +413,7 @@ class UpdateLog:
             step's rows ([U] int64), their summed rows ([U, W] float32, visible count last)
             and which were applied ([U] bool), all on the parameters' device (no read of
             it): throughput-first's evidence. None: no call.
+        kernels: the per-step host kernels (None: ``StepKernels.resolve()``).
     """
 
     def __init__(
@@ -425,6 +426,7 @@ class UpdateLog:
         hook: ApplyHook | None = None,
         observe_sum: Callable[[Tensor, Tensor, Tensor], None] | None = None,
         versions_on_take: bool = False,
+        kernels: StepKernels | None = None,
     ):
         self.groups = list(groups)
         self.versions_on_take = versions_on_take
@@ -440,7 +442,7 @@ class UpdateLog:
         # on the host too, so that CPU ranks take the path a device's ranks take)
         self.versions_data = versions.to(self.device, copy=True)
         self.applied_through = step_offset - 1  # every step through this one is applied
-        self.kernels = StepKernels.resolve()
+        self.kernels = kernels if kernels is not None else StepKernels.resolve()
         self.row_ops = ops.RowOps(self.device)
         self.sums = SumBuffers(self.width, self.device)
         self.pending: dict[int, PendingStep] = {}
