@@ -145,7 +145,8 @@ class Engine:
         hook: the update log's ``ApplyHook`` (MCMC's noise); None: none.
         tables_thread: whether a thread of their own makes the step tables beside the
             engine's: a layout without pushes (each step's tables made when first needed)
-            has them made ``TABLES_AHEAD`` steps ahead (``PhaseSteps``), one with pushes
+            has them made ``TABLES_AHEAD`` steps ahead (``PhaseSteps``), each with its
+            ``StepPath`` (``PhaseSteps.derived``), one with pushes
             (every step's tables made at the phase start) has each step's cut while the
             next step's record is made (``step_rows``' ``aside``). None: beside an
             accelerator, not on CPU ranks (the host runs the kernels there; a second thread
