@@ -37,25 +37,28 @@ def test_help_lists_the_options():
 def test_cpu_dry_run_of_the_script(tmp_path):
     """The same script on the CPU (``--device cpu``), the checks that need no training run
     (the suite trains elsewhere): the ops against their references and the control plane
-    at 20k rows, quality-first and throughput-first with late peers; the report's shape,
-    and a clean end before its self-deadline."""
+    at 20k rows (quality-first, throughput-first with late peers, and R = 64 sharded); the
+    report's shape, and a clean end before its self-deadline."""
     import json
 
     out = tmp_path / "dry.json"
     proc = _gpu_check(
-        "--device", "cpu", "--checks", "ops,control_plane,control_plane_late", "--sizes", "1000", "--repeats", "1",
+        "--device", "cpu", "--checks", "ops,control_plane,control_plane_late,control_plane_r64",
+        "--sizes", "1000", "--repeats", "1",
         "--budget-s", "110", "--seed", "0", "--out", str(out), tmp=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["all_ok"] and "watchdog" not in report
     assert report["environment"] and report["seed"] == 0
-    assert set(report["checks"]) == {"ops", "control_plane", "control_plane_late"}
+    planes = ["control_plane", "control_plane_late", "control_plane_r64"]
+    assert set(report["checks"]) == {"ops", *planes}
     assert report["checks"]["ops"]["cases"]
-    late = report["checks"]["control_plane_late"]
-    assert (late["mode"], late["late_peers"]) == ("throughput-first", True)
-    assert report["checks"]["control_plane"]["mode"] == "quality-first"
-    for plane, layout in itertools.product((report["checks"]["control_plane"], late), LAYOUTS):
+    qf, late, r64 = (report["checks"][name] for name in planes)
+    assert (qf["mode"], qf["late_peers"], qf["ranks"]) == ("quality-first", False, 8)
+    assert (late["mode"], late["late_peers"], late["ranks"]) == ("throughput-first", True, 8)
+    assert (r64["mode"], r64["ranks"], "replicated" in r64) == ("quality-first", 64, False)
+    for plane, layout in [*itertools.product((qf, late), LAYOUTS), (r64, "sharded")]:
         assert 0 <= plane["device_reads_per_step_max"] <= 2
         figures = plane[layout]
         # (host_ms is engine - data - ops x the timer's price, an estimate: at 20k rows

@@ -42,6 +42,8 @@ whether a build was running beside it, and the run goes on):
 9. ``control_plane_late``: check 7 in throughput-first with the peers one step behind
    (``--late-peers``: it decides at every step, as where views overlap densely), with
    whatever time is left (no check before it keeps time for it).
+10. ``control_plane_r64``: check 7 at R = 64, the sharded layout (the R = 64 target of the
+   device data plane issue), with whatever time is left after that.
 
 gsplat's CUDA code is JIT-compiled on first use (minutes on a fresh machine), so its build
 (and that of the installed odin-ns copy's extension) starts at once in a background process
@@ -102,7 +104,7 @@ RASTER_TOL = {"image_abs": 5e-3, "alpha_abs": 5e-3, "grad_rel": 2e-2}
 # the single-process training run last.
 CHECKS = (
     "ops", "copy_bandwidth", "nccl_link", "two_ranks_one_gpu", "raster", "gsplat_speed",
-    "control_plane", "single_process", "control_plane_late",
+    "control_plane", "single_process", "control_plane_late", "control_plane_r64",
 )  # fmt: skip
 CUDA_ONLY = ("copy_bandwidth", "nccl_link", "raster", "gsplat_speed")  # not in the dry run
 PLANE_LAYOUTS = ("replicated", "sharded")  # the control plane check's, R = 8 each
@@ -115,8 +117,9 @@ GPU_PLAN_S = {  # from the H200 run of 2026-12-04 (bench/gpu_check_h200), rounde
     "gsplat_speed": 40.0,
     "control_plane": 80.0,  # (one layout took 31 s then; two now)
     "single_process": 70.0,
-    # (run with what is left: the checks before it do not keep time for it)
+    # (these two run with what is left: the checks before them do not keep time for them)
     "control_plane_late": 0.0,
+    "control_plane_r64": 0.0,
 }
 EXIT_NO_CUDA, EXIT_WATCHDOG = 2, 3
 __all__ = ["SPLATFACTO_ROWS", "check_case", "main"]
@@ -748,16 +751,19 @@ def check_single_process(run: Run, gsplat: BackgroundBuild) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------- main
-def check_control_plane(run: Run, late: bool = False) -> dict[str, Any]:
+def check_control_plane(
+    run: Run, name: str, late: bool = False, ranks: int = 8, layouts: tuple = PLANE_LAYOUTS
+) -> dict[str, Any]:
     """The engine's steady-state step on the GPU (``bench.control_plane --device cuda``; the
-    CPU dry run: 20k rows on the CPU), in both layouts: per layout its figures. ``late``:
-    throughput-first with the peers one step behind, so that it decides at every step (the
-    densely overlapping scenes' case), instead of quality-first with peers that keep up."""
+    CPU dry run: 20k rows on the CPU), R ``ranks``, per layout of ``layouts`` its figures.
+    ``late``: throughput-first with the peers one step behind, so that it decides at every
+    step (the densely overlapping scenes' case), instead of quality-first with peers that
+    keep up."""
     from odin_ns.bench import control_plane
 
-    out = run.work / ("control_plane_late.json" if late else "control_plane.json")
+    out = run.work / f"{name}.json"
     rows = "1000000" if run.cuda else "20000"
-    argv = ["--rows", rows, "--ranks", "8", "--layouts", ",".join(PLANE_LAYOUTS)]
+    argv = ["--rows", rows, "--ranks", str(ranks), "--layouts", ",".join(layouts)]
     if late:
         argv += ["--mode", "throughput-first", "--late-peers"]
     threads = str(torch.get_num_threads())
@@ -768,7 +774,8 @@ def check_control_plane(run: Run, late: bool = False) -> dict[str, Any]:
         "ok": True,
         "mode": result["mode"],
         "late_peers": result["late_peers"],
-        **{layout: _plane_figures(result, f"r8_{layout}", run.cuda) for layout in PLANE_LAYOUTS},
+        "ranks": ranks,
+        **{layout: _plane_figures(result, f"r{ranks}_{layout}", run.cuda) for layout in layouts},
         "device_reads_per_step_max": result["syncs_per_step_max"],  # bench.device_reads
         "share_per_view": result["share_per_view"],
         "json": str(out),
@@ -904,7 +911,11 @@ def write_figure(report: dict[str, Any], path: Path) -> None:
     # quality-first with peers that keep up, then throughput-first with peers behind
     bars = [
         (label, checks[check][layout], checks[check])
-        for check, mode in (("control_plane", "qf"), ("control_plane_late", "tf, late peers"))
+        for check, mode in (
+            ("control_plane", "qf"),
+            ("control_plane_late", "tf, late peers"),
+            ("control_plane_r64", "qf, R=64"),
+        )
         for layout in PLANE_LAYOUTS
         if layout in checks.get(check, {})
         for label in [f"{layout} {mode}"]
@@ -918,7 +929,7 @@ def write_figure(report: dict[str, Any], path: Path) -> None:
     if bars:
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names)
         ax.legend(loc="upper left", fontsize="small")
-    ax.set(title="engine step, R=8 (median ms)", ylabel="ms")
+    ax.set(title="engine step, R=8 unless named (median ms)", ylabel="ms")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -1042,10 +1053,17 @@ def main(argv: list[str] | None = None) -> int:
         "nccl_link": (lambda: check_nccl_link(run), 5.0),
         "raster": (lambda: check_raster(run, gsplat), 15.0),
         "gsplat_speed": (lambda: check_gsplat_speed(run, gsplat), 20.0),
-        "control_plane": (lambda: check_control_plane(run), 40.0),
+        "control_plane": (lambda: check_control_plane(run, "control_plane"), 40.0),
         "two_ranks_one_gpu": (lambda: check_two_ranks_one_gpu(run), 60.0),
         "single_process": (lambda: check_single_process(run, gsplat), 40.0),
-        "control_plane_late": (lambda: check_control_plane(run, late=True), 40.0),
+        "control_plane_late": (
+            lambda: check_control_plane(run, "control_plane_late", late=True),
+            40.0,
+        ),
+        "control_plane_r64": (
+            lambda: check_control_plane(run, "control_plane_r64", ranks=64, layouts=("sharded",)),
+            40.0,
+        ),
     }
     for name in CHECKS:
         if name in args.checks and (run.cuda or name not in CUDA_ONLY):
