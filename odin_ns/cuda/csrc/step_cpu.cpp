@@ -534,16 +534,30 @@ std::tuple<at::Tensor, int64_t> mark_ready_cpu(const std::optional<at::Tensor>& 
   return {ready, count};
 }
 
-// A version test's arguments (first_lacking, lacking_rows): [O] int64 versions, [K] int64
-// rows and the steps they need, a start in [0, K]. Returns K.
-int64_t check_version_test(const at::Tensor& versions, const at::Tensor& rows,
-                           const at::Tensor& need, int64_t start, const char* op) {
+// A version test's arguments (first_lacking, lacking_rows), checked: [O] int64 versions, [K]
+// int64 rows and the steps they need, a start in [0, K]; and the test of one row.
+struct VersionTestRows {
+  int64_t K, N;
+  const int64_t* version;
+  const int64_t* row;
+  const int64_t* step;
+
+  // Whether row i lacks its step: a step at or below applied_through is applied, a later
+  // one where the row's version says so (read only then).
+  bool lacks(int64_t i, int64_t applied_through) const {
+    return step[i] > applied_through && version[row[i]] < step[i];
+  }
+};
+
+VersionTestRows check_version_test(const at::Tensor& versions, const at::Tensor& rows,
+                                   const at::Tensor& need, int64_t start, const char* op) {
   check_step_rows(versions, -1, at::kLong, op, "versions");
   check_step_rows(rows, -1, at::kLong, op, "rows");
   const int64_t K = rows.size(0);
   check_step_rows(need, K, at::kLong, op, "need");
   TORCH_CHECK_VALUE(start >= 0 && start <= K, op, ": start ", start, " outside [0, ", K, "]");
-  return K;
+  return {K, versions.size(0), versions.data_ptr<int64_t>(), rows.data_ptr<int64_t>(),
+          need.data_ptr<int64_t>()};
 }
 
 // A version test reads on from where the last one stopped, one row at a time, and stops at
@@ -554,18 +568,14 @@ int64_t check_version_test(const at::Tensor& versions, const at::Tensor& rows,
 int64_t first_lacking_cpu(const at::Tensor& versions, const at::Tensor& rows,
                           const at::Tensor& need, int64_t start, int64_t applied_through) {
   const char* op = "first_lacking";
-  const int64_t K = check_version_test(versions, rows, need, start, op);
-  const int64_t N = versions.size(0);
-  const int64_t* version = versions.data_ptr<int64_t>();
-  const int64_t* row = rows.data_ptr<int64_t>();
-  const int64_t* step = need.data_ptr<int64_t>();
-  for (int64_t i = start; i < K; ++i) {
-    const int64_t p = row[i];
-    TORCH_CHECK_VALUE(p >= 0 && p < N, op, ": rows out of range: ", p, " but must lie in [0, ",
-                      N, ")");
-    if (step[i] > applied_through && version[p] < step[i]) return i;
+  const auto test = check_version_test(versions, rows, need, start, op);
+  for (int64_t i = start; i < test.K; ++i) {
+    const int64_t p = test.row[i];  // (checked as read: a test that stops early reads little)
+    TORCH_CHECK_VALUE(p >= 0 && p < test.N, op, ": rows out of range: ", p,
+                      " but must lie in [0, ", test.N, ")");
+    if (test.lacks(i, applied_through)) return i;
   }
-  return K;
+  return test.K;
 }
 
 // Every row of a version test, from a start, that lacks its step (first_lacking's test,
@@ -575,16 +585,12 @@ int64_t first_lacking_cpu(const at::Tensor& versions, const at::Tensor& rows,
 at::Tensor lacking_rows_cpu(const at::Tensor& versions, const at::Tensor& rows,
                             const at::Tensor& need, int64_t start, int64_t applied_through) {
   const char* op = "lacking_rows";
-  const int64_t K = check_version_test(versions, rows, need, start, op);
-  const int64_t N = versions.size(0);
-  const int64_t* version = versions.data_ptr<int64_t>();
-  const int64_t* row = rows.data_ptr<int64_t>();
-  const int64_t* step = need.data_ptr<int64_t>();
-  TORCH_CHECK_VALUE(ids_within(row + start, K - start, N), op,
-                    ": rows out of range [0, ", N, ")");
+  const auto test = check_version_test(versions, rows, need, start, op);
+  TORCH_CHECK_VALUE(ids_within(test.row + start, test.K - start, test.N), op,
+                    ": rows out of range [0, ", test.N, ")");
   std::vector<int64_t> lacking;
-  for (int64_t i = start; i < K; ++i) {
-    if (step[i] > applied_through && version[row[i]] < step[i]) lacking.push_back(i);
+  for (int64_t i = start; i < test.K; ++i) {
+    if (test.lacks(i, applied_through)) lacking.push_back(i);
   }
   auto out = at::empty({static_cast<int64_t>(lacking.size())}, at::kLong);
   std::copy(lacking.begin(), lacking.end(), out.data_ptr<int64_t>());
