@@ -93,9 +93,9 @@ NOTHING_LEFT = np.iinfo(np.int64).max  # the step a reader's next push waits on:
 
 @dataclass
 class StepPath:
-    """What the step path reads of one step, made once, when the step is first needed:
-    its id lists on the parameters' device (moved in one copy, a list shared by several
-    uses once) and the test of its owned reads."""
+    """What the step path reads of one step, made once (``Engine._path``): its id lists on
+    the parameters' device (moved in one copy, a list shared by several uses once) and the
+    test of its owned reads."""
 
     reads: Tensor  # [M] local ids of the read set
     reads_global: Tensor  # [M] their global ids (the same tensor where they are the same)
@@ -263,7 +263,8 @@ class Engine:
         update with the version they need, per step the owners whose pushes to post there
         (and how many), and the table's per-group [L, d] views. A step's own id lists
         (``_path``) are made here too where every step's tables are (a layout with pushes),
-        else when the step is first needed."""
+        else with its tables on their thread (made ahead) or when the step is first
+        needed."""
         device, num_local = self.device, self.layout.num_local
         self._table = [
             g.param.data.view(num_local, d) for g, d in zip(self.groups, self.dims, strict=True)
