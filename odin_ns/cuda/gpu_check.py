@@ -108,6 +108,13 @@ CHECKS = (
 )  # fmt: skip
 CUDA_ONLY = ("copy_bandwidth", "nccl_link", "raster", "gsplat_speed")  # not in the dry run
 PLANE_LAYOUTS = ("replicated", "sharded")  # the control plane check's, R = 8 each
+# The control-plane checks: name -> (its bars' label in the figure, check_control_plane's
+# arguments)
+PLANE_CHECKS = {
+    "control_plane": ("qf", {}),
+    "control_plane_late": ("tf, late peers", {"late": True}),
+    "control_plane_r64": ("qf, R=64", {"ranks": 64, "layouts": ("sharded",)}),
+}
 # Seconds each check after ``ops`` plans for on a GPU (``ops`` leaves them this much).
 GPU_PLAN_S = {  # from the H200 run of 2026-12-04 (bench/gpu_check_h200), rounded up
     "copy_bandwidth": 10.0,
@@ -908,14 +915,9 @@ def write_figure(report: dict[str, Any], path: Path) -> None:
     ax.set(title="copy bandwidth", xlabel="GB/s", xscale="log")
     ax = axes[3]
     names = ("host", "control", "data", "engine")
-    # quality-first with peers that keep up, then throughput-first with peers behind
     bars = [
         (label, checks[check][layout], checks[check])
-        for check, mode in (
-            ("control_plane", "qf"),
-            ("control_plane_late", "tf, late peers"),
-            ("control_plane_r64", "qf, R=64"),
-        )
+        for check, (mode, _) in PLANE_CHECKS.items()
         for layout in PLANE_LAYOUTS
         if layout in checks.get(check, {})
         for label in [f"{layout} {mode}"]
@@ -1053,17 +1055,12 @@ def main(argv: list[str] | None = None) -> int:
         "nccl_link": (lambda: check_nccl_link(run), 5.0),
         "raster": (lambda: check_raster(run, gsplat), 15.0),
         "gsplat_speed": (lambda: check_gsplat_speed(run, gsplat), 20.0),
-        "control_plane": (lambda: check_control_plane(run, "control_plane"), 40.0),
         "two_ranks_one_gpu": (lambda: check_two_ranks_one_gpu(run), 60.0),
         "single_process": (lambda: check_single_process(run, gsplat), 40.0),
-        "control_plane_late": (
-            lambda: check_control_plane(run, "control_plane_late", late=True),
-            40.0,
-        ),
-        "control_plane_r64": (
-            lambda: check_control_plane(run, "control_plane_r64", ranks=64, layouts=("sharded",)),
-            40.0,
-        ),
+        **{
+            name: (lambda name=name, args=args: check_control_plane(run, name, **args), 40.0)
+            for name, (_, args) in PLANE_CHECKS.items()
+        },
     }
     for name in CHECKS:
         if name in args.checks and (run.cuda or name not in CUDA_ONLY):
