@@ -174,8 +174,6 @@ class InjectedPeers:
     decide on and quality-first waits for them.
     """
 
-    device_resident = True
-
     def __init__(self, max_rows: int, width: int, seed: int, device="cpu", late: bool = False):
         gen = torch.Generator().manual_seed(seed)
         self.pool = (torch.randn(max_rows, width, generator=gen) * 1e-3).to(device)

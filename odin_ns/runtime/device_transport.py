@@ -102,8 +102,6 @@ class DeviceTransport:
         poll_s: how long ``take`` sleeps between polls while device operations are pending.
     """
 
-    device_resident = True  # publications stay where they are (no host wire copy)
-
     def __init__(
         self,
         rank: int,

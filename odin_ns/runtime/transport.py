@@ -56,8 +56,6 @@ class Arrival:
 class Transport(Protocol):
     """What the engine needs from a transport (steps are global steps)."""
 
-    device_resident: bool  # sends device buffers as they are (no host wire copy needed)
-
     def post_recv(self, peer: int, step: int, tag: int, rows: int, cols: int) -> None:
         """Allow receiving ``peer``'s [rows, cols] publication of ``step`` (FIFO per peer)."""
 
@@ -104,8 +102,6 @@ class P2PTransport:
         pin_receives: receive into pinned host memory (parameters on CUDA: the arrival
             then goes to the device without the host waiting for the stream).
     """
-
-    device_resident = False  # sends from host memory (a CUDA buffer is copied first)
 
     def __init__(
         self,

@@ -579,8 +579,6 @@ class LoopbackHub:
 class LoopbackTransport:
     """One rank's end of a ``LoopbackHub``: matches sends to posted receives by tag."""
 
-    device_resident = False
-
     def __init__(self, hub: LoopbackHub, rank: int):
         self.hub = hub
         self.rank = rank
