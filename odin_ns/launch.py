@@ -41,6 +41,7 @@ import signal
 import sys
 import tempfile
 import time
+import traceback
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -396,13 +397,32 @@ def _worker(args: argparse.Namespace, rest: list[str]) -> None:
         _train_rank(args, rest)
     except (OdinInputError, SyncError, FloatingPointError) as err:
         if not failure_file:
+            _end_nccl_rank(err)
             raise
         record_failure(Path(failure_file), rank_reason(rank, err))
+        _end_nccl_rank(None)
         sys.exit(1)  # quietly: the launcher prints the reason last
     except Exception as err:
         if failure_file:
             record_failure(Path(failure_file), rank_reason(rank, err, with_type=True))
+        _end_nccl_rank(err)
         raise
+
+
+def _end_nccl_rank(err: BaseException | None) -> None:
+    """End a failed rank now (printing ``err``'s traceback, if any) where its NCCL groups
+    are alive (``_train_rank`` leaves them so): destroying them waits for the device
+    operations in flight, and a failed run leaves sends that no peer will receive, so the
+    rank would hang until NCCL's watchdog killed it, its reason lost. Without NCCL, nothing."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl"):
+        return
+    if err is not None:
+        traceback.print_exception(err)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def usable_cores() -> int:
@@ -491,10 +511,13 @@ def _train_rank(args: argparse.Namespace, rest: list[str]) -> None:
         group = dist.new_group(ranks)
         if machine == config.machine.machine_rank:
             comms.LOCAL_PROCESS_GROUP = group
+    trained = False
     try:
         train_loop(local_rank, world_size, config, global_rank=rank)
+        trained = True
     finally:
-        dist.destroy_process_group()
+        if trained or backend != "nccl":  # (a failed NCCL rank ends in _end_nccl_rank)
+            dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None, worker_module: str = "odin_ns.launch") -> None:

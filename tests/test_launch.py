@@ -275,3 +275,33 @@ def test_set_up_objects_are_left_out_of_later_collections():
         assert any(o is made_in_training for o in gc.get_objects())  # still collected
     finally:
         gc.unfreeze()
+
+
+def test_a_failed_nccl_rank_ends_at_once_and_a_gloo_rank_returns(monkeypatch, capsys):
+    """A failed rank whose NCCL groups are alive ends at once (``os._exit``) after its
+    traceback: destroying the groups would wait for sends no peer will receive. A rank
+    without NCCL returns, to unwind (and destroy its gloo groups) as before."""
+    import torch.distributed as dist
+
+    exits: list[int] = []
+
+    class Ended(Exception):
+        pass
+
+    def fake_exit(code: int) -> None:
+        exits.append(code)
+        raise Ended
+
+    monkeypatch.setattr(launch.os, "_exit", fake_exit)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "gloo")
+    launch._end_nccl_rank(RuntimeError("x"))
+    assert exits == []
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    try:
+        raise RuntimeError("peer 1 stopped taking")
+    except RuntimeError as err:
+        with pytest.raises(Ended):
+            launch._end_nccl_rank(err)
+    assert exits == [1]
+    assert "RuntimeError: peer 1 stopped taking" in capsys.readouterr().err

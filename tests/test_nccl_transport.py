@@ -28,6 +28,7 @@ from harness.toy import (
     run_threads,
     toy_groups,
 )
+from torch import Tensor
 
 from odin_ns.errors import OdinInputError
 from odin_ns.runtime import SyncConfig
@@ -200,18 +201,80 @@ def test_nccl_protocol_sharded_equals_loopback(world):
     assert all(r.engine.log.oldest_unapplied(plan.num_steps) is None for r in out.values())
 
 
+# ------------------------------------------------ NcclLink itself, over gloo processes
+def _rows(src: int, dst: int, step: int) -> Tensor:
+    """The publication ``src`` sends ``dst`` at ``step``: 0-4 rows of known values."""
+    rows = (3 * src + 5 * dst + step) % 5
+    return torch.arange(rows * 4, dtype=torch.float32).reshape(rows, 4) + 100 * src + step
+
+
+def link_rank(rank: int, world_size: int, steps: int) -> list:
+    """One process of ``NcclLink`` over gloo: it opens this rank's channels, posts every
+    receive of ``steps`` publications per peer, sends its own (``_rows``; zero rows
+    included), waits for all, and all-reduces rank + 1 polling ``is_completed``; returns
+    (peer, step, rows) per receive and the sum (peer -1)."""
+    from odin_ns.runtime.device_transport import channel, channels_in_order
+    from odin_ns.runtime.nccl import NcclLink
+
+    link = NcclLink(world_size, torch.device("cpu"), timeout_s=60.0, backend="gloo")
+    link.open([ch for ch in channels_in_order(world_size) if rank in ch])
+    peers = [q for q in range(world_size) if q != rank]
+    got = [(q, s, torch.empty(_rows(q, rank, s).shape)) for s in range(steps) for q in peers]
+    handles = [link.irecv(channel(q, rank), buf) for q, _, buf in got]
+    handles += [
+        link.isend(channel(rank, q), _rows(rank, q, s)) for s in range(steps) for q in peers
+    ]
+    for handle in handles:  # (gloo's sends and receives complete only in wait())
+        handle.wait()
+    total = torch.full((2, 3), float(rank + 1))
+    reduce = link.all_reduce(total)
+    deadline = time.monotonic() + 30.0
+    while not reduce.is_completed() and time.monotonic() < deadline:
+        time.sleep(1e-3)
+    reduce.wait()
+    return [*got, (-1, steps, total)]
+
+
+def test_nccl_link_over_gloo_processes_sets_up_and_addresses_every_channel(tmp_path):
+    """``NcclLink``'s own code, not the double: every channel's group created in one order
+    by every rank, the set-up exchange of each channel in the global order (src sends, dst
+    receives: blocking, as NCCL's set-up is), its sends' and receives' ranks within the
+    two-rank groups and the all-reduce, between 3 processes over gloo (the suite has no
+    GPU; what only NCCL does, the double enforces, and gloo's sends complete only when
+    waited on, so the protocol's polling runs over the double). Every publication arrives
+    whole from the peer it names, in step order; the sum once."""
+    from harness import spawn_ranks
+
+    world, steps = 3, 3
+    codes, results, errors, _ = spawn_ranks(link_rank, world, tmp_path, args=(steps,))
+    assert codes == [0] * world, errors
+    for rank, got in enumerate(results):
+        *received, (_, _, total) = got
+        assert [(q, s) for q, s, _ in received] == [
+            (q, s) for s in range(steps) for q in range(world) if q != rank
+        ]
+        for q, s, buf in received:
+            assert torch.equal(buf, _rows(q, rank, s))
+        assert torch.equal(total, torch.full((2, 3), 6.0))
+
+
 # ---------------------------------------------------------------- the choice rule
 def test_nccl_is_chosen_only_when_every_rank_owns_a_gpu():
-    own = [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    own = ["GPU-a0", "GPU-a1", "GPU-b0", "GPU-b1"]  # (UUIDs: unique across machines)
     assert decide_transport("auto", own, True).kind == "nccl"
     assert decide_transport("gloo", own, True).kind == "gloo"
     assert decide_transport("auto", own, False).kind == "gloo"
-    shared = [("a", 0), ("a", 0)]
+    shared = ["GPU-a0", "GPU-a0"]
     assert "share a GPU" in decide_transport("auto", shared, True).reason
-    cpu = [("a", -1), ("a", -1)]
+    cpu = [None, None]
     assert decide_transport("auto", cpu, True).kind == "gloo"
     for devices in (shared, cpu):
         with pytest.raises(OdinInputError, match="transport nccl cannot run here"):
             decide_transport("nccl", devices, True)
+    # past torch's 32 streams per device, channels share streams: said, not refused
+    eight = [f"GPU-{r}" for r in range(8)]
+    assert decide_transport("auto", eight, True, transports=2).reason == "every rank owns a GPU"
+    nine = decide_transport("auto", [*eight, "GPU-8"], True, transports=2)
+    assert nine.kind == "nccl" and "35 NCCL communicators share" in nine.reason
     with pytest.raises(ValueError, match="transport"):
         SyncConfig(transport="infiniband")

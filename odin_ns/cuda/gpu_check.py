@@ -820,7 +820,7 @@ def check_nccl_link(run: Run) -> dict[str, Any]:
     store = dist.FileStore(str(run.work / "nccl_store"), 1)
     dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=device)
     try:
-        link = NcclLink(1, device)
+        link = NcclLink(1, device, timeout_s=60.0)
         link.open([])
         buf = torch.arange(17_000, dtype=torch.float32, device=device).reshape(1000, 17)
         expected = buf.clone()

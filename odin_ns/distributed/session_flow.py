@@ -115,10 +115,11 @@ class SessionFlow:
             if id(tensor) not in held:
                 dist.broadcast(tensor.data, src=0)
 
-    def _choose_transport(self) -> TransportChoice:
-        """Pick what carries publications (every rank, over ``self.group``) and say it once."""
+    def _choose_transport(self, transports: int = 1) -> TransportChoice:
+        """Pick what carries publications (every rank, over ``self.group``) and say it once;
+        ``transports``: how many the layout opens."""
         choice = choose_transport(
-            self.pipeline.config.sync.transport, self.model.means.device, self.group
+            self.pipeline.config.sync.transport, self.model.means.device, self.group, transports
         )
         if self.rank == 0:
             CONSOLE.print(f"odin-ns: publications travel over {choice.kind} ({choice.reason})")

@@ -162,7 +162,7 @@ class ShardedSession(SessionFlow):
         grads_group = dist.new_group(backend="gloo")
         push_group = dist.new_group(backend="gloo")
         self.step_signal = self._barrier_signal()  # barrier mode: a fourth group
-        choice = self._choose_transport()
+        choice = self._choose_transport(transports=2)
         self.grads_tx = self._open_transport(choice, grads_group)
         self.push_tx = self._open_transport(choice, push_group)
         self.phases = self._phase_controller(ShardedPhaseController, self.group)
