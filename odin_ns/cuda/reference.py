@@ -33,8 +33,9 @@ def _check(cond: bool, op: str, message: str) -> None:
 
 def reads_values(t: Tensor) -> bool:
     """Whether checks may read ``t``'s values: always on the host; on an accelerator that
-    read waits for the stream, so only with ``ODIN_NS_DEBUG_CHECKS=1`` (torch's kernels still
-    assert on out-of-range ids there)."""
+    read waits for the stream, so only with ``ODIN_NS_DEBUG_CHECKS=1`` (an out-of-range id
+    still stops the kernel there with a device-side assertion: torch's and the extension's
+    CUDA kernels check every id they index by)."""
     return t.device.type == "cpu" or os.environ.get("ODIN_NS_DEBUG_CHECKS") == "1"
 
 

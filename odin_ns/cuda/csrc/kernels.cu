@@ -3,9 +3,15 @@
 // Compaction (footprint_cull, validate_reads) is stable: block b owns a fixed piece of
 // kCompactPiece elements, counts it, and after an exclusive scan of the counts writes its
 // kept elements in order, so results equal the CPU kernels' exactly.
+//
+// Every id a kernel reads a row by is checked against the rows there: one outside them
+// stops the kernel with a device-side assertion (check_row), as torch's own index kernels
+// do, instead of reading or writing another tensor's memory. (The host reads device ids only
+// with ODIN_NS_DEBUG_CHECKS=1: the read would synchronize the stream.)
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cassert>
 
 #include "kernels.h"
 
@@ -15,6 +21,14 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+
+// Stops the kernel (a device-side assertion: the launch's stream reports
+// cudaErrorAssert) unless 0 <= id < rows. Not assert(): that one is gone under NDEBUG.
+__device__ inline void check_row(int64_t id, int64_t rows) {
+  if (id < 0 || id >= rows) {
+    __assert_fail("row id out of range", __FILE__, __LINE__, __func__);
+  }
+}
 
 int grid_for(int64_t n) {
   const int64_t blocks = (n + kThreads - 1) / kThreads;
@@ -95,8 +109,10 @@ struct ColumnValue {
 struct StalePred {
   const int64_t* read_ids;
   const int64_t* versions;
+  int64_t N;  // versions' rows
   const int64_t* required;
   __device__ bool operator()(int64_t, int64_t i) const {
+    check_row(read_ids[i], N);
     return versions[read_ids[i]] < required[i];
   }
 };
@@ -125,6 +141,7 @@ __device__ inline RowElement row_element(const RowBatch& batch, const int64_t* i
     c -= batch.cols[k];
     ++k;
   }
+  check_row(ids[i], batch.num_rows);
   return {i, column, batch.rows[k] + ids[i] * batch.cols[k] + c};
 }
 
@@ -150,11 +167,12 @@ __global__ void scatter_rows_kernel(const int64_t* ids, int64_t M, int64_t W, Ro
 
 __global__ void accumulate_ready_rows_kernel(float* acc, const bool* ready,
                                              const int64_t* positions, const float* contrib,
-                                             int64_t M, int64_t W) {
+                                             int64_t M, int64_t U, int64_t W) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < M * W;
        e += stride) {
     const int64_t p = positions[e / W];
+    check_row(p, U);
     if (ready[p]) {
       atomicAdd(acc + p * W + (e % W), contrib[e]);
     }
@@ -164,8 +182,8 @@ __global__ void accumulate_ready_rows_kernel(float* acc, const bool* ready,
 template <typename T, bool kFma>
 __global__ void apply_ready_group_kernel(T* param, T* exp_avg, T* exp_avg_sq,
                                          const int64_t* ids, const float* acc,
-                                         const bool* ready, int64_t U, int64_t W, int64_t off,
-                                         int64_t d, AdamScalars<T> s) {
+                                         const bool* ready, int64_t U, int64_t N, int64_t W,
+                                         int64_t off, int64_t d, AdamScalars<T> s) {
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < U * d;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = e / d;
@@ -173,6 +191,7 @@ __global__ void apply_ready_group_kernel(T* param, T* exp_avg, T* exp_avg_sq,
     if (!ready[i] || !(acc[i * W + W - 1] > 0.0f)) {
       continue;
     }
+    check_row(ids[i], N);
     const int64_t x = ids[i] * d + c;
     T m = exp_avg[x];
     T v = exp_avg_sq[x];
@@ -184,10 +203,11 @@ __global__ void apply_ready_group_kernel(T* param, T* exp_avg, T* exp_avg_sq,
 }
 
 __global__ void apply_ready_versions_kernel(const int64_t* ids, const bool* ready, int64_t U,
-                                            int64_t step, int64_t* versions) {
+                                            int64_t N, int64_t step, int64_t* versions) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < U;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     if (ready[i]) {
+      check_row(ids[i], N);
       versions[ids[i]] = step;
     }
   }
@@ -197,10 +217,11 @@ __global__ void apply_ready_versions_kernel(const int64_t* ids, const bool* read
 // is common.h's row_norm, as on the CPU, so both give the same bits.
 __global__ void record_row_norms_kernel(float* norms, bool* active, const int64_t* ids,
                                         const float* acc, const bool* ready, int64_t U,
-                                        int64_t W) {
+                                        int64_t N, int64_t W) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < U;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     if (ready[i]) {
+      check_row(ids[i], N);
       const float* row = acc + i * W;
       norms[ids[i]] = row_norm(row, W - 1);
       active[ids[i]] = row[W - 1] > 0.0f;
@@ -210,16 +231,16 @@ __global__ void record_row_norms_kernel(float* norms, bool* active, const int64_
 
 template <typename T>
 cudaError_t launch_apply_group(T* param, T* exp_avg, T* exp_avg_sq, const int64_t* ids,
-                               const float* acc, const bool* ready, int64_t U, int64_t W,
-                               int64_t off, int64_t d, const AdamScalars<T>& s, bool fma,
-                               cudaStream_t stream) {
+                               const float* acc, const bool* ready, int64_t U, int64_t N,
+                               int64_t W, int64_t off, int64_t d, const AdamScalars<T>& s,
+                               bool fma, cudaStream_t stream) {
   const int grid = grid_for(U * d);
   if (fma) {
     apply_ready_group_kernel<T, true><<<grid, kThreads, 0, stream>>>(
-        param, exp_avg, exp_avg_sq, ids, acc, ready, U, W, off, d, s);
+        param, exp_avg, exp_avg_sq, ids, acc, ready, U, N, W, off, d, s);
   } else {
     apply_ready_group_kernel<T, false><<<grid, kThreads, 0, stream>>>(
-        param, exp_avg, exp_avg_sq, ids, acc, ready, U, W, off, d, s);
+        param, exp_avg, exp_avg_sq, ids, acc, ready, U, N, W, off, d, s);
   }
   return cudaGetLastError();
 }
@@ -260,58 +281,60 @@ cudaError_t scatter_rows(const int64_t* ids, int64_t M, int64_t W, const RowBatc
 }
 
 cudaError_t accumulate_ready_rows(float* acc, const bool* ready, const int64_t* positions,
-                                  const float* contrib, int64_t M, int64_t W,
+                                  const float* contrib, int64_t M, int64_t U, int64_t W,
                                   cudaStream_t stream) {
   accumulate_ready_rows_kernel<<<grid_for(M * W), kThreads, 0, stream>>>(acc, ready, positions,
-                                                                         contrib, M, W);
+                                                                         contrib, M, U, W);
   return cudaGetLastError();
 }
 
 cudaError_t apply_ready_group(float* param, float* exp_avg, float* exp_avg_sq,
                               const int64_t* ids, const float* acc, const bool* ready,
-                              int64_t U, int64_t W, int64_t off, int64_t d,
+                              int64_t U, int64_t N, int64_t W, int64_t off, int64_t d,
                               const AdamScalars<float>& s, bool fma, cudaStream_t stream) {
-  return launch_apply_group<float>(param, exp_avg, exp_avg_sq, ids, acc, ready, U, W, off, d,
-                                   s, fma, stream);
+  return launch_apply_group<float>(param, exp_avg, exp_avg_sq, ids, acc, ready, U, N, W, off,
+                                 d, s, fma, stream);
 }
 
 cudaError_t apply_ready_group(double* param, double* exp_avg, double* exp_avg_sq,
                               const int64_t* ids, const float* acc, const bool* ready,
-                              int64_t U, int64_t W, int64_t off, int64_t d,
+                              int64_t U, int64_t N, int64_t W, int64_t off, int64_t d,
                               const AdamScalars<double>& s, bool fma, cudaStream_t stream) {
-  return launch_apply_group<double>(param, exp_avg, exp_avg_sq, ids, acc, ready, U, W, off, d,
-                                    s, fma, stream);
+  return launch_apply_group<double>(param, exp_avg, exp_avg_sq, ids, acc, ready, U, N, W, off,
+                                 d, s, fma, stream);
 }
 
-cudaError_t apply_ready_versions(const int64_t* ids, const bool* ready, int64_t U,
+cudaError_t apply_ready_versions(const int64_t* ids, const bool* ready, int64_t U, int64_t N,
                                  int64_t step, int64_t* versions, cudaStream_t stream) {
-  apply_ready_versions_kernel<<<grid_for(U), kThreads, 0, stream>>>(ids, ready, U, step,
+  apply_ready_versions_kernel<<<grid_for(U), kThreads, 0, stream>>>(ids, ready, U, N, step,
                                                                      versions);
   return cudaGetLastError();
 }
 
 cudaError_t record_row_norms(float* norms, bool* active, const int64_t* ids, const float* acc,
-                             const bool* ready, int64_t U, int64_t W, cudaStream_t stream) {
+                             const bool* ready, int64_t U, int64_t N, int64_t W,
+                             cudaStream_t stream) {
   record_row_norms_kernel<<<grid_for(U), kThreads, 0, stream>>>(norms, active, ids, acc, ready,
-                                                                U, W);
+                                                                U, N, W);
   return cudaGetLastError();
 }
 
-cudaError_t validate_count(const int64_t* read_ids, const int64_t* versions,
+cudaError_t validate_count(const int64_t* read_ids, const int64_t* versions, int64_t N,
                            const int64_t* required, int64_t M, int64_t* counts,
                            cudaStream_t stream) {
   const int64_t pieces = (M + kCompactPiece - 1) / kCompactPiece;
   compact_count_kernel<<<static_cast<unsigned>(pieces), kThreads, 0, stream>>>(
-      StalePred{read_ids, versions, required}, M, pieces, counts);
+      StalePred{read_ids, versions, N, required}, M, pieces, counts);
   return cudaGetLastError();
 }
 
-cudaError_t validate_write(const int64_t* read_ids, const int64_t* versions,
+cudaError_t validate_write(const int64_t* read_ids, const int64_t* versions, int64_t N,
                            const int64_t* required, int64_t M, const int64_t* offsets,
                            int64_t* out, cudaStream_t stream) {
   const int64_t pieces = (M + kCompactPiece - 1) / kCompactPiece;
   compact_write_kernel<<<static_cast<unsigned>(pieces), kThreads, 0, stream>>>(
-      StalePred{read_ids, versions, required}, ReadIdValue{read_ids}, M, pieces, offsets, out);
+      StalePred{read_ids, versions, N, required}, ReadIdValue{read_ids}, M, pieces, offsets,
+      out);
   return cudaGetLastError();
 }
 

@@ -1,10 +1,14 @@
 // CUDA implementations of torch.ops.odin.* (schemas in ops_cpu.cpp): checks, allocation
 // and scans here, kernels in kernels.cu.
 //
-// Same semantics as the CPU kernels, with two documented differences: accumulate_ready_rows
-// adds with atomics, so repeated positions are summed in an unspecified order (equal to the
-// CPU result up to float rounding; exact when positions are unique, as the engine's are);
-// apply_ready_rows takes the IEEE square root where torch's CPU kernel may use MKL's.
+// Same semantics as the CPU kernels, with three documented differences:
+// accumulate_ready_rows adds with atomics, so repeated positions are summed in an unspecified
+// order (equal to the CPU result up to float rounding; exact when positions are unique, as
+// the engine's are, but for subnormal values: a float atomicAdd on global memory flushes
+// subnormal inputs and results to zero, PTX ISA, atom.add.f32; every GPU replica flushes
+// alike); apply_ready_rows takes the IEEE square root where torch's CPU kernel may use MKL's;
+// an id outside its tensor's rows stops the kernel with a device-side assertion (kernels.cu)
+// where the CPU kernels raise before writing.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -94,6 +98,7 @@ void for_each_row_batch(const std::vector<at::Tensor>& rows, Launch launch) {
       batch.cols[k] = rows[first + k].size(1);
       batch.width += batch.cols[k];
     }
+    batch.num_rows = rows[first].size(0);  // (one N for all: check_columns)
     col += batch.width;
     if (batch.width > 0) {
       launch(batch);
@@ -166,7 +171,8 @@ void accumulate_ready_rows_cuda(const at::Tensor& acc, const at::Tensor& ready_i
     const auto contrib = contribs_in[j].contiguous();
     check_launch(cuda::accumulate_ready_rows(acc.data_ptr<float>(), ready.data_ptr<bool>(),
                                              positions.data_ptr<int64_t>(),
-                                             contrib.data_ptr<float>(), M, W, stream),
+                                             contrib.data_ptr<float>(), M, acc.size(0), W,
+                                             stream),
                  "accumulate_ready_rows");
   }
 }
@@ -197,13 +203,15 @@ void apply_ready_rows_cuda(at::TensorList params, at::TensorList exp_avgs,
       if (params[g].scalar_type() == at::kFloat) {
         err = cuda::apply_ready_group(
             params[g].data_ptr<float>(), exp_avgs[g].data_ptr<float>(),
-            exp_avg_sqs[g].data_ptr<float>(), in.ids, in.acc, in.ready, U, W, off, d,
+            exp_avg_sqs[g].data_ptr<float>(), in.ids, in.acc, in.ready, U, params[g].size(0), W,
+            off, d,
             make_adam_scalars<float>(lrs[g], betas[2 * g], betas[2 * g + 1], eps[g], step + 1),
             fma, stream);
       } else {
         err = cuda::apply_ready_group(
             params[g].data_ptr<double>(), exp_avgs[g].data_ptr<double>(),
-            exp_avg_sqs[g].data_ptr<double>(), in.ids, in.acc, in.ready, U, W, off, d,
+            exp_avg_sqs[g].data_ptr<double>(), in.ids, in.acc, in.ready, U, params[g].size(0),
+            W, off, d,
             make_adam_scalars<double>(lrs[g], betas[2 * g], betas[2 * g + 1], eps[g], step + 1),
             fma, stream);
       }
@@ -211,7 +219,7 @@ void apply_ready_rows_cuda(at::TensorList params, at::TensorList exp_avgs,
     }
     off += d;
   }
-  check_launch(cuda::apply_ready_versions(in.ids, in.ready, U, step,
+  check_launch(cuda::apply_ready_versions(in.ids, in.ready, U, versions.size(0), step,
                                           versions.data_ptr<int64_t>(), stream),
                "apply_ready_rows");
 }
@@ -227,7 +235,7 @@ void record_row_norms_cuda(const at::Tensor& norms, const at::Tensor& active,
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const auto in = union_rows(ids_in, acc_in, ready_in);
   check_launch(cuda::record_row_norms(norms.data_ptr<float>(), active.data_ptr<bool>(), in.ids,
-                                      in.acc, in.ready, in.U, in.W, stream),
+                                      in.acc, in.ready, in.U, norms.size(0), in.W, stream),
                "record_row_norms");
 }
 
@@ -245,7 +253,7 @@ at::Tensor validate_reads_cuda(const at::Tensor& read_ids_in, const at::Tensor& 
   auto counts = at::empty({pieces}, long_opts);
   if (pieces > 0) {
     check_launch(cuda::validate_count(read_ids.data_ptr<int64_t>(),
-                                      versions.data_ptr<int64_t>(),
+                                      versions.data_ptr<int64_t>(), versions.size(0),
                                       required.data_ptr<int64_t>(), M,
                                       counts.data_ptr<int64_t>(), stream),
                  "validate_reads");
@@ -254,7 +262,7 @@ at::Tensor validate_reads_cuda(const at::Tensor& read_ids_in, const at::Tensor& 
   auto out = at::empty({total}, long_opts);
   if (total > 0) {
     check_launch(cuda::validate_write(read_ids.data_ptr<int64_t>(),
-                                      versions.data_ptr<int64_t>(),
+                                      versions.data_ptr<int64_t>(), versions.size(0),
                                       required.data_ptr<int64_t>(), M,
                                       offsets.data_ptr<int64_t>(), out.data_ptr<int64_t>(),
                                       stream),
