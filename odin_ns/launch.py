@@ -459,6 +459,26 @@ def use_deterministic_algorithms() -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
+def may_use_nccl(config: TrainerConfig) -> bool:
+    """Whether the run's publications may travel over NCCL (an Odin pipeline whose
+    transport is not forced to gloo; the rule itself runs once every rank has started)."""
+    from odin_ns.pipeline import OdinPipelineConfig
+
+    pipeline = config.pipeline
+    return isinstance(pipeline, OdinPipelineConfig) and pipeline.sync.transport != "gloo"
+
+
+def load_cuda_kernels_eagerly() -> None:
+    """Have CUDA load every kernel when this rank starts it (``CUDA_MODULE_LOADING=EAGER``,
+    unless the user set it). torch has kernels loaded lazily, at their first launch, and a
+    load may wait for the kernels running on the device (CUDA programming guide, lazy
+    loading: concurrent execution). Over NCCL a send spins on the GPU until the peer's host
+    posts the receive; two ranks sending to each other whose hosts both reach a kernel's
+    first launch would each wait for the other's spinning send: for good. Costs start-up
+    time and device memory for kernels that never run."""
+    os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
+
+
 def _train_rank(args: argparse.Namespace, rest: list[str]) -> None:
     import torch
     import torch.distributed as dist
@@ -479,6 +499,8 @@ def _train_rank(args: argparse.Namespace, rest: list[str]) -> None:
 
     config = parse_training_config(rest)
     device_type = config.machine.device_type
+    if device_type == "cuda" and world_size > 1 and may_use_nccl(config):
+        load_cuda_kernels_eagerly()  # (before this rank starts CUDA)
     if device_type == "cuda" and not torch.cuda.is_available():
         device_type = config.machine.device_type = "cpu"
     if device_type == "cpu":

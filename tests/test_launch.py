@@ -305,3 +305,18 @@ def test_a_failed_nccl_rank_ends_at_once_and_a_gloo_rank_returns(monkeypatch, ca
             launch._end_nccl_rank(err)
     assert exits == [1]
     assert "RuntimeError: peer 1 stopped taking" in capsys.readouterr().err
+
+
+def test_cuda_ranks_that_may_use_nccl_load_kernels_eagerly(monkeypatch):
+    """Ranks whose publications may travel over NCCL have CUDA load kernels eagerly (a lazy
+    load can wait for a send spinning on the GPU); a user's own setting stands."""
+    assert launch.may_use_nccl(launch.parse_training_config(["odin-splatfacto"]))
+    forced = ["odin-splatfacto", "--pipeline.sync.transport", "gloo"]
+    assert not launch.may_use_nccl(launch.parse_training_config(forced))
+    assert not launch.may_use_nccl(launch.parse_training_config(["splatfacto"]))
+    monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
+    launch.load_cuda_kernels_eagerly()
+    assert launch.os.environ["CUDA_MODULE_LOADING"] == "EAGER"
+    monkeypatch.setenv("CUDA_MODULE_LOADING", "LAZY")
+    launch.load_cuda_kernels_eagerly()
+    assert launch.os.environ["CUDA_MODULE_LOADING"] == "LAZY"
