@@ -278,3 +278,31 @@ def test_nccl_is_chosen_only_when_every_rank_owns_a_gpu():
     assert nine.kind == "nccl" and "35 NCCL communicators share" in nine.reason
     with pytest.raises(ValueError, match="transport"):
         SyncConfig(transport="infiniband")
+
+
+def test_nccl_link_sets_each_channel_up_with_its_first_send_and_receive(monkeypatch):
+    """``NcclLink.open`` makes each of the rank's channels carry one send (src) and one
+    receive (dst), in the global order, and no collective on a channel's group: torch gives
+    an unbatched send or receive a two-rank communicator of its own, made (blocking both
+    ranks) at the first one, so a warm-up all-reduce would leave the protocol's first send
+    to make it inside a step, blocking its host until the peer received, which the peer does
+    only on that send's notice. (torch.distributed recorded; the groups stand-ins.)"""
+    from odin_ns.runtime import nccl
+
+    calls: list[tuple] = []
+    groups = iter(range(100))
+    monkeypatch.setattr(nccl.dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(nccl.dist, "new_group", lambda *a, **k: next(groups))
+    monkeypatch.setattr(nccl.dist, "send", lambda t, dst, group: calls.append(("send", dst, group)))
+    monkeypatch.setattr(nccl.dist, "recv", lambda t, src, group: calls.append(("recv", src, group)))
+    monkeypatch.setattr(
+        nccl.dist, "all_reduce", lambda t, group: calls.append(("all_reduce", None, group))
+    )
+    link = nccl.NcclLink(3, torch.device("cpu"), timeout_s=60.0)
+    mine = [ch for ch in channels_in_order(3) if 1 in ch]
+    link.open(mine)
+    expected = [
+        ("send", ch.dst, link.channels[ch]) if ch.src == 1 else ("recv", ch.src, link.channels[ch])
+        for ch in mine
+    ]
+    assert calls == [*expected, ("all_reduce", None, link.everyone)]
