@@ -122,6 +122,19 @@ def test_prepare_fetches_wheels_for_the_gpu_machine(tmp_path):
     assert proc.returncode == 2 and "--out is required" in proc.stderr
 
 
+def test_the_tree_leaves_room_for_the_wheels_on_a_call_to_the_gpu_machine(tmp_path):
+    """What travels to the GPU machine in one call (the working tree and the wheels) stays
+    under its 64 MiB: the tree leaves ``WHEELS_BYTES`` (bench/'s figures once grew it to
+    45 MiB, which with the 22.6 MiB of wheels would have had the call refused). A folder
+    that is no git checkout has no tree to count."""
+    from odin_ns.cuda import gpu_wheels
+
+    tree = gpu_wheels.tree_bytes(gpu_wheels.project_root())
+    assert tree is not None
+    assert tree + gpu_wheels.WHEELS_BYTES <= gpu_wheels.TRAVEL_BYTES, f"{tree / 2**20:.1f} MiB"
+    assert gpu_wheels.tree_bytes(tmp_path) is None
+
+
 def test_wheels_install_offline_and_import(tmp_path, monkeypatch):
     """``--wheels``: every wheel of the folder installed with no index, importable here and
     in child processes."""

@@ -84,6 +84,7 @@ import torch
 from torch import Tensor
 
 from odin_ns.bench.commands import quiet_flags, schedule_flags
+from odin_ns.bench.report import save_figure
 from odin_ns.cuda import gpu_wheels
 from odin_ns.cuda.cases import (  # SPLATFACTO_ROWS: re-exported for odin_ns.bench.ops
     DUPLICATES_DEFINED,
@@ -932,9 +933,7 @@ def write_figure(report: dict[str, Any], path: Path) -> None:
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names)
         ax.legend(loc="upper left", fontsize="small")
     ax.set(title="engine step, R=8 unless named (median ms)", ylabel="ms")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path, dpi=90)
 
 
 def run_check(run: Run, name: str, fn: Callable[[], dict], plan_s: float) -> None:
