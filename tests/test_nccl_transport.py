@@ -271,11 +271,19 @@ def test_nccl_is_chosen_only_when_every_rank_owns_a_gpu():
     for devices in (shared, cpu):
         with pytest.raises(OdinInputError, match="transport nccl cannot run here"):
             decide_transport("nccl", devices, True)
-    # past torch's 32 streams per device, channels share streams: said, not refused
+    # past torch's 32 CUDA streams per device channels would share streams: gloo, and a
+    # forced nccl refused (sharded: two transports, from R = 9; replicated from R = 17)
     eight = [f"GPU-{r}" for r in range(8)]
-    assert decide_transport("auto", eight, True, transports=2).reason == "every rank owns a GPU"
-    nine = decide_transport("auto", [*eight, "GPU-8"], True, transports=2)
-    assert nine.kind == "nccl" and "35 NCCL communicators share" in nine.reason
+    assert decide_transport("auto", eight, True, transports=2).kind == "nccl"
+    nine = [*eight, "GPU-8"]
+    choice = decide_transport("auto", nine, True, transports=2)
+    assert choice.kind == "gloo" and "35 NCCL communicators" in choice.reason
+    assert decide_transport("auto", nine, True).kind == "nccl"
+    seventeen = [f"GPU-{r}" for r in range(17)]
+    assert decide_transport("auto", seventeen[:16], True).kind == "nccl"
+    assert decide_transport("auto", seventeen, True).kind == "gloo"
+    with pytest.raises(OdinInputError, match="share torch's 32 CUDA streams"):
+        decide_transport("nccl", nine, True, transports=2)
     with pytest.raises(ValueError, match="transport"):
         SyncConfig(transport="infiniband")
 

@@ -27,8 +27,9 @@ from odin_ns.runtime.device_transport import Channel, channels_in_order
 
 # CUDA streams torch's NCCL groups draw from, per device: each communicator takes the next
 # stream of a pool of 32 (c10's kStreamsPerPool), so past 32 communicators two channels share
-# a stream, and a send waiting on the GPU for a slow peer's receive delays whatever another
-# channel queued behind it (no deadlock: every receive is posted from the host, on a notice)
+# a stream, and a receive queued there behind another channel's send waits until the send's
+# peer receives: two ranks whose send and receive share a stream the other way round wait
+# for each other for good (transport_choice refuses NCCL there)
 STREAMS_PER_DEVICE = 32
 
 

@@ -49,16 +49,14 @@ def decide_transport(
         why = "ranks share a GPU (NCCL holds one rank per device)"
     elif not nccl_available:
         why = "this torch has no NCCL on every rank"
-    else:
-        comms = communicators_per_rank(len(gpus), transports)
-        if comms <= STREAMS_PER_DEVICE:
-            return TransportChoice("nccl", "every rank owns a GPU")
-        return TransportChoice(
-            "nccl",
-            f"every rank owns a GPU; its {comms} NCCL communicators share torch's "
-            f"{STREAMS_PER_DEVICE} CUDA streams, so a send waiting for a slow peer can delay "
-            "another peer's receive",
+    elif communicators_per_rank(len(gpus), transports) > STREAMS_PER_DEVICE:
+        why = (
+            f"a rank's {communicators_per_rank(len(gpus), transports)} NCCL communicators "
+            f"would share torch's {STREAMS_PER_DEVICE} CUDA streams per GPU, and a receive "
+            "queued behind another channel's waiting send can close a cycle of waits"
         )
+    else:
+        return TransportChoice("nccl", "every rank owns a GPU")
     if requested == "nccl":
         raise OdinInputError(f"--pipeline.sync.transport nccl cannot run here: {why}")
     return TransportChoice("gloo", why)
