@@ -740,3 +740,30 @@ def test_a_log_refuses_tables_moved_to_another_device():
     log = UpdateLog(toy_groups(n), writes, world, 0, torch.full((n,), -1))
     with pytest.raises(ValueError, match="moved to meta, the parameters are on cpu"):
         log.record(0)
+
+
+def test_gloo_transport_copies_a_device_publication_to_the_host_once():
+    """The engine sends one packed publication to each of its owners in turn; over gloo a
+    device buffer is copied to the host once for all of them (not once per peer), a new
+    buffer again; host buffers go as they are."""
+    from types import SimpleNamespace
+
+    from odin_ns.runtime.transport import P2PTransport
+
+    class DeviceBuffer:  # stands in for a CUDA tensor (no GPU here)
+        device = torch.device("cuda")
+
+        def __init__(self):
+            self.copies = 0
+
+        def cpu(self):
+            self.copies += 1
+            return torch.zeros(2, 3)
+
+    transport = SimpleNamespace(_last_copy=None)
+    first, second = DeviceBuffer(), DeviceBuffer()
+    host = [P2PTransport._host(transport, first) for _ in range(3)]
+    assert first.copies == 1 and all(h is host[0] for h in host)
+    assert P2PTransport._host(transport, second) is not host[0] and second.copies == 1
+    cpu = torch.ones(4)
+    assert P2PTransport._host(transport, cpu) is cpu

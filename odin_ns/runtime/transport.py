@@ -122,6 +122,7 @@ class P2PTransport:
         self.group = group
         self._pin = pin_receives
         self._idle = timedelta(seconds=idle_timeout_s)
+        self._last_copy: tuple[Tensor, Tensor] | None = None  # (device buffer, host copy)
         self._cond = threading.Condition()
         self._inbox: list[Arrival] = []
         self._events = 0
@@ -242,7 +243,7 @@ class P2PTransport:
         self._reduces.put((step, buf, work))
 
     def send(self, peer: int, step: int, tag: int, buf: Tensor) -> None:
-        buf = buf.cpu()
+        buf = self._host(buf)
         try:
             work = dist.isend(buf, dst=self._global(peer), group=self.group, tag=tag)
         except Exception as exc:
@@ -254,6 +255,16 @@ class P2PTransport:
             self._unsent[peer].append((step, nbytes))
             self._inflight[peer] += nbytes
         self._sends[peer].put((step, nbytes, work))
+
+    def _host(self, buf: Tensor) -> Tensor:
+        """``buf`` in host memory: a device buffer copied once however many peers it is
+        sent to (the engine sends one publication to each of its owners in turn, and a sent
+        buffer is never modified); a host buffer as it is."""
+        if buf.device.type == "cpu":
+            return buf
+        if self._last_copy is None or self._last_copy[0] is not buf:
+            self._last_copy = (buf, buf.cpu())
+        return self._last_copy[1]
 
     def take(self, timeout: float) -> list[Arrival]:
         with self._cond:
