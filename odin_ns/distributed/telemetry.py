@@ -22,9 +22,18 @@ from nerfstudio.utils import writer
 from odin_ns.viewer_ext.snapshot import snapshot_from_run, wait_hidden
 
 
-def _plain(record: dict) -> dict:
-    """A step record with tensor counts turned into ints (read lazily: no per-step sync)."""
-    return {k: int(v) if isinstance(v, torch.Tensor) else v for k, v in record.items()}
+def _plain(records: list[dict]) -> list[dict]:
+    """Copies of step records with their tensor counts as ints. The counts are recorded as
+    0-d device tensors (a step never waits for the device to read one) and read here once:
+    all of them in one copy per device, kept as ints in the records, so a live panel that
+    shows the last window every few steps reads each count once, not at every look."""
+    at = [(r, k) for r in records for k, v in r.items() if isinstance(v, torch.Tensor)]
+    for device in {r[k].device for r, k in at}:
+        mine = [(r, k) for r, k in at if r[k].device == device]
+        values = torch.stack([r[k].reshape(()) for r, k in mine]).tolist()
+        for (r, k), v in zip(mine, values, strict=True):
+            r[k] = int(v)
+    return [dict(r) for r in records]
 
 
 def _json_scalar(value):
@@ -99,7 +108,7 @@ class SyncTelemetry:
         exchange is the same; only their pickling leaves this phase start."""
         new = []
         if with_steps:
-            new = [_plain(r) for r in self.steps[self._sent_upto :][-self.window :]]
+            new = _plain(self.steps[self._sent_upto :][-self.window :])
             self._sent_upto = len(self.steps)
         parts: list = [None] * self.world_size
         dist.all_gather_object(parts, (new, engine, request, plan_check))
@@ -145,7 +154,7 @@ class SyncTelemetry:
         ranks = []
         for q in range(self.world_size):
             if q == self.rank:
-                steps = [_plain(r) for r in self.steps[-self.window :]]
+                steps = _plain(self.steps[-self.window :])
                 counters = engine
             else:
                 steps = list(self._peer_steps[q])
@@ -170,7 +179,7 @@ class SyncTelemetry:
             "rank": self.rank,
             "replica_hash": replica_hash,
             "engine": engine_summary,
-            "steps": [_plain(r) for r in self.steps],
+            "steps": _plain(self.steps),
             "phases": self.phases,
             "structural_changes": self.structural,
             **(rank_extra or {}),
