@@ -38,6 +38,8 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor
 
+from odin_ns.runtime.uploads import upload
+
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 _MIX1 = 0xBF58476D1CE4E5B9
@@ -233,7 +235,9 @@ def catch_up_noise_(
 
     means = params["means"]
     device = means.device
-    rows_dev = rows.to(device)
+    # (host lists go up without the host waiting for the device's queued work: ``upload``)
+    rows_dev = upload(rows, device)
+    scalers_dev = upload(scalers, device)
     basis = noise_basis(
         params["scales"][rows_dev], params["quats"][rows_dev], params["opacities"][rows_dev]
     )
@@ -245,14 +249,15 @@ def catch_up_noise_(
             stop += per_step[n]
             n += 1
         per_step = per_step[n:]
-        pr = pair_row[start:stop].to(device)
-        ps = pair_step[start:stop].to(device)
+        pr = upload(pair_row[start:stop], device)
+        ps = upload(pair_step[start:stop], device)
         noise = noise_from_basis(
-            basis[pr], counter_normal(seed, ps, rows_dev[pr]), scalers.to(device)[ps - first]
+            basis[pr], counter_normal(seed, ps, rows_dev[pr]), scalers_dev[ps - first]
         )
         ids = rows_dev[pr]
-        # sequential adds, one step at a time (float addition is not associative)
-        bounds = torch.unique_consecutive(ps, return_counts=True)[1].tolist()
+        # sequential adds, one step at a time (float addition is not associative); the
+        # steps' bounds from the host's copy
+        bounds = torch.unique_consecutive(pair_step[start:stop], return_counts=True)[1].tolist()
         offset = 0
         for count in bounds:
             sel = slice(offset, offset + count)
