@@ -410,13 +410,14 @@ def _worker(args: argparse.Namespace, rest: list[str]) -> None:
 
 
 def _end_nccl_rank(err: BaseException | None) -> None:
-    """End a failed rank now (printing ``err``'s traceback, if any) where its NCCL groups
-    are alive (``_train_rank`` leaves them so): destroying them waits for the device
-    operations in flight, and a failed run leaves sends that no peer will receive, so the
-    rank would hang until NCCL's watchdog killed it, its reason lost. Without NCCL, nothing."""
+    """End a failed rank now (printing ``err``'s traceback, if any) where its process
+    groups are alive: ``_train_rank`` leaves them so where publications may travel over
+    NCCL (whatever the default group's backend), since destroying them waits for the device
+    operations in flight and a failed run leaves sends that no peer will receive: the rank
+    would hang until NCCL's watchdog killed it, its reason lost. Otherwise, nothing."""
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl"):
+    if not (dist.is_available() and dist.is_initialized()):
         return
     if err is not None:
         traceback.print_exception(err)
@@ -499,10 +500,12 @@ def _train_rank(args: argparse.Namespace, rest: list[str]) -> None:
 
     config = parse_training_config(rest)
     device_type = config.machine.device_type
-    if device_type == "cuda" and world_size > 1 and may_use_nccl(config):
+    nccl = device_type == "cuda" and world_size > 1 and may_use_nccl(config)
+    if nccl:
         load_cuda_kernels_eagerly()  # (before this rank starts CUDA)
     if device_type == "cuda" and not torch.cuda.is_available():
         device_type = config.machine.device_type = "cpu"
+        nccl = False
     if device_type == "cpu":
         # Ranks on one machine share the cores this process may run on (its affinity: a
         # container's or taskset's); oversubscription slows every rank.
@@ -518,27 +521,29 @@ def _train_rank(args: argparse.Namespace, rest: list[str]) -> None:
         backend=backend,
         timeout=timedelta(seconds=args.distributed_timeout_s),
     )
-    # Every rank must write to the same run directory: rank 0 picks the timestamp.
-    if rank == 0:
-        config.set_timestamp()
-    stamp = [config.timestamp]
-    dist.broadcast_object_list(stamp, src=0)
-    config.timestamp = stamp[0]
-    if rank == 0:
-        config.print_to_terminal()
-        config.save_config()
-    # Like nerfstudio's own launcher: one process group per machine (every rank creates all).
-    for machine in range(config.machine.num_machines):
-        ranks = list(range(machine * local_world_size, (machine + 1) * local_world_size))
-        group = dist.new_group(ranks)
-        if machine == config.machine.machine_rank:
-            comms.LOCAL_PROCESS_GROUP = group
     trained = False
     try:
+        # Every rank must write to the same run directory: rank 0 picks the timestamp.
+        if rank == 0:
+            config.set_timestamp()
+        stamp = [config.timestamp]
+        dist.broadcast_object_list(stamp, src=0)
+        config.timestamp = stamp[0]
+        if rank == 0:
+            config.print_to_terminal()
+            config.save_config()
+        # Like nerfstudio's own launcher: one process group per machine (every rank creates all).
+        for machine in range(config.machine.num_machines):
+            ranks = list(range(machine * local_world_size, (machine + 1) * local_world_size))
+            group = dist.new_group(ranks)
+            if machine == config.machine.machine_rank:
+                comms.LOCAL_PROCESS_GROUP = group
         train_loop(local_rank, world_size, config, global_rank=rank)
         trained = True
     finally:
-        if trained or backend != "nccl":  # (a failed NCCL rank ends in _end_nccl_rank)
+        # A failed rank whose publications may travel over NCCL leaves its groups alive for
+        # _end_nccl_rank: destroying them would wait for sends no peer will receive.
+        if trained or not nccl:
             dist.destroy_process_group()
 
 

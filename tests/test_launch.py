@@ -277,10 +277,11 @@ def test_set_up_objects_are_left_out_of_later_collections():
         gc.unfreeze()
 
 
-def test_a_failed_nccl_rank_ends_at_once_and_a_gloo_rank_returns(monkeypatch, capsys):
-    """A failed rank whose NCCL groups are alive ends at once (``os._exit``) after its
-    traceback: destroying the groups would wait for sends no peer will receive. A rank
-    without NCCL returns, to unwind (and destroy its gloo groups) as before."""
+def test_a_failed_rank_with_live_groups_ends_at_once_else_returns(monkeypatch, capsys):
+    """A failed rank whose process groups are still alive (``_train_rank`` leaves them so
+    where publications may travel over NCCL) ends at once (``os._exit``) after its
+    traceback: destroying them would wait for sends no peer will receive. A rank whose
+    groups were destroyed (gloo runs) returns, to unwind as before."""
     import torch.distributed as dist
 
     exits: list[int] = []
@@ -293,11 +294,10 @@ def test_a_failed_nccl_rank_ends_at_once_and_a_gloo_rank_returns(monkeypatch, ca
         raise Ended
 
     monkeypatch.setattr(launch.os, "_exit", fake_exit)
-    monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(dist, "get_backend", lambda group=None: "gloo")
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
     launch._end_nccl_rank(RuntimeError("x"))
     assert exits == []
-    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
     try:
         raise RuntimeError("peer 1 stopped taking")
     except RuntimeError as err:
