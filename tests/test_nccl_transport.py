@@ -154,6 +154,18 @@ def test_nccl_transport_refuses_a_publication_it_did_not_plan():
     _in_threads(sender, receiver)
 
 
+def test_notices_carry_row_counts_exactly_past_float32s_24_bits():
+    """A notice is two float32s, so row counts past 2^24 (where one float32 rounds) travel
+    exactly, to 2^48."""
+    from odin_ns.runtime.device_transport import notice_of, rows_of
+
+    for rows in (0, 1, 5, 2**24 - 1, 2**24, 2**24 + 1, 123_456_789, 2**48 - 1):
+        notice = notice_of(rows)
+        assert notice.dtype == torch.float32 and notice.shape == (1, 2)
+        assert rows_of(notice) == rows
+    assert int(torch.tensor(float(2**24 + 1), dtype=torch.float32)) != 2**24 + 1  # (why)
+
+
 # ------------------------------------------------------- the protocol trains exactly
 def _phases(world: int, seed: int) -> list[Phase]:
     p1 = ListPlan(random_footprints(300, 10, world, seed=seed))

@@ -13,7 +13,7 @@ NCCL's rules shape it:
   step order; the i-th send matches the i-th receive, with the plan's exact sizes. No
   operation of one direction can wait behind one of another, so no cycle of waits exists.
 - **a posted receive occupies the GPU until its send arrives**: the sender posts the send,
-  then sends a one-number notice (the row count) over the host transport; the receiver posts
+  then sends a notice (the row count, exact to 2^48) over the host transport; the receiver posts
   the device receive only when that notice has arrived, so a receive never waits for a send
   that has not been posted.
 - **NCCL must not be called from two threads**: every link call is made on the thread that
@@ -63,6 +63,23 @@ def channels_in_order(world_size: int) -> list[Channel]:
     return [channel(a, b) for a in range(world_size) for b in range(world_size) if a != b]
 
 
+# A notice is a row count as two float32 numbers (the host transports carry float32 rows):
+# the count's high and low 24 bits, each exact in a float32, so counts up to 2^48 travel
+# exactly (one number would round counts past 2^24 = 16.7M rows)
+NOTICE_COLUMNS = 2
+
+
+def notice_of(rows: int) -> Tensor:
+    """The [1, 2] float32 notice of a ``rows``-row publication."""
+    return torch.tensor([[float(rows >> 24), float(rows & 0xFFFFFF)]])
+
+
+def rows_of(notice: Tensor) -> int:
+    """The row count a notice carries (``notice_of``'s inverse)."""
+    high, low = notice.reshape(-1).tolist()
+    return (int(high) << 24) + int(low)
+
+
 class Handle(Protocol):
     """A started device operation (``torch.distributed.Work`` on NCCL)."""
 
@@ -97,7 +114,7 @@ class DeviceTransport:
         rank, world_size: this rank and R.
         link: the device backend (``nccl.NcclLink`` or the tests' double).
         notices: a host transport between the same ranks (a ``P2PTransport`` on a gloo
-            group) that carries the [1, 1] notices.
+            group) that carries the [1, 2] notices (``notice_of``).
         device: where received publications are allocated (the parameters' device).
         poll_s: how long ``take`` sleeps between polls while device operations are pending.
     """
@@ -164,7 +181,7 @@ class DeviceTransport:
             nbytes = buf.numel() * buf.element_size()
             self._unsent[peer].append((step, nbytes, handle))
             self._inflight[peer] += nbytes
-        self.notices.send(peer, step, tag, torch.tensor([[float(rows)]]))
+        self.notices.send(peer, step, tag, notice_of(rows))
 
     def all_reduce(self, step: int, buf: Tensor) -> None:
         self._reduces.append((step, buf, self._call(self.link.all_reduce, buf)))
@@ -196,14 +213,14 @@ class DeviceTransport:
         """Expect ``peer``'s [rows, cols] publication of ``step``; the device receive is
         posted when its notice arrives."""
         self._expected[peer].append((step, rows, cols))
-        self.notices.post_recv(peer, step, tag, 1, 1)
+        self.notices.post_recv(peer, step, tag, 1, NOTICE_COLUMNS)
 
     def _on_notice(self, notice: Arrival) -> None:
         peer = notice.peer
         if not self._expected[peer]:
             raise PeerFailure(self.rank, peer, notice.step, "notice of an unexpected step")
         step, rows, cols = self._expected[peer].popleft()
-        sent = int(notice.buf.reshape(-1)[0])
+        sent = rows_of(notice.buf)
         if (step, rows) != (notice.step, sent):
             err = PeerFailure(
                 self.rank, peer, notice.step,
