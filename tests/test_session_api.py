@@ -41,6 +41,10 @@ def test_step_records_counts_are_read_once_in_one_copy():
     from odin_ns.distributed.telemetry import _plain
 
     records = [{"step": s, "visible_rows": torch.tensor(10 * s), "pixels": 7} for s in range(3)]
+    records[1]["rows_on_meta"] = torch.empty((), device="meta")  # a second device: read apart
+    with pytest.raises(NotImplementedError):  # (meta has no values: its copy is refused)
+        _plain(records)
+    del records[1]["rows_on_meta"]
     plain = _plain(records)
     assert plain == [{"step": s, "visible_rows": 10 * s, "pixels": 7} for s in range(3)]
     assert all(type(r["visible_rows"]) is int for r in records)  # kept read

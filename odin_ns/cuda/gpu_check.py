@@ -1071,8 +1071,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in CHECKS:
         if name in args.checks and (run.cuda or name not in CUDA_ONLY):
             if name in PLANE_CHECKS:  # host times with the CPUs to themselves, if there is time
+                keep = max(GPU_PLAN_S[name], PLANE_CHECKS[name][2]) + plan_after(run, name)
                 for build in builds:
-                    build.wait(run.left() - GPU_PLAN_S[name] - plan_after(run, name))
+                    build.wait(run.left() - keep)
             busy = [build.name for build in builds if build.running()]
             run_check(run, name, *checks[name])
             run.report["checks"][name]["builds_running_at_start"] = busy  # CPUs shared

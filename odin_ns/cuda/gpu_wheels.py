@@ -85,11 +85,23 @@ def project_root() -> Path:
 
 def tree_bytes(root: Path) -> int | None:
     """Bytes of the working tree that travels with a call: the files git tracks or does
-    not ignore under ``root`` (None: ``root`` is not a git checkout)."""
-    proc = subprocess.run(
-        ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        capture_output=True,
-    )
+    not ignore under ``root`` (None: ``root`` is not a git checkout, or there is no git)."""
+    try:
+        proc = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(root),
+                "ls-files",
+                "-z",
+                "--cached",
+                "--others",
+                "--exclude-standard",
+            ],
+            capture_output=True,
+        )
+    except OSError:  # no git here
+        return None
     if proc.returncode != 0:
         return None
     paths = (root / name for name in proc.stdout.decode().split("\0") if name)

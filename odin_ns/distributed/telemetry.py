@@ -27,11 +27,14 @@ def _plain(records: list[dict]) -> list[dict]:
     0-d device tensors (a step never waits for the device to read one) and read here once:
     all of them in one copy per device, kept as ints in the records, so a live panel that
     shows the last window every few steps reads each count once, not at every look."""
-    at = [(r, k) for r in records for k, v in r.items() if isinstance(v, torch.Tensor)]
-    for device in {r[k].device for r, k in at}:
-        mine = [(r, k) for r, k in at if r[k].device == device]
-        values = torch.stack([r[k].reshape(()) for r, k in mine]).tolist()
-        for (r, k), v in zip(mine, values, strict=True):
+    by_device: dict[torch.device, list[tuple[dict, str]]] = {}
+    for r in records:
+        for k, v in r.items():
+            if isinstance(v, torch.Tensor):
+                by_device.setdefault(v.device, []).append((r, k))
+    for at in by_device.values():
+        values = torch.stack([r[k].reshape(()) for r, k in at]).tolist()
+        for (r, k), v in zip(at, values, strict=True):
             r[k] = int(v)
     return [dict(r) for r in records]
 
