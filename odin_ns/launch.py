@@ -476,7 +476,9 @@ def load_cuda_kernels_eagerly() -> None:
     loading: concurrent execution). Over NCCL a send spins on the GPU until the peer's host
     posts the receive; two ranks sending to each other whose hosts both reach a kernel's
     first launch would each wait for the other's spinning send: for good. Costs start-up
-    time and device memory for kernels that never run."""
+    time and device memory for kernels that never run, also where ranks turn out to share a
+    GPU (gloo then; whether they do is known only once every rank has started):
+    ``--pipeline.sync.transport gloo`` or ``CUDA_MODULE_LOADING=LAZY`` avoids it."""
     os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
 
 
