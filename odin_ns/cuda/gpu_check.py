@@ -939,6 +939,15 @@ def write_figure(report: dict[str, Any], path: Path) -> None:
     save_figure(fig, path, dpi=90)
 
 
+def write_figure_beside(run: Run) -> None:
+    """The report's figure, a PNG beside its JSON; the JSON is the record, so a figure that
+    cannot be drawn only says why."""
+    try:
+        write_figure(run.report, run.args.out.with_suffix(".png"))
+    except Exception as error:  # noqa: BLE001 - say why no picture
+        print(f"gpu_check: no figure ({type(error).__name__}: {error})", flush=True)
+
+
 def run_check(run: Run, name: str, fn: Callable[[], dict], plan_s: float) -> None:
     """Run one check fail-soft, record it under report["checks"][name], write the JSON."""
     checks = run.report["checks"]
@@ -975,10 +984,7 @@ def start_watchdog(run: Run) -> threading.Timer:
                     break
                 except RuntimeError:
                     time.sleep(0.05)
-            try:  # the picture of what finished
-                write_figure(run.report, run.args.out.with_suffix(".png"))
-            except Exception:  # noqa: BLE001 - the JSON is the record
-                pass
+            write_figure_beside(run)  # the picture of what finished
         finally:
             print(f"gpu_check: {run.report['watchdog']}; report in {run.args.out}", flush=True)
             os._exit(EXIT_WATCHDOG)
@@ -1082,11 +1088,7 @@ def main(argv: list[str] | None = None) -> int:
     run.report["all_ok"] = all(c.get("ok") for c in run.report["checks"].values())
     run.write()
     watchdog.cancel()
-    figure = args.out.with_suffix(".png")
-    try:
-        write_figure(run.report, figure)
-    except Exception as error:  # noqa: BLE001 - the JSON is the record; say why no picture
-        print(f"gpu_check: no figure ({type(error).__name__}: {error})")
+    write_figure_beside(run)
     print(f"gpu_check: all_ok={run.report['all_ok']} in {run.elapsed():.0f} s -> {args.out}")
     return 0 if run.report["all_ok"] else 1
 

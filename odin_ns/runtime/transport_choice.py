@@ -43,15 +43,16 @@ def decide_transport(
     """
     if requested == "gloo":
         return TransportChoice("gloo", "forced by --pipeline.sync.transport gloo")
+    comms = communicators_per_rank(len(gpus), transports)
     if any(gpu is None for gpu in gpus):
         why = "some ranks run on the CPU"
     elif len(set(gpus)) < len(gpus):
         why = "ranks share a GPU (NCCL holds one rank per device)"
     elif not nccl_available:
         why = "this torch has no NCCL on every rank"
-    elif communicators_per_rank(len(gpus), transports) > STREAMS_PER_DEVICE:
+    elif comms > STREAMS_PER_DEVICE:
         why = (
-            f"a rank's {communicators_per_rank(len(gpus), transports)} NCCL communicators "
+            f"a rank's {comms} NCCL communicators "
             f"would share torch's {STREAMS_PER_DEVICE} CUDA streams per GPU, and a receive "
             "queued behind another channel's waiting send can close a cycle of waits"
         )
