@@ -624,7 +624,12 @@ class Engine:
         self._post(t)
         what = f"before_step({self.offset + t}) waiting for owners' rows"
         if self.admission is None:
-            self._wait(lambda: self._missing_before(t), what)
+            # what arrived is applied here only if the step waits for it or a reader may
+            # (this rank's pushes); else with the step's own rows, after its backward: one
+            # apply a step, not two, where the peers' rows of step t come before step t
+            self._poll()
+            if self._readers or self._missing_before(t) is not None:
+                self._wait(lambda: self._missing_before(t), what)
         else:
             self._admit(t, what)
         cur.wait_s = time.perf_counter() - start - cur.apply_s
