@@ -198,18 +198,20 @@ def _preflight(args: argparse.Namespace, rest: list[str]) -> TrainerConfig:
     return config
 
 
-def prepare_ranks(args: argparse.Namespace, rest: list[str]) -> str:
+def prepare_ranks(args: argparse.Namespace, rest: list[str]) -> tuple[str, dict[str, str]]:
     """The launcher's work before torchrun: check the run (:func:`_preflight`) and return
-    how its ranks start (``--start-method``; ``auto``: :func:`rank_start_method`)."""
+    how its ranks start (``--start-method``; ``auto``: :func:`rank_start_method`) and what
+    their environment gets (:func:`rank_environment`)."""
     import torch
 
     # GNU OpenMP's thread pool does not survive a fork: a forked rank would wait forever for
     # pool threads that exist only here. The launcher computes little: one thread, no pool.
     torch.set_num_threads(1)
     config = _preflight(args, rest)
+    env = rank_environment(config, args.nproc_per_node * args.nnodes)
     if args.start_method != "auto":
-        return args.start_method
-    return rank_start_method(config.machine.device_type)
+        return args.start_method, env
+    return rank_start_method(config.machine.device_type), env
 
 
 def rank_start_method(device_type: str) -> str:
@@ -310,14 +312,19 @@ def _without_traceback(record: logging.LogRecord) -> bool:
 
 
 def _run_torchrun(
-    args: argparse.Namespace, rest: list[str], worker_module: str, start_method: str
+    args: argparse.Namespace,
+    rest: list[str],
+    worker_module: str,
+    start_method: str,
+    rank_env: dict[str, str] | None = None,
 ) -> int:
     """Run torchrun's agent here (``python -m torch.distributed.run`` in this process).
 
     In-process so that a failed run ends with torchrun's report and then the reason, not
     with the ``ChildFailedError`` traceback of a torchrun subprocess. ``start_method``:
     ``"spawn"`` runs ``python -u -m worker_module`` per rank, ``"fork"``
-    :class:`ForkedRank`.
+    :class:`ForkedRank`; ``rank_env``: more of the ranks' environment
+    (:func:`rank_environment`).
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -330,6 +337,7 @@ def _run_torchrun(
         FAILURE_FILE_ENV: str(failure_file),
         # Ranks share the machine's cores: spinning OpenMP workers steal them from each other.
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+        **(rank_env or {}),
     }
     torchrun = parse_args(
         _torchrun_args(args, rest, worker_module, start_method, run_dir / "torchrun")
@@ -469,17 +477,29 @@ def may_use_nccl(config: TrainerConfig) -> bool:
     return isinstance(pipeline, OdinPipelineConfig) and pipeline.sync.transport != "gloo"
 
 
-def load_cuda_kernels_eagerly() -> None:
-    """Have CUDA load every kernel when this rank starts it (``CUDA_MODULE_LOADING=EAGER``,
-    unless the user set it). torch has kernels loaded lazily, at their first launch, and a
-    load may wait for the kernels running on the device (CUDA programming guide, lazy
-    loading: concurrent execution). Over NCCL a send spins on the GPU until the peer's host
-    posts the receive; two ranks sending to each other whose hosts both reach a kernel's
-    first launch would each wait for the other's spinning send: for good. Costs start-up
+def rank_environment(config: TrainerConfig, world_size: int) -> dict[str, str]:
+    """What the launcher adds to its ranks' environment, there before a rank starts.
+
+    Ranks whose publications may travel over NCCL (CUDA, several ranks,
+    :func:`may_use_nccl`) have CUDA load every kernel when the rank starts it
+    (``CUDA_MODULE_LOADING=EAGER``, unless the user set it). torch has kernels loaded
+    lazily, at their first launch, and a load may wait for the kernels running on the
+    device (CUDA programming guide, lazy loading: concurrent execution). Over NCCL a send
+    spins on the GPU until the peer's host posts the receive; two ranks sending to each
+    other whose hosts both reach a kernel's first launch would each wait for the other's
+    spinning send: for good. Set by the launcher, not in the rank: a rank's imports start
+    CUDA (the method config asks ``torch.cuda.is_available()``), and torch itself sets
+    ``LAZY`` where the variable is unset when it first initializes CUDA. Costs start-up
     time and device memory for kernels that never run, also where ranks turn out to share a
     GPU (gloo then; whether they do is known only once every rank has started):
     ``--pipeline.sync.transport gloo`` or ``CUDA_MODULE_LOADING=LAZY`` avoids it."""
-    os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
+    eager = (
+        config.machine.device_type == "cuda"
+        and world_size > 1
+        and may_use_nccl(config)
+        and "CUDA_MODULE_LOADING" not in os.environ
+    )
+    return {"CUDA_MODULE_LOADING": "EAGER"} if eager else {}
 
 
 def _train_rank(args: argparse.Namespace, rest: list[str]) -> None:
@@ -503,15 +523,15 @@ def _train_rank(args: argparse.Namespace, rest: list[str]) -> None:
     config = parse_training_config(rest)
     device_type = config.machine.device_type
     nccl = device_type == "cuda" and world_size > 1 and may_use_nccl(config)
-    if nccl:
-        load_cuda_kernels_eagerly()  # (before this rank starts CUDA)
     if device_type == "cuda" and not torch.cuda.is_available():
         device_type = config.machine.device_type = "cpu"
         nccl = False
+    # Ranks on one machine share the cores this process may run on (its affinity: a
+    # container's or taskset's); oversubscription slows every rank. GPU ranks too: their
+    # phase starts run host kernels, and torchrun leaves them one thread
+    # (OMP_NUM_THREADS=1 where a node runs several ranks).
+    torch.set_num_threads(max(1, usable_cores() // local_world_size))
     if device_type == "cpu":
-        # Ranks on one machine share the cores this process may run on (its affinity: a
-        # container's or taskset's); oversubscription slows every rank.
-        torch.set_num_threads(max(1, usable_cores() // local_world_size))
         backend = "gloo"
     else:
         backend = _bind_cuda_device(config, local_rank, local_world_size)
@@ -567,10 +587,10 @@ def main(argv: list[str] | None = None, worker_module: str = "odin_ns.launch") -
     # fork (Python's recipe for forking servers: disable, freeze before fork).
     gc.disable()
     try:
-        start_method = prepare_ranks(args, rest)
+        start_method, rank_env = prepare_ranks(args, rest)
     finally:
         gc.enable()
-    sys.exit(_run_torchrun(args, rest, worker_module, start_method))
+    sys.exit(_run_torchrun(args, rest, worker_module, start_method, rank_env))
 
 
 if __name__ == "__main__":

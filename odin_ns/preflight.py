@@ -82,15 +82,24 @@ def count_training_views(dataparser_config: Any, data: Path | str) -> int:
 
 
 def check_rasterizer(name: str) -> None:
-    """The rasterizer backend can run on this machine (``gsplat`` needs CUDA)."""
+    """The rasterizer backend can run on this machine: ``gsplat`` (``auto`` with CUDA) needs
+    CUDA and gsplat's kernels, loaded here (built, the first time)."""
     import torch
 
     from odin_ns.render.api import resolve_backend
+    from odin_ns.render.gsplat_backend import gsplat_kernels_missing
 
     try:
-        resolve_backend(name, "cuda" if torch.cuda.is_available() else "cpu")
+        backend = resolve_backend(name, "cuda" if torch.cuda.is_available() else "cpu")
     except ValueError as err:
         raise OdinInputError(str(err)) from err
+    why = gsplat_kernels_missing() if backend == "gsplat" else None
+    if why is not None:
+        raise OdinInputError(
+            f"rasterizer {name!r} draws with gsplat's CUDA kernels, which cannot run here: "
+            f"{why}; install gsplat with kernels built for this torch and CUDA, or train "
+            "with --pipeline.model.rasterizer torch (slow on a GPU)"
+        )
 
 
 def check_views_for_ranks(world_size: int, num_views: int) -> None:

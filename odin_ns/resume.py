@@ -45,20 +45,25 @@ def capture_rank_state(strategy_state: dict[str, Any], datamanager=None) -> dict
     }
 
 
-def resume_entry(ranks: list[dict[str, Any]], phase: dict | None, parallel: str) -> dict[str, Any]:
-    """A checkpoint's ``"odin"`` entry: every rank's ``capture_rank_state`` (rank order), the
+def resume_entry(
+    ranks: list[dict[str, Any]] | None, phase: dict | None, parallel: str
+) -> dict[str, Any]:
+    """A checkpoint's ``"odin"`` entry: every rank's ``capture_rank_state`` (rank order; None
+    on a rank that does not write the checkpoint), the
     phase controller's ``resume_state`` (None for one process) and the mode that wrote it
     (``"replicated"`` or ``"sharded"``; informative: either mode resumes either)."""
     return {"format": FORMAT, "parallel": parallel, "ranks": ranks, "phase": phase}
 
 
 def capture_rng_state() -> dict[str, Any]:
-    """This process's random generators (torch CPU, every CUDA device, Python, numpy)."""
+    """This process's random generators (torch CPU, its current CUDA device's, Python,
+    numpy). Only its own device's: a run resumed where fewer GPUs are visible, or with its
+    ranks on other devices, has no generator of the same index for every saved one."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     return {
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if cuda else [],
+        "cuda": [torch.cuda.get_rng_state()] if cuda else [],
         "python": list(_listify(random.getstate())),
         "numpy": {
             "kind": str(kind),
@@ -73,8 +78,12 @@ def capture_rng_state() -> dict[str, Any]:
 def restore_rng_state(state: dict[str, Any]) -> None:
     """Inverse of :func:`capture_rng_state`."""
     torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    saved = state["cuda"]
+    if saved and torch.cuda.is_available():
+        # into the current device's generator; a checkpoint written before 2026-12-07 holds
+        # every visible device's: the one of this device's index, or the last there is
+        index = torch.cuda.current_device() if len(saved) > 1 else 0
+        torch.cuda.set_rng_state(saved[min(index, len(saved) - 1)])
     random.setstate(_tuplify(state["python"]))
     npy = state["numpy"]
     keys = npy["keys"].numpy().astype(np.uint32)

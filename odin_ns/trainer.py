@@ -67,6 +67,17 @@ def keep_setup_out_of_collections() -> None:
     gc.freeze()
 
 
+def bind_cuda_device(device: str) -> None:
+    """Make ``device`` (the trainer's: ``cuda:{local_rank}`` under ``ns-train
+    --machine.num-devices N``) this process's current CUDA device, before anything is made
+    on it. torch's object collectives and NCCL run on the current device, and nerfstudio's
+    worker binds none, so every rank's would run on ``cuda:0`` (``odin-ns-train`` binds its
+    ranks itself, ``launch._bind_cuda_device``: the same device). Nothing for other devices."""
+    where = torch.device(device)
+    if where.type == "cuda" and where.index is not None:
+        torch.cuda.set_device(where)
+
+
 @dataclass
 class OdinTrainerConfig(TrainerConfig):
     """Trainer config for odin-splatfacto."""
@@ -135,6 +146,7 @@ class OdinTrainer(Trainer):
         return optimizers
 
     def setup(self, test_mode: Literal["test", "val", "inference"] = "val") -> None:
+        bind_cuda_device(self.device)
         super().setup(test_mode)  # loads a checkpoint, if one is given
         resumed = self._resumed
         self._adapt_strategy_to_batch()
@@ -489,14 +501,15 @@ class OdinTrainer(Trainer):
 
     def _resume_entry(self, step: int) -> dict:
         """The checkpoint's ``"odin"`` entry (``resume.resume_entry``): every rank's
-        generators and statistics, gathered in rank order (collective), and the phase state
-        of a checkpoint taken after ``step`` (call after the drain)."""
+        generators and statistics, gathered in rank order (collective; on rank 0, which
+        writes the checkpoint: the others' entry has no ranks), and the phase state of a
+        checkpoint taken after ``step`` (call after the drain)."""
         one_process = self.session is None
         mine = resume.capture_rank_state(
             self.pipeline.model.strategy_state,
             self.pipeline.datamanager if one_process else None,
         )
-        ranks = [mine] if one_process else self.session.gather(mine)
+        ranks = [mine] if one_process else self.session.gather_to_first(mine)
         phase = None if one_process else self.session.resume_state(step)
         return resume.resume_entry(ranks, phase, "sharded" if self.sharded else "replicated")
 

@@ -149,7 +149,7 @@ import os, sys, torch
 from odin_ns import launch
 
 args, rest = launch._split_launcher_args(sys.argv[1:])
-assert launch.prepare_ranks(args, rest) == "fork"
+assert launch.prepare_ranks(args, rest) == ("fork", {})
 pid = os.fork()
 if pid == 0:  # a rank: OpenMP work on two threads
     torch.set_num_threads(2)
@@ -309,14 +309,20 @@ def test_a_failed_rank_with_live_groups_ends_at_once_else_returns(monkeypatch, c
 
 def test_cuda_ranks_that_may_use_nccl_load_kernels_eagerly(monkeypatch):
     """Ranks whose publications may travel over NCCL have CUDA load kernels eagerly (a lazy
-    load can wait for a send spinning on the GPU); a user's own setting stands."""
+    load can wait for a send spinning on the GPU), set in their environment by the launcher
+    before they start (a rank's imports start CUDA); a user's own setting stands."""
     assert launch.may_use_nccl(launch.parse_training_config(["odin-splatfacto"]))
     forced = ["odin-splatfacto", "--pipeline.sync.transport", "gloo"]
     assert not launch.may_use_nccl(launch.parse_training_config(forced))
     assert not launch.may_use_nccl(launch.parse_training_config(["splatfacto"]))
     monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
-    launch.load_cuda_kernels_eagerly()
-    assert launch.os.environ["CUDA_MODULE_LOADING"] == "EAGER"
+    on_gpus = ["odin-splatfacto", "--machine.device-type", "cuda"]
+    config = launch.parse_training_config(on_gpus)
+    assert launch.rank_environment(config, 2) == {"CUDA_MODULE_LOADING": "EAGER"}
+    assert launch.rank_environment(config, 1) == {}  # one rank: no peer to wait for
+    gloo = launch.parse_training_config([*on_gpus, *forced[1:]])
+    assert launch.rank_environment(gloo, 2) == {}  # publications forced to gloo
+    cpu = launch.parse_training_config(["odin-splatfacto", "--machine.device-type", "cpu"])
+    assert launch.rank_environment(cpu, 2) == {}
     monkeypatch.setenv("CUDA_MODULE_LOADING", "LAZY")
-    launch.load_cuda_kernels_eagerly()
-    assert launch.os.environ["CUDA_MODULE_LOADING"] == "LAZY"
+    assert launch.rank_environment(config, 2) == {}

@@ -1,0 +1,106 @@
+"""What the CUDA-only paths of set-up and resume do, checked on the CPU: torch.cuda's calls are
+recorded (no GPU here), gsplat's kernel loader is stood in for (importing it here would build
+gsplat's CUDA code: this machine has nvcc), and the per-view camera math is compared bit for
+bit with splatfacto's."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from nerfstudio.models.splatfacto import get_viewmat as splatfacto_viewmat
+
+from odin_ns import resume
+from odin_ns.errors import OdinInputError
+from odin_ns.model import get_viewmat
+from odin_ns.preflight import check_rasterizer
+from odin_ns.render import gsplat_backend
+from odin_ns.trainer import bind_cuda_device
+
+
+def test_the_trainer_binds_its_cuda_device(monkeypatch):
+    """``ns-train --machine.num-devices N``: nerfstudio's worker binds no device, so the
+    trainer makes its own (``cuda:{local_rank}``) current before anything is made on it;
+    CPU trainers bind nothing."""
+    bound = []
+    monkeypatch.setattr(torch.cuda, "set_device", bound.append)
+    bind_cuda_device("cuda:3")
+    bind_cuda_device("cpu")
+    assert bound == [torch.device("cuda:3")]
+
+
+def test_resume_saves_and_restores_this_devices_cuda_generator_only(monkeypatch):
+    """A checkpoint holds the current CUDA device's generator, restored into the current
+    device's: a run resumed where fewer GPUs are visible fails nowhere. One written before
+    (every visible device's) restores the entry of this device's index, or its last."""
+    states = {1: torch.tensor([7], dtype=torch.uint8)}
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": states[1])
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, device="cuda": restored.append(s))
+    state = resume.capture_rng_state()
+    assert [s.tolist() for s in state["cuda"]] == [[7]]
+    resume.restore_rng_state(state)
+    older = [torch.tensor([i], dtype=torch.uint8) for i in range(4)]
+    resume.restore_rng_state({**state, "cuda": older})
+    resume.restore_rng_state({**state, "cuda": older[:1]})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 5)
+    resume.restore_rng_state({**state, "cuda": older})
+    assert [s.tolist() for s in restored] == [[7], [1], [0], [3]]
+
+
+def _backend_module(monkeypatch, **attrs) -> None:
+    """gsplat's kernel loader, stood in for: a module with ``attrs``."""
+    fake = types.ModuleType("gsplat.cuda._backend")
+    fake.__dict__.update(attrs)
+    monkeypatch.setitem(sys.modules, "gsplat.cuda._backend", fake)
+
+
+def test_gsplat_kernels_missing_says_why(monkeypatch):
+    _backend_module(monkeypatch, _C=object())
+    assert gsplat_backend.gsplat_kernels_missing() is None
+    _backend_module(monkeypatch, _C=None)  # gsplat found no toolkit to build them with
+    assert "CUDA toolkit" in gsplat_backend.gsplat_kernels_missing()
+    _backend_module(monkeypatch)  # the import did not give _C: a failed build
+    assert gsplat_backend.gsplat_kernels_missing().startswith("building them failed")
+
+
+def test_the_private_gsplat_attribute_read_is_pinned():
+    """gsplat 1.4.0 keeps its loaded kernels in ``gsplat.cuda._backend._C``, None when it
+    found nothing to build them with (read as text: importing it here would build them)."""
+    source = Path(importlib.util.find_spec("gsplat.cuda._backend").origin).read_text()
+    assert "\n_C = None\n" in source and "from gsplat import csrc as _C" in source
+
+
+def test_a_gsplat_run_without_its_kernels_stops_before_training(monkeypatch):
+    """``auto`` on a GPU (and ``gsplat``) checks that gsplat's kernels load, in the checks
+    before anything starts (and builds them there, once): else one line that says why and
+    what to do, instead of an ``AttributeError`` at the first render."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gsplat_backend, "gsplat_kernels_missing", lambda: "no nvcc")
+    for name in ("auto", "gsplat"):
+        with pytest.raises(OdinInputError) as err:
+            check_rasterizer(name)
+        assert "no nvcc" in str(err.value) and "--pipeline.model.rasterizer torch" in str(err.value)
+    monkeypatch.setattr(gsplat_backend, "gsplat_kernels_missing", lambda: None)
+    check_rasterizer("auto")
+    monkeypatch.setattr(gsplat_backend, "gsplat_kernels_missing", lambda: pytest.fail("loaded"))
+    check_rasterizer("torch")  # the torch rasterizer needs no kernels
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    check_rasterizer("auto")  # no GPU: the torch rasterizer
+
+
+def test_viewmat_equals_splatfactos_bit_for_bit():
+    """The world-to-camera matrix, made without a host tensor (splatfacto multiplies by one
+    made on the host per view: a blocking copy to the device), has the same bits."""
+    gen = torch.Generator().manual_seed(0)
+    c2w = torch.randn(5, 3, 4, generator=gen)
+    c2w[0, 1, 1] = 0.0  # a signed zero
+    ours, theirs = get_viewmat(c2w), splatfacto_viewmat(c2w)
+    assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32))
