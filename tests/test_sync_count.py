@@ -112,3 +112,27 @@ def test_sync_count_upload_together_is_one_copy():
     assert all(t.device.type == "meta" for t in moved)
     assert len({id(t._base) for t in moved}) == 1 and moved[0]._base is not None  # one buffer
     assert double.total == 0 and sum(double.uploads.values()) == 1, (double.reads, double.uploads)
+
+
+def test_sync_count_of_a_views_densification_statistics_is_zero():
+    """The statistics a view adds for the default strategy's refine (every step until
+    ``refine_stop_iter``, after the engine has queued the step's applies) read nothing of
+    the device: gsplat's selection of the visible rows made three reads a view, each a wait
+    for everything queued (their bits are the same: ``tests/test_densify.py``)."""
+    from gsplat.strategy import DefaultStrategy
+
+    from odin_ns.distributed.densify import ReplicatedDensifier
+
+    n, m = 50, 20
+    strategy = DefaultStrategy(refine_scale2d_stop_iter=1000, verbose=False)
+    densifier = ReplicatedDensifier(strategy, strategy.initialize_state(), seed=0)
+    densifier.ensure_state(n, torch.device("meta"))
+    means2d = torch.zeros(1, m, 2, device="meta")
+    means2d.grad = torch.zeros(1, m, 2, device="meta")
+    info = {"means2d": means2d, "radii": torch.zeros(1, m, dtype=torch.int32, device="meta"),
+            "width": 64, "height": 48, "n_cameras": 1}  # fmt: skip
+    rows = torch.arange(m, device="meta")
+    double = DeviceReads()
+    with double:
+        densifier.accumulate(1, info, rows, n)
+    assert double.total == 0, dict(double.reads)

@@ -46,6 +46,14 @@ _REDUCTIONS = (
 )
 
 
+def all_reduce_statistics(state: dict, group=None) -> None:
+    """Sum (max for radii) the [N] statistics over ``group``'s ranks in place, the same keys
+    in the same order on every rank (``ensure_state``)."""
+    for key, op in _REDUCTIONS:
+        if key in state and state[key] is not None:
+            dist.all_reduce(state[key], op=op, group=group)
+
+
 class ReplicatedDensifier:
     """gsplat's DefaultStrategy for replicas that each see a subset of the rows per step.
 
@@ -55,14 +63,19 @@ class ReplicatedDensifier:
             place; allocated here eagerly so every rank holds the same tensors.
         seed: the run's seed; structural step ``s`` draws from a generator seeded by
             ``(seed, s)`` on every replica.
+        group: the process group that sums the statistics at a refine (the session's gloo
+            group, as the sharded layout's: on GPUs the default group is NCCL, whose sums
+            of three or more ranks' floats come in another order, and the two layouts'
+            refines would part in their last bits); None: the default group.
     """
 
     returns_parents = True  # ``apply`` says where each row came from
 
-    def __init__(self, strategy: DefaultStrategy, state: dict, seed: int):
+    def __init__(self, strategy: DefaultStrategy, state: dict, seed: int, group=None):
         self.strategy = strategy
         self.state = state
         self.seed = int(seed)
+        self.group = group
 
     # ---------------------------------------------------------------- schedule
     def is_refine_step(self, step: int) -> bool:
@@ -138,10 +151,27 @@ class ReplicatedDensifier:
         grads[..., 1] *= info["height"] / 2.0 * info["n_cameras"]
         radii = info["radii"]
         sel = radii > 0.0  # [C, M]
+        scale2d = self.strategy.refine_scale2d_stop_iter > 0
+        if sel.shape[0] == 1:
+            # One camera (every render here): every drawn row once, adding 0 where it is not
+            # visible (the sums are >= +0, so x + 0 = x and max(x, 0) = x: gsplat's bits,
+            # without the three reads of the device its selection makes, each a wait for
+            # the step's queued kernels)
+            seen = sel[0]
+            zero = grads.new_zeros(())
+            self.state["grad2d"].index_add_(0, rows, torch.where(seen, grads[0].norm(dim=-1), zero))
+            self.state["count"].index_add_(0, rows, seen.to(torch.float32))
+            if scale2d:
+                normalized = radii[0] / float(max(info["width"], info["height"]))
+                held = self.state["radii"].index_select(0, rows)
+                self.state["radii"].index_copy_(
+                    0, rows, torch.maximum(held, torch.where(seen, normalized, zero))
+                )
+            return
         ids = rows[torch.where(sel)[1]]  # [nnz] global ids, ordered as gsplat's
         self.state["grad2d"].index_add_(0, ids, grads[sel].norm(dim=-1))
         self.state["count"].index_add_(0, ids, torch.ones_like(ids, dtype=torch.float32))
-        if self.strategy.refine_scale2d_stop_iter > 0:
+        if scale2d:
             normalized = radii[sel] / float(max(info["width"], info["height"]))
             self.state["radii"][ids] = torch.maximum(self.state["radii"][ids], normalized)
 
@@ -174,9 +204,7 @@ class ReplicatedDensifier:
         # count the steps before the reset R times (every rank knows which step is which,
         # so all issue the same collectives).
         if refine and dist.is_initialized():
-            for key, op in _REDUCTIONS:
-                if key in self.state:  # the same keys on every rank (ensure_state)
-                    dist.all_reduce(self.state[key], op=op)
+            all_reduce_statistics(self.state, self.group)
         parents = torch.arange(num_rows, device=device)
         with seeded_global_rng(self.seed * 1_000_003 + step):
             if refine:
@@ -337,13 +365,14 @@ def _relocation_on(means: Tensor) -> Iterator[None]:
 
 
 def make_densifier(
-    strategy, state: dict, seed: int, noise: MCMCNoise | None = None
+    strategy, state: dict, seed: int, noise: MCMCNoise | None = None, group=None
 ) -> ReplicatedDensifier | MCMCDensifier:
-    """The adapter for the model's strategy (``DefaultStrategy`` or ``MCMCStrategy``)."""
+    """The adapter for the model's strategy (``DefaultStrategy`` or ``MCMCStrategy``;
+    ``group``: the one that sums a refine's statistics)."""
     if isinstance(strategy, MCMCStrategy):
         return MCMCDensifier(strategy, state, seed, noise)
     if isinstance(strategy, DefaultStrategy):
-        return ReplicatedDensifier(strategy, state, seed)
+        return ReplicatedDensifier(strategy, state, seed, group)
     raise TypeError(f"no replicated densifier for {type(strategy).__name__}")
 
 

@@ -73,7 +73,7 @@ class ReplicatedSession(SessionFlow):
         self.phases = self._phase_controller(PhaseController, self.group)
         self.noise = self.model.mcmc_noise  # MCMC's lazy position noise (None: default)
         self.densifier = make_densifier(
-            self.model.strategy, self.model.strategy_state, self.seed, self.noise
+            self.model.strategy, self.model.strategy_state, self.seed, self.noise, self.group
         )
         self.densifier.ensure_state(self.model.num_points, self.model.means.device)
         self.engine: Engine | None = None

@@ -82,8 +82,8 @@ class TrainingSession(Protocol):
         yields True (peers wait for it without timing out)."""
         ...
 
-    def gather(self, obj: object) -> list:
-        """``obj`` of every rank, in rank order (collective)."""
+    def gather_to_first(self, obj: object) -> list | None:
+        """``obj`` of every rank, in rank order, on rank 0; None on the others (collective)."""
         ...
 
     def resume_state(self, step: int) -> dict:

@@ -34,7 +34,7 @@ from gsplat.strategy import DefaultStrategy
 from gsplat.utils import normalized_quat_to_rotmat
 from torch import Tensor
 
-from odin_ns.distributed.densify import _REDUCTIONS, reset_opacities_in_place, seeded_global_rng
+from odin_ns.distributed.densify import reset_opacities_in_place, seeded_global_rng
 from odin_ns.schedule.ownership import capacity
 
 
@@ -45,14 +45,6 @@ class OwnedRows:
     params: dict[str, Tensor]
     exp_avg: dict[str, Tensor]
     exp_avg_sq: dict[str, Tensor]
-
-
-def all_reduce_statistics(state: dict, group=None) -> None:
-    """Sum (max for radii) the [N] statistics over ranks in place, as the replicated
-    densifier does (same keys, same order)."""
-    for key, op in _REDUCTIONS:
-        if key in state and state[key] is not None:
-            dist.all_reduce(state[key], op=op, group=group)
 
 
 def _sum_flags(flags: Tensor, group=None) -> np.ndarray:
@@ -224,7 +216,6 @@ def reset_opacities(rows: OwnedRows, prune_opa: float) -> None:
 
 __all__ = [
     "OwnedRows",
-    "all_reduce_statistics",
     "balance_new_rows",
     "grow_and_prune",
     "reset_opacities",

@@ -38,7 +38,11 @@ import torch.distributed as dist
 from nerfstudio.engine.optimizers import Optimizers
 from nerfstudio.utils.rich_utils import CONSOLE
 
-from odin_ns.distributed.densify import ReplicatedDensifier, reset_opacities_in_place
+from odin_ns.distributed.densify import (
+    ReplicatedDensifier,
+    all_reduce_statistics,
+    reset_opacities_in_place,
+)
 from odin_ns.distributed.optimizer_binding import learning_rate_at
 from odin_ns.distributed.phase import GaussianRows, PhaseController
 from odin_ns.distributed.session_api import CheckpointState
@@ -46,7 +50,6 @@ from odin_ns.distributed.session_flow import SessionFlow
 from odin_ns.distributed.sharded_checkpoint import merge_owned_rows, range_owner, remove_row_files
 from odin_ns.distributed.sharded_densify import (
     OwnedRows,
-    all_reduce_statistics,
     balance_new_rows,
     grow_and_prune,
     reset_opacities,

@@ -101,6 +101,7 @@ class SyncTelemetry:
         engine: dict,
         plan_check: tuple | None = None,
         with_steps: bool = True,
+        group=None,
     ) -> tuple[dict, list]:
         """All-gather (every rank, at a drain point): peers' new steps and engine counters
         go to rank 0; every rank gets rank 0's panel request ({} or {"tau", "K"}) and every
@@ -114,7 +115,7 @@ class SyncTelemetry:
             new = _plain(self.steps[self._sent_upto :][-self.window :])
             self._sent_upto = len(self.steps)
         parts: list = [None] * self.world_size
-        dist.all_gather_object(parts, (new, engine, request, plan_check))
+        dist.all_gather_object(parts, (new, engine, request, plan_check), group=group)
         if self.rank == 0:
             for q, (steps, counters, _, _) in enumerate(parts):
                 self._peer_steps[q].extend(steps)
@@ -128,16 +129,20 @@ class SyncTelemetry:
         plan_check: tuple,
         step: int,
         with_steps: bool,
+        group=None,
     ) -> dict:
         """A phase start's exchange (every rank, after the drain): ``exchange_at_phase_start``
         with the panels' request and this rank's ``plan_check`` (plan hash, Gaussians);
         raises if the ranks' checks differ (the replicas or the plans diverged). Returns the
-        panels' tau / K request, which every rank applies now ({} for none)."""
+        panels' tau / K request, which every rank applies now ({} for none). ``group``: the
+        process group of the collectives (the session's gloo group: host objects, which the
+        default group would stage through the GPU on NCCL; None: the default group)."""
         request, checks = self.exchange_at_phase_start(
             panels.requested_settings() if panels is not None else {},
             counters,
             plan_check=plan_check,
             with_steps=with_steps,
+            group=group,
         )
         if len(set(checks)) != 1:
             raise RuntimeError(
@@ -174,10 +179,15 @@ class SyncTelemetry:
         self.snapshot = snap
 
     def run_summary(
-        self, engine_summary: dict, replica_hash: str, rank_extra: dict | None = None
-    ) -> dict:
-        """Every rank's logs and engine summary (an all-gather; call on every rank).
-        ``rank_extra``: more per-rank entries (sharded mode: ownership, rows held)."""
+        self,
+        engine_summary: dict,
+        replica_hash: str,
+        rank_extra: dict | None = None,
+        group=None,
+    ) -> dict | None:
+        """Every rank's logs and engine summary, on rank 0 (a gather over ``group``; call on
+        every rank; None on the others). ``rank_extra``: more per-rank entries (sharded
+        mode: ownership, rows held)."""
         mine = {
             "rank": self.rank,
             "replica_hash": replica_hash,
@@ -187,8 +197,10 @@ class SyncTelemetry:
             "structural_changes": self.structural,
             **(rank_extra or {}),
         }
-        ranks: list = [None] * self.world_size
-        dist.all_gather_object(ranks, mine)
+        ranks: list | None = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(mine, ranks, dst=0, group=group)
+        if ranks is None:
+            return None
         return {
             "world_size": self.world_size,
             "sync": self.mode,
@@ -204,15 +216,20 @@ class SyncTelemetry:
         replica_hash: str,
         path: Path,
         rank_extra: dict | None = None,
+        group=None,
         **run_extra,
-    ) -> dict:
+    ) -> dict | None:
         """End of training (every rank, after the last drain): peers' last steps reach
         rank 0, whose panels get a final snapshot of the whole end; every rank's logs are
-        gathered and rank 0 writes ``odin_run.json`` (``run_extra``: more top-level keys)."""
-        self.exchange_at_phase_start({}, counters)
+        gathered to rank 0, which writes ``odin_run.json`` (``run_extra``: more top-level
+        keys) and returns it (the others: None). ``group`` as in ``start_phase``."""
+        self.exchange_at_phase_start({}, counters, group=group)
         if self.rank == 0 and self.steps:
             self.refresh_snapshot(self.steps[-1]["step"], counters)
-        summary = {**self.run_summary(engine_summary, replica_hash, rank_extra), **run_extra}
+        summary = self.run_summary(engine_summary, replica_hash, rank_extra, group)
+        if summary is None:
+            return None
+        summary = {**summary, **run_extra}
         self.write_run_summary(summary, path)
         return summary
 
