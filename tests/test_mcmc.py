@@ -26,6 +26,7 @@ from odin_ns.bench.commands import run_dir, run_env
 from odin_ns.distributed.densify import MCMCDensifier
 from odin_ns.distributed.mcmc_noise import (
     MCMCNoise,
+    catch_up_noise_,
     counter_hash,
     counter_normal,
     noise_basis,
@@ -151,6 +152,24 @@ def test_lazy_noise_equals_eager_bitwise():
     eager, lazy = _simulate("eager"), _simulate("lazy")
     for key in eager:
         assert torch.equal(eager[key], lazy[key]), key
+
+
+def test_rows_equally_behind_get_the_bits_of_the_sorted_pairs():
+    """Rows all as far behind (eager noise, an apply's rows) take a catch-up without the
+    sort by step; their noise is the same, bit for bit, as where one more row lagging less
+    sends the catch-up through the sort."""
+    params = _gaussians(40, torch.Generator().manual_seed(2))
+    rows = torch.arange(1, 40)
+    out = []
+    for extra in (False, True):
+        means = {k: v.detach().clone() for k, v in params.items()}
+        version = torch.zeros(40, dtype=torch.int64)
+        version[0] = 2  # lags 1 step at through = 3; the others 3
+        ids = torch.cat([torch.tensor([0]), rows]) if extra else rows
+        catch_up_noise_(means, version, ids, 3, lambda s: 1e-3 * s, seed=5)
+        assert version[rows].eq(3).all()
+        out.append(means["means"][rows])
+    assert torch.equal(out[0], out[1]) and not torch.equal(out[0], params["means"][rows])
 
 
 def test_lazy_noise_refuses_to_overtake_an_update():

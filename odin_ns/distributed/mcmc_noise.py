@@ -221,17 +221,25 @@ def catch_up_noise_(
     if not bool(keep.any()):
         return 0
     rows, gaps = rows[keep], gaps[keep]
-    first = through - int(gaps.max()) + 1
+    lag = int(gaps.max())
+    first = through - lag + 1
     scalers = torch.tensor([scaler_at(s) for s in range(first, through + 1)], dtype=torch.float64)
-    # Pairs (row, step) in step order; within one step every row appears at most once.
-    pair_row = torch.repeat_interleave(torch.arange(rows.numel()), gaps)
-    pair_step = torch.repeat_interleave(noise_version[rows] + 1, gaps)
-    pair_step += torch.arange(pair_row.numel()) - torch.repeat_interleave(
-        torch.cumsum(gaps, 0) - gaps, gaps
-    )
-    order = torch.argsort(pair_step, stable=True)
-    pair_row, pair_step = pair_row[order], pair_step[order]
-    per_step = torch.bincount(pair_step - first, minlength=through - first + 1).tolist()
+    # Pairs (row, step) in step order; within one step every row appears at most once, in
+    # the order of ``rows``.
+    k = rows.numel()
+    if int(gaps.min()) == lag:  # every row as far behind (eager noise, an apply's rows)
+        pair_row = torch.arange(k).repeat(lag)
+        pair_step = torch.arange(first, through + 1).repeat_interleave(k)
+        per_step = [k] * lag
+    else:  # row by row, then a stable sort by step (the sort alone: 30 ms at 1M rows)
+        pair_row = torch.repeat_interleave(torch.arange(k), gaps)
+        pair_step = torch.repeat_interleave(noise_version[rows] + 1, gaps)
+        pair_step += torch.arange(pair_row.numel()) - torch.repeat_interleave(
+            torch.cumsum(gaps, 0) - gaps, gaps
+        )
+        order = torch.argsort(pair_step, stable=True)
+        pair_row, pair_step = pair_row[order], pair_step[order]
+        per_step = torch.bincount(pair_step - first, minlength=lag).tolist()
 
     means = params["means"]
     device = means.device
