@@ -175,6 +175,7 @@ def check_run(config: TrainerConfig, world_size: int) -> None:
     distributed = world_size > 1 and odin
     if distributed:
         checks.check_dense_parameters(pipeline.model)
+        checks.check_mixed_precision(config.mixed_precision, world_size)
     num_views = checks.count_training_views(datamanager.dataparser, data)
     if distributed:
         checks.check_views_for_ranks(world_size, num_views)

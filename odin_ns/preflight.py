@@ -111,6 +111,16 @@ def check_views_for_ranks(world_size: int, num_views: int) -> None:
         )
 
 
+def check_mixed_precision(mixed_precision: bool, world_size: int) -> None:
+    """Mixed precision trains one process only: the distributed step publishes float32
+    gradient rows without a gradient scaler, so it would run float32 while saying otherwise."""
+    if mixed_precision and world_size > 1:
+        raise OdinInputError(
+            "--mixed-precision True is for one process: the distributed step trains in float32 "
+            "(its gradient rows are published unscaled); leave it off with several ranks"
+        )
+
+
 def check_dense_parameters(model_config: Any) -> None:
     """No dense extra parameters (camera optimizer, bilateral grid): Odin syncs primitives."""
     camera_optimizer = getattr(model_config, "camera_optimizer", None)

@@ -53,7 +53,12 @@ from odin_ns.distributed.sharded_checkpoint import read_checkpoint, row_ranges, 
 from odin_ns.errors import OdinInputError, first_line
 from odin_ns.model import GAUSSIAN_GROUPS, RenderedView, union_visible
 from odin_ns.pipeline import OdinPipeline, OdinPipelineConfig
-from odin_ns.preflight import check_checkpoint_gaussians, check_checkpoint_row_cap, check_row_cap
+from odin_ns.preflight import (
+    check_checkpoint_gaussians,
+    check_checkpoint_row_cap,
+    check_mixed_precision,
+    check_row_cap,
+)
 
 
 def keep_setup_out_of_collections() -> None:
@@ -146,6 +151,7 @@ class OdinTrainer(Trainer):
         return optimizers
 
     def setup(self, test_mode: Literal["test", "val", "inference"] = "val") -> None:
+        check_mixed_precision(self.mixed_precision, self.world_size)  # (ns-train's ranks)
         bind_cuda_device(self.device)
         super().setup(test_mode)  # loads a checkpoint, if one is given
         resumed = self._resumed

@@ -521,6 +521,7 @@ def test_step_table_kernels_equal_their_twins_and_refuse_bad_input(monkeypatch):
         (2, ["--pipeline.model.use-bilateral-grid", "True"], "dense parameters"),
         (2, ["--pipeline.eval-copy-max-rows", "-1"], "eval-copy-max-rows must be >= 0"),
         (2, ["--pipeline.sync.mode", "ddp"], "is a replicated baseline"),
+        (2, ["--mixed-precision", "True"], "--mixed-precision True is for one process"),
     ],
 )
 def test_bad_input_is_one_line_before_training(street_scene, tmp_path, ranks, extra, needle):
