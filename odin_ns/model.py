@@ -190,6 +190,8 @@ class OdinSplatfactoModel(SplatfactoModel):
         self._last_view: RenderedView | None = None
         self.external_densification = False
         self.visible_rows: Tensor | None = None  # SelectiveAdam's mask of the last step
+        # (that mask, its [K] int64 ids): found once for every group's optimizer
+        self._visible_ids: tuple[Tensor, Tensor] | None = None
         # Sharded training, rank 0: the whole model's parameters (``sharded_eval``), which
         # evaluation and the viewer render while ``gauss_params`` is only this rank's table.
         self.eval_copy: dict[str, Tensor] | None = None
@@ -343,7 +345,20 @@ class OdinSplatfactoModel(SplatfactoModel):
         return metrics
 
     def _visible_for_optimizer(self) -> Tensor | None:
-        return self.visible_rows if self.config.selective_adam else None
+        """SelectiveAdam's rows of the step: the [K] int64 ids of ``visible_rows``, found
+        once for every group's optimizer (finding them reads the device: one wait a step,
+        not one per group); None: every row (plain Adam)."""
+        mask = self.visible_rows
+        if not self.config.selective_adam or mask is None:
+            return None
+        if mask.shape[0] != self.num_points:
+            raise ValueError(
+                f"visibility mask has {mask.shape[0]} rows but the model has {self.num_points}; "
+                "was the mask computed before densification?"
+            )
+        if self._visible_ids is None or self._visible_ids[0] is not mask:
+            self._visible_ids = (mask, mask.nonzero().squeeze(-1))
+        return self._visible_ids[1]
 
     # ------------------------------------------------------------------ rendering
 

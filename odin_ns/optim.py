@@ -65,7 +65,8 @@ class SelectiveAdam(torch.optim.Adam):
     It keeps Adam's state layout (``exp_avg``, ``exp_avg_sq``, ``step``) so gsplat's
     densification ops, which resize optimizer state, work unchanged. The visible rows come
     from ``visibility_source``, a callable set by the model that returns a [N] bool mask
-    for the current step (or None: every row is visible, i.e. plain Adam).
+    or the [K] int64 ids of the visible rows for the current step (or None: every row is
+    visible, i.e. plain Adam).
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, **kwargs):
@@ -94,7 +95,7 @@ class SelectiveAdam(torch.optim.Adam):
                     if visible is not None
                     else torch.ones(param.shape[0], dtype=torch.bool, device=param.device)
                 )
-                if rows.shape[0] != param.shape[0]:
+                if rows.dtype == torch.bool and rows.shape[0] != param.shape[0]:
                     raise ValueError(
                         f"visibility mask has {rows.shape[0]} rows but the parameter has "
                         f"{param.shape[0]}; was the mask computed before densification?"

@@ -104,3 +104,38 @@ def test_viewmat_equals_splatfactos_bit_for_bit():
     c2w[0, 1, 1] = 0.0  # a signed zero
     ours, theirs = get_viewmat(c2w), splatfacto_viewmat(c2w)
     assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32))
+
+
+def test_selective_adam_finds_the_steps_visible_rows_once_for_every_group():
+    """One process: each Gaussian group has its own optimizer; the visible rows' ids (a read
+    of the device) are found once a step for all of them, and update the same rows as the
+    mask; a mask from before a densification is refused."""
+    from types import SimpleNamespace
+
+    from odin_ns.model import OdinSplatfactoModel
+    from odin_ns.optim import SelectiveAdam
+
+    mask = torch.tensor([True, False, True, True, False])
+    model = SimpleNamespace(
+        config=SimpleNamespace(selective_adam=True), visible_rows=mask, num_points=5,
+        _visible_ids=None,
+    )  # fmt: skip
+    source = lambda: OdinSplatfactoModel._visible_for_optimizer(model)  # noqa: E731
+    ids = source()
+    assert ids.tolist() == [0, 2, 3] and source() is ids  # found once
+    model.visible_rows = mask.clone()
+    assert source() is not ids and torch.equal(source(), ids)  # a new step's mask
+    gen = torch.Generator().manual_seed(0)
+    start, grad = torch.randn(5, 3, generator=gen), torch.randn(5, 3, generator=gen)
+    moved = []
+    for rows in (mask, ids):
+        param = torch.nn.Parameter(start.clone())
+        param.grad = grad.clone()
+        opt = SelectiveAdam([param], lr=0.1)
+        opt.visibility_source = lambda rows=rows: rows
+        opt.step()
+        moved.append(param.detach())
+    assert torch.equal(moved[0], moved[1]) and torch.equal(moved[0][1], start[1])
+    model.num_points = 7  # densified since the mask was made
+    with pytest.raises(ValueError, match="before densification"):
+        source()
