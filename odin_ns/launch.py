@@ -169,7 +169,7 @@ def check_run(config: TrainerConfig, world_size: int) -> None:
                 pipeline.parallel,
             )  # fmt: skip
     if hasattr(pipeline.model, "rasterizer"):
-        checks.check_rasterizer(pipeline.model.rasterizer)
+        checks.check_rasterizer(pipeline.model.rasterizer, config.machine.device_type)
     if odin and pipeline.parallel == "sharded":
         checks.check_sharded_config(config, world_size)
     distributed = world_size > 1 and odin

@@ -143,7 +143,8 @@ class OdinSplatfactoModel(SplatfactoModel):
     config: OdinSplatfactoModelConfig
 
     def populate_modules(self):
-        check_rasterizer(self.config.rasterizer)  # one CLI line for gsplat without CUDA
+        # one CLI line for gsplat without CUDA or its kernels
+        check_rasterizer(self.config.rasterizer, str(self.kwargs.get("device", "cuda")))
         # Same initialisation as splatfacto, without its hard-coded `.cuda()` and without
         # building LPIPS (which downloads AlexNet weights) in the constructor.
         dim_sh = num_sh_bases(self.config.sh_degree)

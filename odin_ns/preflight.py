@@ -81,16 +81,18 @@ def count_training_views(dataparser_config: Any, data: Path | str) -> int:
 # ------------------------------------------------------------------ options
 
 
-def check_rasterizer(name: str) -> None:
-    """The rasterizer backend can run on this machine: ``gsplat`` (``auto`` with CUDA) needs
-    CUDA and gsplat's kernels, loaded here (built, the first time)."""
+def check_rasterizer(name: str, device: str = "cuda") -> None:
+    """The rasterizer backend can run on this machine for a run on ``device`` (its
+    ``--machine.device-type``, or the model's device): ``gsplat`` (``auto`` on a CUDA
+    device) needs CUDA and gsplat's kernels, loaded here (built, the first time)."""
     import torch
 
     from odin_ns.render.api import resolve_backend
     from odin_ns.render.gsplat_backend import gsplat_kernels_missing
 
+    on_cuda = torch.cuda.is_available() and torch.device(device).type == "cuda"
     try:
-        backend = resolve_backend(name, "cuda" if torch.cuda.is_available() else "cpu")
+        backend = resolve_backend(name, "cuda" if on_cuda else "cpu")
     except ValueError as err:
         raise OdinInputError(str(err)) from err
     why = gsplat_kernels_missing() if backend == "gsplat" else None

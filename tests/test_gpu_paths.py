@@ -92,6 +92,9 @@ def test_a_gsplat_run_without_its_kernels_stops_before_training(monkeypatch):
     check_rasterizer("auto")
     monkeypatch.setattr(gsplat_backend, "gsplat_kernels_missing", lambda: pytest.fail("loaded"))
     check_rasterizer("torch")  # the torch rasterizer needs no kernels
+    check_rasterizer("auto", "cpu")  # a CPU run on a GPU machine: the torch rasterizer
+    with pytest.raises(OdinInputError, match="needs CUDA tensors"):
+        check_rasterizer("gsplat", "cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     check_rasterizer("auto")  # no GPU: the torch rasterizer
 
