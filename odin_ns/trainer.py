@@ -266,9 +266,8 @@ class OdinTrainer(Trainer):
         tic = time.perf_counter()
         self.optimizers.zero_grad_all()
         loss, loss_dict, metrics_dict, views = self._views_forward_backward(step, reads)
-        compute_s = time.perf_counter() - tic
-        timing = StepTiming(started=started, wait_s=reads.wait_s, compute_s=compute_s)
-        self.session.after_backward(step, views, timing)
+        timing = StepTiming(started=started, wait_s=reads.wait_s, compute_started=tic)
+        compute_s = self.session.after_backward(step, views, timing)
         self.optimizers.scheduler_step_all(step)
         self._check_row_cap(f"after step {step}")  # densification grows the replicas
         metrics_dict["odin_wait_s"] = reads.wait_s

@@ -50,3 +50,35 @@ def test_step_records_counts_are_read_once_in_one_copy():
     assert all(type(r["visible_rows"]) is int for r in records)  # kept read
     plain[0]["pixels"] = 0  # copies: the log itself unchanged
     assert records[0]["pixels"] == 7
+
+
+def test_a_steps_compute_time_ends_where_the_device_finished_the_backward():
+    """On a GPU ``backward()`` returns with its kernels queued: the step's compute time runs
+    until the gradients' finite check has read the device (stood in for by a sleep), not
+    until the host returned, so the panels' compute and wait compare like for like."""
+    import time
+    from types import SimpleNamespace
+
+    from odin_ns.distributed.session_api import StepTiming
+    from odin_ns.model import RenderedView
+
+    recorded = {}
+
+    def gradients(step):
+        time.sleep(0.05)  # the finite check's read: the device finishes the backward
+        return {}
+
+    def record(step, views, timing, compute_s, *rest):
+        recorded["compute_s"] = compute_s
+
+    session = SimpleNamespace(
+        engine=SimpleNamespace(metrics=[None], layout=None, offset=0,
+                               after_backward=lambda *args: None),
+        _rows=torch.arange(3), _global_rows=torch.arange(3), num_rows=3, _gradients=gradients,
+        densifier=SimpleNamespace(accumulate=lambda *args: None, is_structural=lambda s: False),
+        _plan_dependencies=lambda step: (0, []), _record_step=record,
+    )  # fmt: skip
+    view = RenderedView(torch.ones(3, dtype=torch.bool), {}, pixels=1)
+    timing = StepTiming(started=time.time(), wait_s=0.0, compute_started=time.perf_counter())
+    compute_s = SessionFlow.after_backward(session, 0, [view], timing)
+    assert compute_s >= 0.05 and recorded["compute_s"] == compute_s

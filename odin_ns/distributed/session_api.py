@@ -47,12 +47,15 @@ class StepTiming:
     Attributes:
         started: ``time.time()`` when the step began (before its wait).
         wait_s: seconds the step waited for peers (``StepReads.wait_s``).
-        compute_s: seconds of forward, loss and backward over the step's views.
+        compute_started: ``time.perf_counter()`` when the step's forward began (after its
+            wait): the session ends the step's compute time where it sees the device
+            finish the backward (on a GPU the host returns from ``backward()`` with the
+            kernels only queued).
     """
 
     started: float
     wait_s: float
-    compute_s: float
+    compute_started: float
 
 
 CheckpointState = dict  # nerfstudio's checkpoint: step, pipeline, optimizers, ..., "odin"
@@ -66,10 +69,11 @@ class TrainingSession(Protocol):
         step reads are current."""
         ...
 
-    def after_backward(self, step: int, views: Sequence[RenderedView], timing: StepTiming) -> None:
+    def after_backward(self, step: int, views: Sequence[RenderedView], timing: StepTiming) -> float:
         """Publish the gradients of the step's rows, apply what arrived, accumulate the
         densification statistics of each view, make a structural change at refine / reset
-        steps, log the step."""
+        steps, log the step. Returns the step's compute seconds: from its forward until the
+        device had finished the backward."""
         ...
 
     def drain(self) -> None:

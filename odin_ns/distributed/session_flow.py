@@ -164,22 +164,26 @@ class SessionFlow:
             self.noise.catch_up(self.engine.current_reads(t), step - 1)
         return StepReads(self._rows, wait_s)
 
-    def after_backward(self, step: int, views: Sequence[RenderedView], timing: StepTiming) -> None:
+    def after_backward(self, step: int, views: Sequence[RenderedView], timing: StepTiming) -> float:
         """Publish this rank's gradient rows (the layout's engine applies what arrived),
         accumulate each view's densification statistics, make the structural change at
-        refine / reset steps, and log the step. ``views``: each of the step's B views."""
+        refine / reset steps, and log the step. ``views``: each of the step's B views.
+        Returns the step's compute seconds (``StepTiming.compute_started`` until the
+        gradients' finite check has read the device: the backward finished there)."""
         assert self.engine is not None and self._rows is not None
         visible = union_visible(views)
         metrics = self.engine.metrics[-1]  # this step's; a refine may replace the engine
         layout = self.engine.layout  # the table the step ran on
         grads = self._gradients(step)  # (refused if not finite: nothing is sent)
+        compute_s = time.perf_counter() - timing.compute_started
         self.engine.after_backward(step - self.engine.offset, list(grads.values()), visible)
         for view in views:
             self.densifier.accumulate(step, view.info, self._global_rows, self.num_rows)
         depends = self._plan_dependencies(step)  # this step's plan, before a re-plan
         if self.densifier.is_structural(step):
             self._apply_structural_change(step)
-        self._record_step(step, views, timing, visible, depends, metrics, layout)
+        self._record_step(step, views, timing, compute_s, visible, depends, metrics, layout)
+        return compute_s
 
     def _gradients(self, step: int) -> dict[str, torch.Tensor | None]:
         """The Gaussian groups' gradients, refused (``FloatingPointError``) if any of the
@@ -205,6 +209,7 @@ class SessionFlow:
         step: int,
         views: Sequence[RenderedView],
         timing: StepTiming,
+        compute_s: float,
         visible: torch.Tensor,
         depends: tuple[int, list[int]],
         metrics: StepMetrics,
@@ -218,7 +223,7 @@ class SessionFlow:
             {
                 "step": step,
                 "view": self.datamanager.plan_view(step),
-                "compute_s": timing.compute_s,
+                "compute_s": compute_s,
                 "wait_s": timing.wait_s,
                 "start": timing.started,
                 "end": time.time(),
