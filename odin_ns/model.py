@@ -42,7 +42,7 @@ from torch import Tensor
 from odin_ns.distributed.densify import MCMCDensifier
 from odin_ns.distributed.mcmc_noise import MCMCNoise
 from odin_ns.distributed.optimizer_binding import learning_rate_at
-from odin_ns.optim import SelectiveAdam
+from odin_ns.optim import SelectiveAdam, check_mask_rows
 from odin_ns.preflight import check_rasterizer
 from odin_ns.render import rasterize
 
@@ -352,11 +352,7 @@ class OdinSplatfactoModel(SplatfactoModel):
         mask = self.visible_rows
         if not self.config.selective_adam or mask is None:
             return None
-        if mask.shape[0] != self.num_points:
-            raise ValueError(
-                f"visibility mask has {mask.shape[0]} rows but the model has {self.num_points}; "
-                "was the mask computed before densification?"
-            )
+        check_mask_rows(mask, self.num_points)
         if self._visible_ids is None or self._visible_ids[0] is not mask:
             self._visible_ids = (mask, mask.nonzero().squeeze(-1))
         return self._visible_ids[1]

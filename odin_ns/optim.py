@@ -59,6 +59,16 @@ def selective_adam_update_(
     exp_avg_sq[rows] = v
 
 
+def check_mask_rows(mask: Tensor, num_rows: int) -> None:
+    """A [N] bool visibility mask covers ``num_rows`` rows: else it was made before a
+    densification changed them (``ValueError``)."""
+    if mask.shape[0] != num_rows:
+        raise ValueError(
+            f"visibility mask has {mask.shape[0]} rows but the parameters have {num_rows}; "
+            "was the mask computed before densification?"
+        )
+
+
 class SelectiveAdam(torch.optim.Adam):
     """``torch.optim.Adam`` that updates only visible rows.
 
@@ -95,11 +105,8 @@ class SelectiveAdam(torch.optim.Adam):
                     if visible is not None
                     else torch.ones(param.shape[0], dtype=torch.bool, device=param.device)
                 )
-                if rows.dtype == torch.bool and rows.shape[0] != param.shape[0]:
-                    raise ValueError(
-                        f"visibility mask has {rows.shape[0]} rows but the parameter has "
-                        f"{param.shape[0]}; was the mask computed before densification?"
-                    )
+                if rows.dtype == torch.bool:
+                    check_mask_rows(rows, param.shape[0])
                 selective_adam_update_(
                     param,
                     param.grad,

@@ -81,7 +81,7 @@ def count_training_views(dataparser_config: Any, data: Path | str) -> int:
 # ------------------------------------------------------------------ options
 
 
-def check_rasterizer(name: str, device: str = "cuda") -> None:
+def check_rasterizer(name: str, device: str) -> None:
     """The rasterizer backend can run on this machine for a run on ``device`` (its
     ``--machine.device-type``, or the model's device): ``gsplat`` (``auto`` on a CUDA
     device) needs CUDA and gsplat's kernels, loaded here (built, the first time)."""

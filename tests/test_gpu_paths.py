@@ -86,17 +86,17 @@ def test_a_gsplat_run_without_its_kernels_stops_before_training(monkeypatch):
     monkeypatch.setattr(gsplat_backend, "gsplat_kernels_missing", lambda: "no nvcc")
     for name in ("auto", "gsplat"):
         with pytest.raises(OdinInputError) as err:
-            check_rasterizer(name)
+            check_rasterizer(name, "cuda")
         assert "no nvcc" in str(err.value) and "--pipeline.model.rasterizer torch" in str(err.value)
     monkeypatch.setattr(gsplat_backend, "gsplat_kernels_missing", lambda: None)
-    check_rasterizer("auto")
+    check_rasterizer("auto", "cuda")
     monkeypatch.setattr(gsplat_backend, "gsplat_kernels_missing", lambda: pytest.fail("loaded"))
-    check_rasterizer("torch")  # the torch rasterizer needs no kernels
+    check_rasterizer("torch", "cuda")  # the torch rasterizer needs no kernels
     check_rasterizer("auto", "cpu")  # a CPU run on a GPU machine: the torch rasterizer
     with pytest.raises(OdinInputError, match="needs CUDA tensors"):
         check_rasterizer("gsplat", "cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    check_rasterizer("auto")  # no GPU: the torch rasterizer
+    check_rasterizer("auto", "cuda")  # no GPU: the torch rasterizer
 
 
 def test_viewmat_equals_splatfactos_bit_for_bit():
