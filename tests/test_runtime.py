@@ -285,6 +285,12 @@ def test_step_kernels_equal_their_twins():
         with pytest.raises(ValueError, match="out of range"):
             kernel(v, bad, torch.ones(u, dtype=torch.bool), 12)
         assert torch.equal(v, versions)
+        unready = torch.ones(u, dtype=torch.bool)
+        unready[-1] = False  # (the ready rows' ids are the ones read)
+        kernel(v, bad, unready, 12)
+        assert (
+            torch.equal(v[ids[:-1]], torch.full((u - 1,), 12)) and v[ids[-1]] == versions[ids[-1]]
+        )
     # any_unapplied: whether some of a read's rows are rows of the step not applied yet
     unapplied = ops.host_op("any_unapplied")
     outside = torch.from_numpy(np.setdiff1d(np.arange(500), ids.numpy()))[:7]

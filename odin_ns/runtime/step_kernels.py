@@ -219,10 +219,12 @@ def lacking_rows_reference(
 def write_versions_reference(versions: Tensor, ids: Tensor, ready: Tensor, step: int) -> None:
     """``versions[ids[ready]] = step`` in place ([N] int64 versions, a step's [U] int64 ids
     and [U] bool ready mask; host tensors): the versions a look left unwritten, written when
-    a read asks (the twin of the host kernel ``write_versions``)."""
-    if ids.numel() and bool((ids < 0).any() | (ids >= versions.numel()).any()):
+    a read asks (the twin of the host kernel ``write_versions``). The ready rows' ids are
+    checked, before any is written."""
+    chosen = ids[ready]
+    if chosen.numel() and bool((chosen < 0).any() | (chosen >= versions.numel()).any()):
         raise ValueError("write_versions: ids out of range")
-    versions.index_fill_(0, ids[ready], step)
+    versions.index_fill_(0, chosen, step)
 
 
 def any_unapplied_reference(step_ids: Tensor, applied: Tensor, ids: Tensor) -> bool:

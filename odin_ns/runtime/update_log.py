@@ -88,6 +88,8 @@ class VersionTest:
         self._rows, self._need = torch.from_numpy(self.rows), torch.from_numpy(self.need)
         self._kernels = kernels  # first_lacking and lacking_rows: the host kernels or twins
         self._first = 0  # rows before it were seen current
+        # every row's step applied once every step through the latest is (no row read)
+        self._need_max = int(self.need.max()) if self.need.size else np.iinfo(np.int64).min
 
     def lacking(self, versions: np.ndarray, through: int) -> np.ndarray:
         """[L] int64 the positions of the rows that lack their step, in order (read from the
@@ -107,14 +109,17 @@ class VersionTest:
     def current(self, versions: np.ndarray, through: int) -> bool:
         """Whether no row lacks its step (read from the first row not yet seen current)."""
         i, n = self._first, self.rows.size
-        if i < n and self.need[i] > through and versions[self.rows[i]] < self.need[i]:
-            return False
-        if i + 1 < n:  # row i has its step: read on from the next
-            i = self._kernels.first_lacking(
-                torch.from_numpy(versions), self._rows, self._need, i + 1, through
-            )
-        else:
-            i = n
+        if i < n and self._need_max <= through:
+            i = n  # (the steady state: every step the rows need applied before the question)
+        elif i < n:
+            if self.need[i] > through and versions[self.rows[i]] < self.need[i]:
+                return False
+            if i + 1 < n:  # row i has its step: read on from the next
+                i = self._kernels.first_lacking(
+                    torch.from_numpy(versions), self._rows, self._need, i + 1, through
+                )
+            else:
+                i = n
         self._first = i
         return i == n
 
