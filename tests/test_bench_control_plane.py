@@ -46,6 +46,10 @@ def test_tiny_run_reports_every_key(tmp_path):
         ahead = TABLES_AHEAD if key.endswith("_replicated") else 0
         assert result[f"tables_ahead_{key}"] == ahead
         assert 0 < result[f"meta_ms_per_step_{key}"] < engine  # no data-plane work on meta
+        # the same, each step after an idle gap (as beside a GPU's step), in its own pass
+        # (after the gap a step runs slower than back to back: no bound against engine_ms)
+        assert result[f"meta_paced_ms_per_step_{key}"] > 0
+        assert len(result[f"series_meta_paced_ms_{key}"]) == 3 and result["gap_ms"] == 20
         # the twin's host time (no instrument in it; an estimate too: either side of zero)
         assert result[f"host_twin_ms_per_step_{key}"] < engine
         # the step's host-to-device copies, counted on the device without values
