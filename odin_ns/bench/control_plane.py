@@ -827,7 +827,7 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     keys = result["variants"]
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 6.5))
     for key in keys:
         label = key.replace("_", " ").replace("r", "R = ", 1)
         line = ax.plot(result[f"series_host_ms_{key}"], label=f"{label}, host")
@@ -849,7 +849,7 @@ def plot(result: dict, path: Path) -> None:
     ax.axhline(4.0, color="gray", ls=":", label="target R = 64: 4 ms")
     ax.set(xlabel="step", ylabel="host ms per step", title="host control plane per step")
     ax.set_yscale("log")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.13))
     worst = max(keys, key=lambda k: result[f"host_ms_per_step_{k}"])
     lines = result[f"control_lines_{worst}"]
     labels = [line["line"][:60] for line in lines][::-1]

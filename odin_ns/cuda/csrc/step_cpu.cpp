@@ -473,33 +473,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> take_ready_cpu(
 // row, the count advanced by its mark. Marked and unmarked rows interleave where a step's
 // writers are missing, and a branch per row mispredicted half of them (mark_ready: 0.19 ms
 // for 45K rows, 13K of them ready, against 0.05 where all are). Returns the list, in the
-// calling thread's buffer (kept between calls: a fresh one's pages fault each call), and
-// its length.
+// calling thread's buffer (kept between calls, 4 bytes a row of the largest step: a fresh
+// one's pages fault each call), and its length.
 std::pair<const int32_t*, int64_t> list_marked(const uint8_t* mark, int64_t U) {
   TORCH_CHECK(U < std::numeric_limits<int32_t>::max(), "a step's union of ", U,
               " rows is beyond int32 positions");
   thread_local std::vector<int32_t> buffer;
   if (static_cast<int64_t>(buffer.size()) < U + 1) buffer.resize(U + 1);
-  int32_t* at = buffer.data();
+  int32_t* listed = buffer.data();
   int64_t n = 0;
   for (int64_t u = 0; u < U; ++u) {
-    at[n] = static_cast<int32_t>(u);
+    listed[n] = static_cast<int32_t>(u);
     n += mark[u];
   }
-  return {at, n};
+  return {listed, n};
 }
 
-// versions[ids[at[j]]] = step for the n listed rows (ids and versions read for them alone),
-// every id checked to lie in [0, N) before any version is written.
-void write_listed_versions(const int32_t* at, int64_t n, const int64_t* id, int64_t* version,
+// versions[ids[listed[j]]] = step for the n listed rows (ids and versions read for them
+// alone), every one of those ids checked to lie in [0, N) before any version is written.
+void write_listed_versions(const int32_t* listed, int64_t n, const int64_t* id, int64_t* version,
                            int64_t N, int64_t step, const char* op) {
   bool in_range = true;
   for (int64_t j = 0; j < n; ++j) {
-    const int64_t p = id[at[j]];
+    const int64_t p = id[listed[j]];
     in_range &= (p >= 0) & (p < N);
   }
   TORCH_CHECK_VALUE(in_range, op, ": ids out of range [0, ", N, ")");
-  for (int64_t j = 0; j < n; ++j) version[id[at[j]]] = step;
+  for (int64_t j = 0; j < n; ++j) version[id[listed[j]]] = step;
 }
 
 // Every candidate is ready (the caller knows every previous write of the step is applied;
@@ -550,8 +550,8 @@ std::tuple<at::Tensor, int64_t> mark_ready_cpu(const std::optional<at::Tensor>& 
       for (int64_t i = 0; i < m; ++i) out[row[i]] = 0;
     }
   }
-  const auto [at, count] = list_marked(out, U);
-  if (write_step >= 0) write_listed_versions(at, count, id, version, N, write_step, op);
+  const auto [listed, count] = list_marked(out, U);
+  if (write_step >= 0) write_listed_versions(listed, count, id, version, N, write_step, op);
   for (int64_t u = 0; u < U; ++u) done[u] |= out[u];
   return {ready, count};
 }
@@ -620,11 +620,11 @@ at::Tensor lacking_rows_cpu(const at::Tensor& versions, const at::Tensor& rows,
 }
 
 // The versions the update log left unwritten (a look that took rows without writing them:
-// write_step -1), written when a read asks, as mark_ready writes them (the ready rows listed,
-// then their versions). torch's versions.index_fill_(0, ids[ready], step) makes the ids list first
-// (a boolean-mask index; with the fill 2.6 ms a step over 400K-row steps at R = 8
-// replicated, where throughput-first asks at every step); this reads the mask once (0.4 ms)
-// and checks every id before writing any.
+// write_step -1), written when a read asks, as mark_ready writes them (the ready rows
+// listed, then their versions). torch's versions.index_fill_(0, ids[ready], step) makes the
+// ids list first (a boolean-mask index; with the fill 2.6 ms a step over 400K-row steps at
+// R = 8 replicated, where throughput-first asks at every step); this reads the mask once
+// (0.4 ms) and checks the ids it writes before writing any.
 void write_versions_cpu(const at::Tensor& versions, const at::Tensor& ids,
                         const at::Tensor& ready, int64_t step) {
   const char* op = "write_versions";
@@ -633,8 +633,9 @@ void write_versions_cpu(const at::Tensor& versions, const at::Tensor& ids,
   const int64_t* id = ids.data_ptr<int64_t>();
   int64_t* version = versions.data_ptr<int64_t>();
   const int64_t N = versions.size(0);
-  const auto [at, n] = list_marked(reinterpret_cast<const uint8_t*>(ready.data_ptr<bool>()), U);
-  write_listed_versions(at, n, id, version, N, step, op);
+  const auto* take = reinterpret_cast<const uint8_t*>(ready.data_ptr<bool>());
+  const auto [listed, n] = list_marked(take, U);
+  write_listed_versions(listed, n, id, version, N, step, op);
 }
 
 // Whether any of a read's lagging rows is a row of a pending step not applied yet: a binary
