@@ -33,3 +33,18 @@ def rank_reason(rank: int, err: BaseException, with_type: bool = False) -> str:
         text = f"{type(err).__name__}: {text}"
     prefix = f"rank {rank}:"
     return text if text.startswith(prefix) else f"{prefix} {text}"
+
+
+def non_finite_loss(rank: int, step: int) -> FloatingPointError:
+    """The refusal of a step whose loss is not finite (its gradients are not published)."""
+    return FloatingPointError(
+        f"rank {rank}: non-finite loss at step {step}; nothing from this step was published, "
+        "so every replica still holds the last finite state"
+    )
+
+
+def non_finite_gradient(rank: int, step: int, group: str) -> FloatingPointError:
+    """The refusal to publish a step's gradient of ``group`` that is not finite."""
+    return FloatingPointError(
+        f"rank {rank}: non-finite gradient of '{group}' at step {step}; refusing to publish it"
+    )

@@ -58,11 +58,15 @@ class RenderedView:
         info: gsplat's projection info of the view (``means2d`` keeps its gradient after
             backward; ``radii``, ``width``, ``height``, ``n_cameras``, ...), over the drawn rows.
         pixels: H x W of the rendered image.
+        loss_finite: [] bool on the device, whether the view's loss is finite: set by the
+            trainer with the loss, and read with the step's gradients (one read of the
+            device a step, not one more per view); None: not set.
     """
 
     visible_rows: Tensor
     info: dict
     pixels: int
+    loss_finite: Tensor | None = None
 
 
 def union_visible(views: list[RenderedView]) -> Tensor:

@@ -50,7 +50,7 @@ from odin_ns.distributed.optimizer_binding import (
 from odin_ns.distributed.session import ReplicatedSession
 from odin_ns.distributed.session_api import StepReads, StepTiming, TrainingSession
 from odin_ns.distributed.sharded_checkpoint import read_checkpoint, row_ranges, take_rows
-from odin_ns.errors import OdinInputError, first_line
+from odin_ns.errors import OdinInputError, first_line, non_finite_loss
 from odin_ns.model import GAUSSIAN_GROUPS, RenderedView, union_visible
 from odin_ns.pipeline import OdinPipeline, OdinPipelineConfig
 from odin_ns.preflight import (
@@ -297,17 +297,17 @@ class OdinTrainer(Trainer):
                 metrics = model.get_metrics_dict(outputs, batch)
                 loss_dict = model.get_loss_dict(outputs, batch, metrics)
                 loss = functools.reduce(torch.add, loss_dict.values())
-            if not torch.isfinite(loss):
-                raise FloatingPointError(
-                    f"rank {self._rank}: non-finite loss at step {step}; nothing from this "
-                    "step was published, so every replica still holds the last finite state"
-                )
             scaled = loss if count == 1 else loss / count
             if mixed_precision:
                 self.grad_scaler.scale(scaled).backward()
             else:
                 scaled.backward()
-            views.append(dataclasses.replace(view, info=batch_view_info(view.info, count)))
+            # (whether the loss is finite is read after the backward, with the gradients'
+            # flags where a session publishes them: reading it here would wait for the
+            # forward before the backward is queued)
+            finite = torch.isfinite(loss.detach())
+            info = batch_view_info(view.info, count)
+            views.append(dataclasses.replace(view, info=info, loss_finite=finite))
             losses.append(loss)
             loss_dicts.append(loss_dict)
             metrics_dicts.append(metrics)
@@ -326,6 +326,8 @@ class OdinTrainer(Trainer):
         loss, loss_dict, metrics_dict, views = self._views_forward_backward(
             step, mixed_precision=self.mixed_precision
         )
+        if not bool(torch.stack([view.loss_finite for view in views]).all()):
+            raise non_finite_loss(self._rank, step)
         model.visible_rows = union_visible(views)  # SelectiveAdam's mask for the step
         rows = torch.arange(model.num_points, device=model.means.device)
         for view in views:

@@ -64,7 +64,7 @@ def test_a_steps_compute_time_ends_where_the_device_finished_the_backward():
 
     recorded = {}
 
-    def gradients(step):
+    def gradients(step, views):
         time.sleep(0.05)  # the finite check's read: the device finishes the backward
         return {}
 
@@ -82,3 +82,40 @@ def test_a_steps_compute_time_ends_where_the_device_finished_the_backward():
     timing = StepTiming(started=time.time(), wait_s=0.0, compute_started=time.perf_counter())
     compute_s = SessionFlow.after_backward(session, 0, [view], timing)
     assert compute_s >= 0.05 and recorded["compute_s"] == compute_s
+
+
+def test_a_steps_losses_and_gradients_are_checked_finite_in_one_read(monkeypatch):
+    """Each view's loss flag (``RenderedView.loss_finite``, set by the trainer without
+    reading it) is read with the gradients' flags after the backward, in one copy; a
+    non-finite loss is named before a gradient, and a finite step returns the gradients."""
+    from types import SimpleNamespace
+
+    from odin_ns.model import GAUSSIAN_GROUPS, RenderedView
+
+    params = {}
+    for name in GAUSSIAN_GROUPS:
+        params[name] = torch.zeros(4, 3, requires_grad=True)
+        params[name].grad = torch.ones(4, 3)
+    model = SimpleNamespace(gauss_params=params)
+    session = SimpleNamespace(rank=1, _rows=torch.tensor([0, 2]), model=model)
+
+    def views(*finite: bool) -> list:
+        mask = torch.ones(4, dtype=torch.bool)
+        return [RenderedView(mask, {}, 1, loss_finite=torch.tensor(f)) for f in finite]
+
+    stacked = []  # the flags of each read: one stack, copied to the host once
+    stack = torch.stack
+    monkeypatch.setattr(torch, "stack", lambda flags: stacked.append(len(flags)) or stack(flags))
+    grads = SessionFlow._gradients(session, 5, views(True, True))
+    assert stacked == [2 + len(GAUSSIAN_GROUPS)] and grads["means"] is params["means"].grad
+    params["means"].grad[2, 1] = float("nan")  # a drawn row: refused, the losses named first
+    with pytest.raises(FloatingPointError, match="rank 1: non-finite loss at step 5"):
+        SessionFlow._gradients(session, 5, views(True, False))
+    with pytest.raises(FloatingPointError, match="non-finite gradient of 'means' at step 5"):
+        SessionFlow._gradients(session, 5, views(True, True))
+    params["means"].grad[2, 1] = 1.0
+    params["means"].grad[1, 1] = float("nan")  # a row the step did not draw: not read
+    assert SessionFlow._gradients(session, 5, views(True))["means"] is params["means"].grad
+    unflagged = RenderedView(torch.ones(4, dtype=torch.bool), {}, 1)  # no flag: no check
+    with pytest.raises(ValueError, match="every view needs its loss's finite flag"):
+        SessionFlow._gradients(session, 5, [unflagged])

@@ -72,8 +72,10 @@ class TrainingSession(Protocol):
     def after_backward(self, step: int, views: Sequence[RenderedView], timing: StepTiming) -> float:
         """Publish the gradients of the step's rows, apply what arrived, accumulate the
         densification statistics of each view, make a structural change at refine / reset
-        steps, log the step. Returns the step's compute seconds: from its forward until the
-        device had finished the backward."""
+        steps, log the step. Each view carries its loss's finite flag
+        (``RenderedView.loss_finite``); a step whose loss or gradient rows are not finite is
+        refused before anything is published. Returns the step's compute seconds: from its
+        forward until the device had finished the backward."""
         ...
 
     def drain(self) -> None:

@@ -4,7 +4,7 @@
 where a Gaussian lives and so in how a phase binds its rows (the ownership map the engine
 runs over), how a structural change runs and how the whole model reaches a checkpoint or an
 evaluation. What they share lives here, once: the step, the start from rank 0's model, the
-refusal to publish a non-finite gradient, the phase plan and its exchange (footprints,
+refusal to publish a step whose loss or gradient is not finite, the phase plan and its exchange (footprints,
 plan, telemetry, panel requests, the plan check, the rank's view stream), the step log, the
 viewer pause, the resume state, the gathers and the end of the run.
 Both train on one engine (``runtime.engine.Engine``, over an ownership map: every
@@ -31,6 +31,7 @@ from odin_ns.distributed.mcmc_noise import MCMCNoise
 from odin_ns.distributed.phase import PhaseController, PhaseRecord
 from odin_ns.distributed.session_api import StepReads, StepTiming
 from odin_ns.distributed.telemetry import SyncTelemetry
+from odin_ns.errors import non_finite_gradient, non_finite_loss
 from odin_ns.model import GAUSSIAN_GROUPS, RenderedView, union_visible
 from odin_ns.runtime.engine import Engine
 from odin_ns.runtime.layout import ShardLayout
@@ -174,7 +175,7 @@ class SessionFlow:
         visible = union_visible(views)
         metrics = self.engine.metrics[-1]  # this step's; a refine may replace the engine
         layout = self.engine.layout  # the table the step ran on
-        grads = self._gradients(step)  # (refused if not finite: nothing is sent)
+        grads = self._gradients(step, views)  # (refused if not finite: nothing is sent)
         compute_s = time.perf_counter() - timing.compute_started
         self.engine.after_backward(step - self.engine.offset, list(grads.values()), visible)
         for view in views:
@@ -185,23 +186,29 @@ class SessionFlow:
         self._record_step(step, views, timing, compute_s, visible, depends, metrics, layout)
         return compute_s
 
-    def _gradients(self, step: int) -> dict[str, torch.Tensor | None]:
-        """The Gaussian groups' gradients, refused (``FloatingPointError``) if any of the
-        step's rows holds a non-finite one: nothing of the step is published, so every
-        rank still holds the last finite state."""
+    def _gradients(
+        self, step: int, views: Sequence[RenderedView]
+    ) -> dict[str, torch.Tensor | None]:
+        """The Gaussian groups' gradients, refused (``FloatingPointError``) if a view's loss
+        (``RenderedView.loss_finite``) or any of the step's rows' gradient is not finite:
+        nothing of the step is published, so every rank still holds the last finite state."""
         assert self._rows is not None
         grads = {name: self.model.gauss_params[name].grad for name in GAUSSIAN_GROUPS}
         names = [name for name, grad in grads.items() if grad is not None]
-        if not names:
+        losses = [view.loss_finite for view in views]
+        if any(flag is None for flag in losses):
+            raise ValueError("after_backward: every view needs its loss's finite flag")
+        if not names and not losses:
             return grads
-        # one flag per group on the device, read in one copy (on a GPU: one synchronization)
-        finite = torch.stack([torch.isfinite(grads[n][self._rows]).all() for n in names])
-        for name, ok in zip(names, finite.cpu().tolist(), strict=True):
+        # one flag per view's loss and per group on the device, read in one copy (on a GPU:
+        # the step's one synchronization, after its backward)
+        flags = [*losses, *(torch.isfinite(grads[n][self._rows]).all() for n in names)]
+        finite = torch.stack(flags).cpu().tolist()
+        if not all(finite[: len(losses)]):
+            raise non_finite_loss(self.rank, step)
+        for name, ok in zip(names, finite[len(losses) :], strict=True):
             if not ok:
-                raise FloatingPointError(
-                    f"rank {self.rank}: non-finite gradient of '{name}' at step {step}; "
-                    "refusing to publish it"
-                )
+                raise non_finite_gradient(self.rank, step, name)
         return grads
 
     def _record_step(
