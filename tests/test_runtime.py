@@ -267,6 +267,20 @@ def test_step_kernels_equal_their_twins():
             with pytest.raises(error, match=match):
                 kernel(bad, stop, before, ids, v, 11)
             assert torch.equal(before, applied) and torch.equal(v, versions)  # nothing written
+    # a ready row's id outside the versions: refused before anything is written; a row not
+    # ready may hold any id (its version is not written)
+    far = ids.clone()
+    far[candidates[0]] = versions.numel()
+    for kernel in (mark, mark_ready_reference):
+        before, v = applied.clone(), versions.clone()
+        with pytest.raises(ValueError, match="ids out of range"):
+            kernel(candidates, [], before, far, v, 11)
+        assert torch.equal(before, applied) and torch.equal(v, versions)
+        kernel(candidates[1:], [], before, far, v, 11)
+        assert (
+            v[far[candidates[1]]] == 11
+            and int(before.sum()) == int(applied.sum()) + len(candidates) - 1
+        )
     # write_versions: the versions a look left unwritten, the ready rows' set (a row of
     # ids written once; rows not ready keep theirs); an id out of range writes nothing
     write = ops.host_op("write_versions")

@@ -418,6 +418,12 @@ def test_version_test_finds_every_lacking_row(rows, kind):
             assert row in test_rows and versions[row] < step and step > through
     assert len(answers) > 1 and test.current(versions, through)  # once current, current
     assert test.waiting_on()[1] == np.iinfo(np.int64).min  # nothing: any version passes
+    # every step the rows need at or before ``through`` (the steady state): current without
+    # a row read, whatever the versions say, wherever an earlier question stopped
+    test = VersionTest(test_rows, need, kernels)
+    assert not test.current(np.full(owned, -1, dtype=np.int64), int(need.max()) - 1)
+    assert test.current(np.full(owned, -1, dtype=np.int64), int(need.max()))
+    assert test.waiting_on()[1] == np.iinfo(np.int64).min
 
 
 def test_version_test_kernels_equal_their_twins_and_refuse_bad_input():

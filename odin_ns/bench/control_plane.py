@@ -589,10 +589,13 @@ def profile_split(rank: ShardedRankUnderTest, steps: int, top: int = 12) -> tupl
 
 
 # ------------------------------------------------------------------------ the run
-def meta_paced(ranks: dict, warmup: int, steps: int, gap_ms: float) -> dict[str, list]:
+def meta_paced(
+    ranks: dict[str, ShardedRankUnderTest], warmup: int, steps: int, gap_ms: float
+) -> dict[str, list]:
     """Per rank of ``ranks`` (key -> rank with its data plane on the meta device), the wall
-    ms of ``steps`` steps each begun ``gap_ms`` after the last step of any rank ended (the
-    ranks in turns, alternating order), after ``warmup`` such steps: ``meta_paced_ms``."""
+    ms of ``steps`` steps, each begun at least ``gap_ms`` after the last step of any rank
+    ended (the ranks in turns, alternating order), after ``warmup`` such steps:
+    ``meta_paced_ms``."""
     keys = list(ranks)
     out: dict[str, list] = {key: [] for key in keys}
     for i in range(warmup + steps):

@@ -180,9 +180,12 @@ def mark_ready_reference(
             raise RuntimeError("mark_ready: a candidate twice")
     ready = torch.zeros(applied.shape, dtype=torch.bool)
     ready[candidates] = True
+    chosen = ids[ready]  # (the ready rows' ids, checked before anything is written)
+    if write_step >= 0 and bool((chosen < 0).any() | (chosen >= versions.numel()).any()):
+        raise ValueError("mark_ready: ids out of range")
     applied |= ready
     if write_step >= 0:
-        versions[ids[ready]] = write_step
+        versions[chosen] = write_step
     return ready, candidates.numel()
 
 

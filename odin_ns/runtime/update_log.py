@@ -80,7 +80,10 @@ class VersionTest:
     that row alone first (most tests are of rows still waiting), then the rows after it, up
     to the first that lacks its step (``first_lacking``: the host kernel, or its twin).
     Each question gives the versions as the update log has them: ``versions`` ([O] int64
-    host) and ``through`` (every step through it is applied; ``UpdateLog.settle_versions``)."""
+    host) and ``through`` (every step through it is applied; ``UpdateLog.settle_versions``).
+    Where every step the rows need is at or before ``through`` (the steady state, asked after
+    the apply that completed the last of them) the answer is yes without a row read (nor
+    the rows' range check, which the kernel makes as it reads)."""
 
     def __init__(self, rows: np.ndarray, need: np.ndarray, kernels: StepKernels = StepKernels()):
         self.rows = np.ascontiguousarray(rows, dtype=np.int64)
@@ -89,7 +92,7 @@ class VersionTest:
         self._kernels = kernels  # first_lacking and lacking_rows: the host kernels or twins
         self._first = 0  # rows before it were seen current
         # every row's step applied once every step through the latest is (no row read)
-        self._need_max = int(self.need.max()) if self.need.size else np.iinfo(np.int64).min
+        self._need_max = int(self.need.max()) if self.need.size else 0  # (unread when empty)
 
     def lacking(self, versions: np.ndarray, through: int) -> np.ndarray:
         """[L] int64 the positions of the rows that lack their step, in order (read from the
