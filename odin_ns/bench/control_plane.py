@@ -834,20 +834,17 @@ def plot(result: dict, path: Path) -> None:
     for key in keys:
         label = key.replace("_", " ").replace("r", "R = ", 1)
         line = ax.plot(result[f"series_host_ms_{key}"], label=f"{label}, host")
-        if f"series_meta_ms_{key}" in result:
-            ax.plot(
-                result[f"series_meta_ms_{key}"],
-                ls="--",
-                color=line[0].get_color(),
-                label=f"{label}, data plane on meta",
-            )
-        if f"series_meta_paced_ms_{key}" in result:
-            ax.plot(
-                result[f"series_meta_paced_ms_{key}"],
-                ls=":",
-                color=line[0].get_color(),
-                label=f"{label}, meta, {result['gap_ms']:g} ms idle before each",
-            )
+        for series, style, what in (
+            ("meta", "--", "data plane on meta"),
+            ("meta_paced", ":", f"meta, {result.get('gap_ms', 0):g} ms idle before each"),
+        ):
+            if f"series_{series}_ms_{key}" in result:
+                ax.plot(
+                    result[f"series_{series}_ms_{key}"],
+                    ls=style,
+                    color=line[0].get_color(),
+                    label=f"{label}, {what}",
+                )
     ax.axhline(2.0, color="gray", ls="--", label="target R = 8: 2 ms")
     ax.axhline(4.0, color="gray", ls=":", label="target R = 64: 4 ms")
     ax.set(xlabel="step", ylabel="host ms per step", title="host control plane per step")

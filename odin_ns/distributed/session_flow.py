@@ -4,9 +4,10 @@
 where a Gaussian lives and so in how a phase binds its rows (the ownership map the engine
 runs over), how a structural change runs and how the whole model reaches a checkpoint or an
 evaluation. What they share lives here, once: the step, the start from rank 0's model, the
-refusal to publish a step whose loss or gradient is not finite, the phase plan and its exchange (footprints,
-plan, telemetry, panel requests, the plan check, the rank's view stream), the step log, the
-viewer pause, the resume state, the gathers and the end of the run.
+refusal to publish a step whose loss or gradient is not finite, the phase plan and its
+exchange (footprints, plan, telemetry, panel requests, the plan check, the rank's view
+stream), the step log, the viewer pause, the resume state, the gathers and the end of the
+run.
 Both train on one engine (``runtime.engine.Engine``, over an ownership map: every
 rank owns every row in the replicated layout) and share its liveness: busy notices, the
 peers' silence and the rendezvous before every collective. The step itself (``before_step``,
@@ -30,7 +31,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 from odin_ns.distributed.mcmc_noise import MCMCNoise
 from odin_ns.distributed.phase import PhaseController, PhaseRecord
 from odin_ns.distributed.session_api import StepReads, StepTiming
-from odin_ns.distributed.telemetry import SyncTelemetry
+from odin_ns.distributed.telemetry import SyncTelemetry, gather_to_first
 from odin_ns.errors import non_finite_gradient, non_finite_loss
 from odin_ns.model import GAUSSIAN_GROUPS, RenderedView, union_visible
 from odin_ns.runtime.engine import Engine
@@ -320,9 +321,7 @@ class SessionFlow:
         over the session's gloo group: call on every rank). Only rank 0 writes what it is
         gathered for: an all-gather would give each of R ranks R copies (a checkpoint's
         statistics, 12 bytes a row each: 200 MB a rank at R = 8, 1M rows)."""
-        parts: list | None = [None] * self.world_size if self.rank == 0 else None
-        dist.gather_object(obj, parts, dst=0, group=self.group)
-        return parts
+        return gather_to_first(obj, self.rank, self.world_size, self.group)
 
     def finish(self, run_summary_path: Path) -> None:
         """End of training: drain, gather every rank's logs (with the layout's entries),

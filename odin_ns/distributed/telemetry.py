@@ -59,6 +59,15 @@ def mean_rows_per_step(ranks: list[dict], key: str) -> float | None:
     return float(np.mean(list(per_step.values()))) if per_step else None
 
 
+def gather_to_first(obj, rank: int, world_size: int, group=None) -> list | None:
+    """``obj`` of every rank, in rank order, on rank 0; None on the others (a gather over
+    ``group``: call on every rank). Where only rank 0 writes what is gathered (the run
+    summary, a checkpoint's statistics), an all-gather would give each of R ranks R copies."""
+    parts: list | None = [None] * world_size if rank == 0 else None
+    dist.gather_object(obj, parts, dst=0, group=group)
+    return parts
+
+
 class SyncTelemetry:
     """One rank's step and phase logs, and rank 0's view of its peers for the panels.
 
@@ -197,8 +206,7 @@ class SyncTelemetry:
             "structural_changes": self.structural,
             **(rank_extra or {}),
         }
-        ranks: list | None = [None] * self.world_size if self.rank == 0 else None
-        dist.gather_object(mine, ranks, dst=0, group=group)
+        ranks = gather_to_first(mine, self.rank, self.world_size, group)
         if ranks is None:
             return None
         return {

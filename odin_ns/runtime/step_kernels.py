@@ -140,6 +140,11 @@ def take_ready_reference(
     return ready, take, candidates[~ok].sort().values
 
 
+def _outside(ids: Tensor, n: int) -> bool:
+    """Whether any of ``ids`` ([K] int64 host) lies outside [0, n) (a twin's range check)."""
+    return bool(ids.numel()) and bool((ids < 0).any() | (ids >= n).any())
+
+
 def rows_not_applied(applied: Tensor, blocked: Sequence[Tensor] = ()) -> Tensor:
     """[K] int64 the positions of ``applied`` ([U] bool, host) not applied and in none of
     the ``blocked`` lists ([M_q] int64 positions each: the writers still missing)."""
@@ -167,12 +172,12 @@ def mark_ready_reference(
     if candidates is not None and len(blocked):
         raise ValueError("mark_ready: blocked rows go with no candidates")
     for rows in blocked:
-        if rows.numel() and bool((rows < 0).any() | (rows >= applied.numel()).any()):
+        if _outside(rows, applied.numel()):
             raise ValueError("mark_ready: blocked rows out of range")
     if candidates is None:
         candidates = rows_not_applied(applied, blocked)
     elif candidates.numel():
-        if bool((candidates < 0).any() | (candidates >= applied.numel()).any()):
+        if _outside(candidates, applied.numel()):
             raise ValueError("mark_ready: candidates out of range")
         if bool(applied[candidates].any()):
             raise RuntimeError("mark_ready: a candidate is already applied")
@@ -181,7 +186,7 @@ def mark_ready_reference(
     ready = torch.zeros(applied.shape, dtype=torch.bool)
     ready[candidates] = True
     chosen = ids[ready]  # (the ready rows' ids, checked before anything is written)
-    if write_step >= 0 and bool((chosen < 0).any() | (chosen >= versions.numel()).any()):
+    if write_step >= 0 and _outside(chosen, versions.numel()):
         raise ValueError("mark_ready: ids out of range")
     applied |= ready
     if write_step >= 0:
@@ -225,7 +230,7 @@ def write_versions_reference(versions: Tensor, ids: Tensor, ready: Tensor, step:
     a read asks (the twin of the host kernel ``write_versions``). The ready rows' ids are
     checked, before any is written."""
     chosen = ids[ready]
-    if chosen.numel() and bool((chosen < 0).any() | (chosen >= versions.numel()).any()):
+    if _outside(chosen, versions.numel()):
         raise ValueError("write_versions: ids out of range")
     versions.index_fill_(0, chosen, step)
 
