@@ -22,6 +22,7 @@ from nerfstudio.data.datamanagers.full_images_datamanager import (
 )
 
 from odin_ns.preflight import check_data_path, check_has_training_images, reading_scene
+from odin_ns.runtime.uploads import upload
 
 
 @dataclass
@@ -46,6 +47,7 @@ class OdinDataManager(FullImageDatamanager):
         check_has_training_images(data, len(self.train_dataset))
         self._plan_views: np.ndarray | None = None
         self._plan_start = 0
+        self._view_cameras: Cameras | None = None  # the train cameras on self.device
 
     def set_plan_views(self, views: np.ndarray, start_step: int) -> None:
         """Use ``views[t]`` (this rank's view ids at phase step t: int64 [T] or [T, B])
@@ -71,7 +73,10 @@ class OdinDataManager(FullImageDatamanager):
 
     def next_train(self, step: int) -> tuple[Cameras, dict]:
         if self._plan_views is None:
-            return super().next_train(step)
+            camera, data = super().next_train(step)
+            return with_host_size(
+                camera, self.train_dataset.cameras, camera.metadata["cam_idx"]
+            ), data
         return self._train_view(self.plan_view(step))
 
     def next_train_views(self, step: int, count: int) -> list[tuple[Cameras, dict]]:
@@ -81,7 +86,7 @@ class OdinDataManager(FullImageDatamanager):
         = ``count``). One process: ``count`` calls of ``next_train`` (nerfstudio's order).
         """
         if self._plan_views is None:
-            return [super(OdinDataManager, self).next_train(step) for _ in range(count)]
+            return [self.next_train(step) for _ in range(count)]
         views = self.plan_views(step)
         if views.shape[0] != count:
             raise RuntimeError(f"the plan has {views.shape[0]} views per rank, not {count}")
@@ -89,9 +94,23 @@ class OdinDataManager(FullImageDatamanager):
 
     def _train_view(self, image_idx: int) -> tuple[Cameras, dict]:
         data = self.cached_train[image_idx].copy()
-        data["image"] = data["image"].to(self.device)
-        camera = self.train_cameras[image_idx : image_idx + 1].to(self.device)
+        data["image"] = upload(data["image"], self.device)
+        if self._view_cameras is None:  # (made with the image cache; nerfstudio's next_train
+            self._view_cameras = self.train_cameras.to(self.device)  # moves a view at a time)
+        camera = self._view_cameras[image_idx : image_idx + 1]
+        with_host_size(camera, self.train_dataset.cameras, image_idx)
         if camera.metadata is None:
             camera.metadata = {}
         camera.metadata["cam_idx"] = image_idx
         return camera, data
+
+
+def with_host_size(camera: Cameras, on_host: Cameras, index: int) -> Cameras:
+    """``camera`` (train camera ``index``, [1], its fields on the device) with the width and
+    height of ``on_host`` (the dataset's cameras, on the host), in place. The render reads
+    the size as integers (gsplat's arguments): from device tensors each read makes the host
+    wait for the device's queued work, the previous step's applies, before it launches the
+    view's forward; the other fields are the render's inputs on the device."""
+    camera.width = on_host.width[index : index + 1]
+    camera.height = on_host.height[index : index + 1]
+    return camera

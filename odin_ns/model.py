@@ -128,6 +128,29 @@ def get_viewmat(camera_to_worlds: Tensor) -> Tensor:
     return viewmat
 
 
+def view_intrinsics(camera: Cameras, scale: float) -> Tensor:
+    """[C, 3, 3] float32 pinhole intrinsics of ``camera`` at ``scale`` times its resolution,
+    made on the camera's device: nerfstudio's ``rescale_output_resolution(scale)`` then
+    ``get_intrinsics_matrices()``, the same bits for a power-of-two ``scale`` (the
+    downscale factors), without their device reads (the first copies the scale to the
+    device; the second fills a host matrix from device fields, one read per field)."""
+    fx, fy, cx, cy = (getattr(camera, name).reshape(-1) for name in ("fx", "fy", "cx", "cy"))
+    if scale != 1.0:
+        fx, fy, cx, cy = fx * scale, fy * scale, cx * scale, cy * scale
+    zero, one = torch.zeros_like(fx), torch.ones_like(fx)
+    rows = (fx, zero, cx, zero, fy, cy, zero, zero, one)
+    return torch.stack(rows, dim=1).reshape(-1, 3, 3).to(torch.float32)
+
+
+def view_size(camera: Cameras, scale: float) -> tuple[int, int]:
+    """(W, H) of a [1] ``camera`` at ``scale`` times its resolution, rounded down as
+    nerfstudio's ``rescale_output_resolution`` rounds them. Its width and height are read:
+    free where they are host tensors (``OdinDataManager``'s training views), a read of the
+    device where they are not."""
+    width, height = int(camera.width.reshape(-1)[0]), int(camera.height.reshape(-1)[0])
+    return int(width * scale), int(height * scale)
+
+
 def cached_lpips():
     """LPIPS(AlexNet) if its weights are already on disk, else None (never downloads)."""
     from torchvision.models import AlexNet_Weights
@@ -406,12 +429,10 @@ class OdinSplatfactoModel(SplatfactoModel):
         colors = torch.cat(
             (take(gauss["features_dc"])[:, None, :], take(gauss["features_rest"])), dim=1
         )
-        scale_fac = self._get_downscale_factor()
-        camera.rescale_output_resolution(1 / scale_fac)
+        scale = 1 / self._get_downscale_factor()  # (a power of two: exact)
         viewmat = get_viewmat(camera_to_worlds.to(self.device))
-        K = camera.get_intrinsics_matrices().to(self.device)
-        W, H = int(camera.width.item()), int(camera.height.item())
-        camera.rescale_output_resolution(scale_fac)
+        K = view_intrinsics(camera, scale).to(self.device)
+        W, H = view_size(camera, scale)
 
         render_mode = (
             "RGB+ED" if self.config.output_depth_during_training or not self.training else "RGB"

@@ -1,10 +1,11 @@
 """What the CUDA-only paths of set-up and resume do, checked on the CPU: torch.cuda's calls are
 recorded (no GPU here), gsplat's kernel loader is stood in for (importing it here would build
 gsplat's CUDA code: this machine has nvcc), and the per-view camera math is compared bit for
-bit with splatfacto's."""
+bit with splatfacto's and run on the ``meta`` device (no values: a read of the device raises)."""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import sys
 import types
@@ -12,11 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from nerfstudio.cameras.cameras import Cameras
 from nerfstudio.models.splatfacto import get_viewmat as splatfacto_viewmat
 
 from odin_ns import resume
+from odin_ns.datamanager import with_host_size
 from odin_ns.errors import OdinInputError
-from odin_ns.model import get_viewmat
+from odin_ns.model import get_viewmat, view_intrinsics, view_size
 from odin_ns.preflight import check_rasterizer
 from odin_ns.render import gsplat_backend
 from odin_ns.trainer import bind_cuda_device
@@ -142,3 +145,53 @@ def test_selective_adam_finds_the_steps_visible_rows_once_for_every_group():
     model.num_points = 7  # densified since the mask was made
     with pytest.raises(ValueError, match="before densification"):
         source()
+
+
+def _train_cameras(count: int = 4) -> Cameras:
+    """``count`` pinhole cameras with odd sizes and random poses and intrinsics."""
+    gen = torch.Generator().manual_seed(1)
+    return Cameras(
+        camera_to_worlds=torch.randn(count, 3, 4, generator=gen),
+        fx=torch.rand(count, 1, generator=gen) * 500 + 100,
+        fy=torch.rand(count, 1, generator=gen) * 500 + 100,
+        cx=torch.rand(count, 1, generator=gen) * 300,
+        cy=torch.rand(count, 1, generator=gen) * 200,
+        width=torch.tensor([[641], [333], [1001], [17]]),
+        height=torch.tensor([[479], [250], [563], [9]]),
+    )
+
+
+@pytest.mark.parametrize("downscale", [1, 2, 4, 8])
+def test_view_intrinsics_and_size_equal_nerfstudios_rescale_bit_for_bit(downscale):
+    """The render's intrinsics and size at 1 / downscale of a camera's resolution, made
+    without writing the camera, have the bits of nerfstudio's ``rescale_output_resolution``
+    then ``get_intrinsics_matrices`` (as splatfacto makes them), odd sizes rounded down."""
+    cameras = _train_cameras()
+    for i in range(cameras.shape[0]):
+        camera = cameras[i : i + 1]
+        theirs = copy.deepcopy(camera)
+        theirs.rescale_output_resolution(1 / downscale)
+        K = view_intrinsics(camera, 1 / downscale)
+        assert torch.equal(K.view(torch.int32), theirs.get_intrinsics_matrices().view(torch.int32))
+        assert view_size(camera, 1 / downscale) == (int(theirs.width), int(theirs.height))
+        assert torch.equal(camera.fx, cameras.fx[i : i + 1])  # the camera is not written
+
+
+def test_a_training_views_camera_is_prepared_without_reading_the_device():
+    """A training view's camera as the data manager hands it over (the train cameras on the
+    device, its size from the host's) and the render's use of it (view matrix, intrinsics,
+    size) read nothing of the device: on the ``meta`` device, which holds no values, any
+    read raises. nerfstudio's way (``rescale_output_resolution`` and
+    ``get_intrinsics_matrices``, then ``width.item()``) reads it."""
+    on_host = _train_cameras()
+    on_device = on_host.to("meta")
+    camera = with_host_size(on_device[2:3], on_host, 2)
+    viewmat = get_viewmat(camera.camera_to_worlds)
+    K = view_intrinsics(camera, 0.5)
+    assert viewmat.device.type == K.device.type == "meta" and K.shape == (1, 3, 3)
+    assert view_size(camera, 0.5) == (500, 281)
+    theirs = on_device[2:3]
+    theirs.rescale_output_resolution(0.5)  # (its scale copied to the device: no read)
+    for read in (theirs.get_intrinsics_matrices, theirs.width.item):
+        with pytest.raises((NotImplementedError, RuntimeError)):
+            read()
