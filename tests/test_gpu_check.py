@@ -36,24 +36,29 @@ def test_help_lists_the_options():
 
 def test_cpu_dry_run_of_the_script(tmp_path):
     """The same script on the CPU (``--device cpu``), the checks that need no training run
-    (the suite trains elsewhere): the ops against their references and the control plane
-    at 20k rows (quality-first, throughput-first with late peers, and R = 64 sharded); the
-    report's shape, and a clean end before its self-deadline."""
+    (the suite trains elsewhere) and the step-sync count's harness (4 steps, timed only: no
+    stream on a CPU): the ops against their references and the control plane at 20k rows
+    (quality-first, throughput-first with late peers, and R = 64 sharded); the report's
+    shape, and a clean end before its self-deadline."""
     import json
 
     out = tmp_path / "dry.json"
     proc = _gpu_check(
-        "--device", "cpu", "--checks", "ops,control_plane,control_plane_late,control_plane_r64",
+        "--device", "cpu",
+        "--checks", "ops,control_plane,step_syncs,control_plane_late,control_plane_r64",
         "--sizes", "1000", "--repeats", "1",
-        "--budget-s", "110", "--seed", "0", "--out", str(out), tmp=tmp_path,
+        "--budget-s", "140", "--seed", "0", "--out", str(out), tmp=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["all_ok"] and "watchdog" not in report
     assert report["environment"] and report["seed"] == 0
     planes = ["control_plane", "control_plane_late", "control_plane_r64"]
-    assert set(report["checks"]) == {"ops", *planes}
+    assert set(report["checks"]) == {"ops", "step_syncs", *planes}
     assert report["checks"]["ops"]["cases"]
+    syncs = report["checks"]["step_syncs"]
+    assert (syncs["rasterizer"], syncs["steps"], syncs["syncs_per_step"]) == ("torch", 3, None)
+    assert syncs["seconds_per_step"] > 0 and Path(syncs["json"]).with_suffix(".png").exists()
     qf, late, r64 = (report["checks"][name] for name in planes)
     assert (qf["mode"], qf["late_peers"], qf["ranks"]) == ("quality-first", False, 8)
     assert (late["mode"], late["late_peers"], late["ranks"]) == ("throughput-first", True, 8)

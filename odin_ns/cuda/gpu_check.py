@@ -39,10 +39,14 @@ whether a build was running beside it, and the run goes on):
    per step (torch's sync debug mode) and the device operations a step dispatches.
 8. ``single_process``: ``ns-train odin-splatfacto`` on the gsplat backend, steps/s and
    final loss from its tensorboard events, then ``ns-eval`` PSNR.
-9. ``control_plane_late``: check 7 in throughput-first with the peers one step behind
+9. ``step_syncs``: ``odin_ns.bench.step_syncs``: ``ns-train odin-splatfacto`` in this
+   process on the gsplat backend, 10 warm-up and 30 counted steps under torch's sync debug
+   mode: the stream synchronizations of a whole training step (forward, backward, session,
+   optimizer) and the lines that make them.
+10. ``control_plane_late``: check 7 in throughput-first with the peers one step behind
    (``--late-peers``: it decides at every step, as where views overlap densely), with
    whatever time is left (no check before it keeps time for it).
-10. ``control_plane_r64``: check 7 at R = 64, the sharded layout (the R = 64 target of the
+11. ``control_plane_r64``: check 7 at R = 64, the sharded layout (the R = 64 target of the
    device data plane issue), with whatever time is left after that.
 
 gsplat's CUDA code is JIT-compiled on first use (minutes on a fresh machine), so its build
@@ -105,7 +109,7 @@ RASTER_TOL = {"image_abs": 5e-3, "alpha_abs": 5e-3, "grad_rel": 2e-2}
 # the single-process training run last.
 CHECKS = (
     "ops", "copy_bandwidth", "nccl_link", "two_ranks_one_gpu", "raster", "gsplat_speed",
-    "control_plane", "single_process", "control_plane_late", "control_plane_r64",
+    "control_plane", "single_process", "step_syncs", "control_plane_late", "control_plane_r64",
 )  # fmt: skip
 CUDA_ONLY = ("copy_bandwidth", "nccl_link", "raster", "gsplat_speed")  # not in the dry run
 PLANE_LAYOUTS = ("replicated", "sharded")  # the control plane check's, R = 8 each
@@ -126,6 +130,7 @@ GPU_PLAN_S = {  # from the H200 run of 2026-12-04 (bench/gpu_check_h200), rounde
     "gsplat_speed": 40.0,
     "control_plane": 80.0,  # (one layout took 31 s then; two now)
     "single_process": 70.0,
+    "step_syncs": 40.0,  # (not run on a GPU yet: set-up and 40 steps of single_process's)
     # (these two run with what is left: the checks before them do not keep time for them)
     "control_plane_late": 0.0,
     "control_plane_r64": 0.0,
@@ -761,6 +766,30 @@ def check_single_process(run: Run, gsplat: BackgroundBuild) -> dict[str, Any]:
     return out
 
 
+def check_step_syncs(run: Run, gsplat: BackgroundBuild) -> dict[str, Any]:
+    """The stream synchronizations of a training step (``bench.step_syncs``; the CPU dry
+    run: 3 steps, timed only)."""
+    from odin_ns.bench import step_syncs
+
+    raster, built = _rasterizer(run, gsplat, run.left() - GPU_PLAN_S["step_syncs"])
+    if run.cuda and raster != "gsplat":
+        return {"ok": False, "error": f"gsplat not built: {built.get('error', built.get('rc'))}"}
+    out = run.work / "step_syncs.json"
+    steps, warmup = ("30", "10") if run.cuda else ("3", "1")
+    argv = ["--data", str(street_scene(run)), "--device", run.args.device, "--steps", steps]
+    argv += ["--warmup", warmup, "--out", str(out), "--", "--pipeline.model.rasterizer", raster]
+    result = step_syncs.main([*argv, *schedule_flags(warmup=50, refine_every=25)])
+    lines = dict(list(result["syncs_by_line"].items())[:10])
+    return {
+        "ok": (result["syncs_per_step"] is not None) == run.cuda,
+        "rasterizer": raster,
+        "steps": result["steps"],
+        **{k: result[k] for k in result if k.startswith(("syncs_per_step", "seconds_per_step"))},
+        "syncs_by_line": lines,
+        "json": str(out),
+    }
+
+
 # ------------------------------------------------------------------------- main
 def check_control_plane(
     run: Run, name: str, late: bool = False, ranks: int = 8, layouts: tuple = PLANE_LAYOUTS
@@ -1069,6 +1098,7 @@ def main(argv: list[str] | None = None) -> int:
         "gsplat_speed": (lambda: check_gsplat_speed(run, gsplat), 20.0),
         "two_ranks_one_gpu": (lambda: check_two_ranks_one_gpu(run), 60.0),
         "single_process": (lambda: check_single_process(run, gsplat), 40.0),
+        "step_syncs": (lambda: check_step_syncs(run, gsplat), 25.0),
         **{
             name: (lambda name=name, args=args: check_control_plane(run, name, **args), least)
             for name, (_, args, least) in PLANE_CHECKS.items()
