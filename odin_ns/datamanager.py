@@ -74,9 +74,8 @@ class OdinDataManager(FullImageDatamanager):
     def next_train(self, step: int) -> tuple[Cameras, dict]:
         if self._plan_views is None:
             camera, data = super().next_train(step)
-            return with_host_size(
-                camera, self.train_dataset.cameras, camera.metadata["cam_idx"]
-            ), data
+            set_host_size(camera, self.train_dataset.cameras, camera.metadata["cam_idx"])
+            return camera, data
         return self._train_view(self.plan_view(step))
 
     def next_train_views(self, step: int, count: int) -> list[tuple[Cameras, dict]]:
@@ -95,22 +94,22 @@ class OdinDataManager(FullImageDatamanager):
     def _train_view(self, image_idx: int) -> tuple[Cameras, dict]:
         data = self.cached_train[image_idx].copy()
         data["image"] = upload(data["image"], self.device)
-        if self._view_cameras is None:  # (made with the image cache; nerfstudio's next_train
-            self._view_cameras = self.train_cameras.to(self.device)  # moves a view at a time)
+        if self._view_cameras is None:  # at the first view: once, not a view at a time
+            self._view_cameras = self.train_cameras.to(self.device)  # (a no-op if cached there)
         camera = self._view_cameras[image_idx : image_idx + 1]
-        with_host_size(camera, self.train_dataset.cameras, image_idx)
+        set_host_size(camera, self.train_dataset.cameras, image_idx)
         if camera.metadata is None:
             camera.metadata = {}
         camera.metadata["cam_idx"] = image_idx
         return camera, data
 
 
-def with_host_size(camera: Cameras, on_host: Cameras, index: int) -> Cameras:
-    """``camera`` (train camera ``index``, [1], its fields on the device) with the width and
-    height of ``on_host`` (the dataset's cameras, on the host), in place. The render reads
-    the size as integers (gsplat's arguments): from device tensors each read makes the host
-    wait for the device's queued work, the previous step's applies, before it launches the
-    view's forward; the other fields are the render's inputs on the device."""
-    camera.width = on_host.width[index : index + 1]
-    camera.height = on_host.height[index : index + 1]
-    return camera
+def set_host_size(camera: Cameras, on_host: Cameras, index: int) -> None:
+    """Give ``camera`` (train camera ``index``, [1], its fields on the device) the width and
+    height of ``on_host`` (the dataset's cameras, on the host), copied: the render reads the
+    size as integers (gsplat's arguments), and from device tensors each read would make the
+    host wait for the device's queued work, the previous step's applies, before it launches
+    the view's forward. The camera's fields are then on two devices: the render reads its
+    size and never rescales it (``model.view_size``), and nothing else sees it."""
+    camera.width = on_host.width[index : index + 1].clone()
+    camera.height = on_host.height[index : index + 1].clone()

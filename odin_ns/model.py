@@ -128,27 +128,29 @@ def get_viewmat(camera_to_worlds: Tensor) -> Tensor:
     return viewmat
 
 
-def view_intrinsics(camera: Cameras, scale: float) -> Tensor:
-    """[C, 3, 3] float32 pinhole intrinsics of ``camera`` at ``scale`` times its resolution,
-    made on the camera's device: nerfstudio's ``rescale_output_resolution(scale)`` then
-    ``get_intrinsics_matrices()``, the same bits for a power-of-two ``scale`` (the
-    downscale factors), without their device reads (the first copies the scale to the
-    device; the second fills a host matrix from device fields, one read per field)."""
+def view_intrinsics(camera: Cameras, downscale: int) -> Tensor:
+    """[C, 3, 3] float32 pinhole intrinsics of ``camera`` at 1 / ``downscale`` of its
+    resolution, made on the camera's device: nerfstudio's ``rescale_output_resolution(1 /
+    downscale)`` then ``get_intrinsics_matrices()`` (splatfacto's), the same bits for the
+    power-of-two factors splatfacto uses, without their device reads (the first copies the
+    scale to the device; the second fills a host matrix from device fields, one read each)."""
     fx, fy, cx, cy = (getattr(camera, name).reshape(-1) for name in ("fx", "fy", "cx", "cy"))
-    if scale != 1.0:
+    if downscale != 1:
+        scale = 1 / downscale
         fx, fy, cx, cy = fx * scale, fy * scale, cx * scale, cy * scale
     zero, one = torch.zeros_like(fx), torch.ones_like(fx)
-    rows = (fx, zero, cx, zero, fy, cy, zero, zero, one)
-    return torch.stack(rows, dim=1).reshape(-1, 3, 3).to(torch.float32)
+    entries = (fx, zero, cx, zero, fy, cy, zero, zero, one)
+    return torch.stack(entries, dim=1).reshape(-1, 3, 3).to(torch.float32)
 
 
-def view_size(camera: Cameras, scale: float) -> tuple[int, int]:
-    """(W, H) of a [1] ``camera`` at ``scale`` times its resolution, rounded down as
-    nerfstudio's ``rescale_output_resolution`` rounds them. Its width and height are read:
-    free where they are host tensors (``OdinDataManager``'s training views), a read of the
-    device where they are not."""
+def view_size(camera: Cameras, downscale: int) -> tuple[int, int]:
+    """(W, H) of a [1] ``camera`` at 1 / ``downscale`` of its resolution, rounded down (as
+    ``rescale_output_resolution`` rounds them for power-of-two factors, and as splatfacto
+    downscales the image it compares with). Its width and height are read: free where they
+    are host tensors (``OdinDataManager``'s training views), a read of the device where
+    they are not."""
     width, height = int(camera.width.reshape(-1)[0]), int(camera.height.reshape(-1)[0])
-    return int(width * scale), int(height * scale)
+    return width // downscale, height // downscale
 
 
 def cached_lpips():
@@ -429,10 +431,10 @@ class OdinSplatfactoModel(SplatfactoModel):
         colors = torch.cat(
             (take(gauss["features_dc"])[:, None, :], take(gauss["features_rest"])), dim=1
         )
-        scale = 1 / self._get_downscale_factor()  # (a power of two: exact)
+        downscale = self._get_downscale_factor()
         viewmat = get_viewmat(camera_to_worlds.to(self.device))
-        K = view_intrinsics(camera, scale).to(self.device)
-        W, H = view_size(camera, scale)
+        K = view_intrinsics(camera, downscale).to(self.device)
+        W, H = view_size(camera, downscale)
 
         render_mode = (
             "RGB+ED" if self.config.output_depth_during_training or not self.training else "RGB"

@@ -36,10 +36,10 @@ def test_help_lists_the_options():
 
 def test_cpu_dry_run_of_the_script(tmp_path):
     """The same script on the CPU (``--device cpu``), the checks that need no training run
-    (the suite trains elsewhere) and the step-sync count's harness (4 steps, timed only: no
-    stream on a CPU): the ops against their references and the control plane at 20k rows
-    (quality-first, throughput-first with late peers, and R = 64 sharded); the report's
-    shape, and a clean end before its self-deadline."""
+    (the suite trains elsewhere) and the step-sync count's harness (a warm-up step and 3
+    counted, timed only: no stream on a CPU): the ops against their references and the
+    control plane at 20k rows (quality-first, throughput-first with late peers, and R = 64
+    sharded); the report's shape, and a clean end before its self-deadline."""
     import json
 
     out = tmp_path / "dry.json"

@@ -17,7 +17,6 @@ from nerfstudio.cameras.cameras import Cameras
 from nerfstudio.models.splatfacto import get_viewmat as splatfacto_viewmat
 
 from odin_ns import resume
-from odin_ns.datamanager import with_host_size
 from odin_ns.errors import OdinInputError
 from odin_ns.model import get_viewmat, view_intrinsics, view_size
 from odin_ns.preflight import check_rasterizer
@@ -171,27 +170,42 @@ def test_view_intrinsics_and_size_equal_nerfstudios_rescale_bit_for_bit(downscal
         camera = cameras[i : i + 1]
         theirs = copy.deepcopy(camera)
         theirs.rescale_output_resolution(1 / downscale)
-        K = view_intrinsics(camera, 1 / downscale)
+        K = view_intrinsics(camera, downscale)
         assert torch.equal(K.view(torch.int32), theirs.get_intrinsics_matrices().view(torch.int32))
-        assert view_size(camera, 1 / downscale) == (int(theirs.width), int(theirs.height))
+        assert view_size(camera, downscale) == (int(theirs.width), int(theirs.height))
         assert torch.equal(camera.fx, cameras.fx[i : i + 1])  # the camera is not written
 
 
-def test_a_training_views_camera_is_prepared_without_reading_the_device():
-    """A training view's camera as the data manager hands it over (the train cameras on the
-    device, its size from the host's) and the render's use of it (view matrix, intrinsics,
-    size) read nothing of the device: on the ``meta`` device, which holds no values, any
-    read raises. nerfstudio's way (``rescale_output_resolution`` and
-    ``get_intrinsics_matrices``, then ``width.item()``) reads it."""
-    on_host = _train_cameras()
-    on_device = on_host.to("meta")
-    camera = with_host_size(on_device[2:3], on_host, 2)
-    viewmat = get_viewmat(camera.camera_to_worlds)
-    K = view_intrinsics(camera, 0.5)
-    assert viewmat.device.type == K.device.type == "meta" and K.shape == (1, 3, 3)
-    assert view_size(camera, 0.5) == (500, 281)
-    theirs = on_device[2:3]
-    theirs.rescale_output_resolution(0.5)  # (its scale copied to the device: no read)
+def test_a_training_views_camera_is_prepared_without_reading_the_device(object_scene):
+    """The data manager's training views (one process: nerfstudio's order; several: the
+    plan's) with its data on the ``meta`` device, which holds no values (any read raises):
+    each view's camera is on the device but for its size, which is the dataset's, on the
+    host, and the render's use of it (view matrix, intrinsics, size) reads nothing of the
+    device. nerfstudio's way (``get_intrinsics_matrices``, ``width.item()``) reads it."""
+    import numpy as np
+    from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
+
+    from odin_ns.datamanager import OdinDataManagerConfig
+
+    config = OdinDataManagerConfig(
+        dataparser=NerfstudioDataParserConfig(data=object_scene), cache_images_type="uint8"
+    )
+    manager = config.setup(device="meta", test_mode="val")
+    on_host = manager.train_dataset.cameras
+    one_process = manager.next_train(0)
+    manager.set_plan_views(np.array([3, 5]), 0)
+    for camera, batch in (one_process, manager.next_train(0)):
+        i = camera.metadata["cam_idx"]
+        assert camera.fx.device.type == batch["image"].device.type == "meta"
+        assert camera.width.device.type == camera.height.device.type == "cpu"
+        assert (int(camera.width), int(camera.height)) == (on_host.width[i], on_host.height[i])
+        assert camera.width.data_ptr() != on_host.width[i : i + 1].data_ptr()  # a copy
+        viewmat = get_viewmat(camera.camera_to_worlds)
+        K = view_intrinsics(camera, 2)
+        assert viewmat.device.type == K.device.type == "meta" and K.shape == (1, 3, 3)
+        size = (int(on_host.width[i]) // 2, int(on_host.height[i]) // 2)
+        assert view_size(camera, 2) == size
+    theirs = manager.train_cameras[3:4]
     for read in (theirs.get_intrinsics_matrices, theirs.width.item):
         with pytest.raises((NotImplementedError, RuntimeError)):
             read()

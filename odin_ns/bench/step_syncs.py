@@ -4,18 +4,22 @@
         [--steps 40] [--warmup 10] [-- NS_TRAIN_FLAGS...]
 
 One process trains in this one as ``ns-train`` would (nerfstudio's ``train_loop``: the
-config's trainer set up, then ``train()``), and each of its ``train_iteration`` calls after
-``--warmup`` runs under torch's sync debug mode (``torch.cuda.set_sync_debug_mode("warn")``):
-every operation that makes the host wait for the device's stream warns, and the warnings
-are counted per step, by the line of Python that made them (the innermost frame torch
-names). That is the step's forward, backward, session and optimizer (nerfstudio's logging
-around ``train_iteration`` is not in it). Each such wait holds the host until the device has
-run everything queued, so the host cannot prepare the next launches meanwhile: the figure
-that ``tests/test_sync_count.py`` bounds for the engine's step on the ``meta`` device, here
-for the whole step on a real one.
+config's trainer set up, then ``train()``), and each step after ``--warmup`` runs under
+torch's sync debug mode (``torch.cuda.set_sync_debug_mode("warn")``), from before the
+trainer's first callback before the step to after its last one after it: the step's
+``train_iteration`` (render, loss, backward, optimizer) and the training callbacks around
+it (in one process, the densification strategy's; with several ranks, the session works
+inside ``train_iteration``). Every operation that makes the host wait for the device's
+stream warns, and the warnings are counted per step by the line of Python that made them
+(the innermost frame torch names; a backward's land on autograd's ``run_backward`` line).
+Each such wait holds the host until the device has run everything queued, so the host
+cannot prepare the next launches meanwhile: the figure that ``tests/test_sync_count.py``
+bounds for the engine's step on the ``meta`` device, here for the whole step on a real
+one. nerfstudio's logging between steps is not in it.
 
 Writes the JSON (``syncs_per_step`` median / min / max, ``syncs_by_line``: mean per step,
-``seconds_per_step``) and a PNG of the lines. On the CPU nothing synchronizes a stream:
+``seconds_per_step``: each step synchronized at both ends and run under the debug mode, so
+not a throughput figure) and a PNG of the lines. On the CPU nothing synchronizes a stream:
 the run reports ``syncs_per_step`` None and only times the steps (a dry run of the
 harness). The GPU check runs it (``odin_ns.cuda.gpu_check``, ``step_syncs``).
 """
@@ -28,7 +32,7 @@ import tempfile
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -37,55 +41,79 @@ import torch
 from odin_ns.bench.commands import quiet_flags
 from odin_ns.bench.report import put_spread, save_figure, write_json
 
-SYNC_WARNING = "synchronizing CUDA operation"  # the text of torch's sync debug warning
+SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's sync debug warning (c10)
 
 
 class StepSyncs:
-    """Wraps a trainer's ``train_iteration``: the calls after the first ``warmup`` run under
-    torch's sync debug mode, their synchronizations and wall seconds recorded per step.
+    """Counts what each step after the first ``warmup`` synchronizes: ``begin(step)`` before
+    the trainer's first callback of the step, ``end(step)`` after its last one
+    (``callbacks()``), torch's sync debug mode on in between; per step its synchronizations
+    by line and its wall seconds. Other warnings of a counted step are shown as usual.
 
     Args:
-        train_iteration: the trainer's bound ``train_iteration(step)``.
-        warmup: calls not counted (compilation, caches, the first refine's set-up).
+        warmup: steps not counted (compilation, caches, the first refine's set-up).
         cuda: whether the device is CUDA (else the steps are only timed).
     """
 
-    def __init__(self, train_iteration: Callable, warmup: int, cuda: bool):
-        self._step = train_iteration
+    def __init__(self, warmup: int, cuda: bool):
         self._warmup = warmup
         self._cuda = cuda
-        self.calls = 0
-        self.per_step: list[Counter] = []  # per counted step: line -> synchronizations
+        self.steps = 0
+        self.per_step: list[Counter] = []  # per counted step: "folder/file.py:line" -> count
         self.seconds: list[float] = []
+        self._catching: warnings.catch_warnings | None = None
+        self._caught: list = []
+        self._tic = 0.0
 
-    def __call__(self, step: int):
-        self.calls += 1
-        if self.calls <= self._warmup:
-            return self._step(step)
+    def callbacks(self) -> tuple:
+        """(first, last): the trainer's callbacks that begin and end a counted step."""
+        from nerfstudio.engine.callbacks import TrainingCallback, TrainingCallbackLocation
+
+        before = [TrainingCallbackLocation.BEFORE_TRAIN_ITERATION]
+        after = [TrainingCallbackLocation.AFTER_TRAIN_ITERATION]
+        return TrainingCallback(before, self.begin), TrainingCallback(after, self.end)
+
+    def begin(self, step: int) -> None:
+        self.steps += 1
+        if self.steps <= self._warmup:
+            return
         if self._cuda:
             torch.cuda.synchronize()  # (the step's own waits only)
-        tic = time.perf_counter()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            if self._cuda:
-                torch.cuda.set_sync_debug_mode("warn")
-            try:
-                out = self._step(step)
-            finally:
-                if self._cuda:
-                    torch.cuda.set_sync_debug_mode(0)
+        self._catching = warnings.catch_warnings(record=True)
+        self._caught = self._catching.__enter__()
+        warnings.simplefilter("always")
+        if self._cuda:
+            torch.cuda.set_sync_debug_mode("warn")
+        self._tic = time.perf_counter()
+
+    def end(self, step: int) -> None:
+        if self._catching is None:
+            return
+        self.close()
         if self._cuda:
             torch.cuda.synchronize()
-        self.seconds.append(time.perf_counter() - tic)
-        lines = Counter(
-            f"{Path(w.filename).name}:{w.lineno}" for w in caught if SYNC_WARNING in str(w.message)
-        )
+        self.seconds.append(time.perf_counter() - self._tic)
+        lines: Counter = Counter()
+        for w in self._caught:
+            if SYNC_WARNING in str(w.message):
+                path = Path(w.filename)
+                lines[f"{path.parent.name}/{path.name}:{w.lineno}"] += 1
+            else:
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
         self.per_step.append(lines)
-        return out
+
+    def close(self) -> None:
+        """The debug mode off and the warnings' filters restored (a step cut short too)."""
+        if self._catching is None:
+            return
+        if self._cuda:
+            torch.cuda.set_sync_debug_mode(0)
+        self._catching.__exit__(None, None, None)
+        self._catching = None
 
 
 def train_counting(argv: Sequence[str], warmup: int, cuda: bool) -> StepSyncs:
-    """``ns-train ARGV`` in this process, its ``train_iteration`` counted (``StepSyncs``)."""
+    """``ns-train ARGV`` in this process, its steps counted (``StepSyncs``)."""
     import tyro
 
     from odin_ns.method_registry import method_registry
@@ -99,9 +127,13 @@ def train_counting(argv: Sequence[str], warmup: int, cuda: bool) -> StepSyncs:
     torch.manual_seed(config.machine.seed)
     trainer = config.setup(local_rank=0, world_size=1)
     trainer.setup()
-    counted = StepSyncs(trainer.train_iteration, warmup, cuda)
-    trainer.train_iteration = counted  # (the loop calls self.train_iteration)
-    trainer.train()
+    counted = StepSyncs(warmup, cuda)
+    first, last = counted.callbacks()
+    trainer.callbacks = [first, *trainer.callbacks, last]
+    try:
+        trainer.train()
+    finally:
+        counted.close()
     return counted
 
 

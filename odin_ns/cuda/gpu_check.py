@@ -39,10 +39,10 @@ whether a build was running beside it, and the run goes on):
    per step (torch's sync debug mode) and the device operations a step dispatches.
 8. ``single_process``: ``ns-train odin-splatfacto`` on the gsplat backend, steps/s and
    final loss from its tensorboard events, then ``ns-eval`` PSNR.
-9. ``step_syncs``: ``odin_ns.bench.step_syncs``: ``ns-train odin-splatfacto`` in this
-   process on the gsplat backend, 10 warm-up and 30 counted steps under torch's sync debug
-   mode: the stream synchronizations of a whole training step (forward, backward, session,
-   optimizer) and the lines that make them.
+9. ``step_syncs``: ``odin_ns.bench.step_syncs``: ``ns-train odin-splatfacto`` in a process
+   of its own on the gsplat backend, 10 warm-up and 30 counted steps under torch's sync
+   debug mode: the stream synchronizations of a whole training step (render, loss,
+   backward, optimizer, the training callbacks around them) and the lines that make them.
 10. ``control_plane_late``: check 7 in throughput-first with the peers one step behind
    (``--late-peers``: it decides at every step, as where views overlap densely), with
    whatever time is left (no check before it keeps time for it).
@@ -106,7 +106,8 @@ RASTER_TOL = {"image_abs": 5e-3, "alpha_abs": 5e-3, "grad_rel": 2e-2}
 # build runs beside them at the lowest CPU priority (on the H200 machine it took 264 s beside
 # the checks, over 195 s alone), then gsplat's once it is built; the control plane's host
 # times after every build has ended (beside the build, 2026-12-04, its steps read 8-156 ms),
-# the single-process training run last.
+# then the single-process training run and its synchronizations, then the control plane's
+# two variants with whatever time is left.
 CHECKS = (
     "ops", "copy_bandwidth", "nccl_link", "two_ranks_one_gpu", "raster", "gsplat_speed",
     "control_plane", "single_process", "step_syncs", "control_plane_late", "control_plane_r64",
@@ -742,7 +743,8 @@ def check_single_process(run: Run, gsplat: BackgroundBuild) -> dict[str, Any]:
         return out
     data, dest = street_scene(run), run.work / "single"
     cmd = [_bin(run, "ns-train"), *_train_args(run, data, dest, "single", steps, raster)]
-    train = run_subprocess(run, cmd, run.left() - 20.0)
+    later = plan_after(run, "single_process")  # (what the checks after it plan for)
+    train = run_subprocess(run, cmd, run.left() - 20.0 - later)
     train.pop("_output")
     out["train"] = train
     if train["rc"] != 0:
@@ -755,7 +757,7 @@ def check_single_process(run: Run, gsplat: BackgroundBuild) -> dict[str, Any]:
         out["tensorboard_error"] = repr(error)
     eval_json = run.work / "single_eval.json"
     cmd = [_bin(run, "ns-eval"), "--load-config", str(run_dir / "config.yml")]
-    evaluation = run_subprocess(run, [*cmd, "--output-path", str(eval_json)], run.left())
+    evaluation = run_subprocess(run, [*cmd, "--output-path", str(eval_json)], run.left() - later)
     evaluation.pop("_output")
     out["eval"] = evaluation
     if evaluation["rc"] == 0:
@@ -767,26 +769,31 @@ def check_single_process(run: Run, gsplat: BackgroundBuild) -> dict[str, Any]:
 
 
 def check_step_syncs(run: Run, gsplat: BackgroundBuild) -> dict[str, Any]:
-    """The stream synchronizations of a training step (``bench.step_syncs``; the CPU dry
-    run: 3 steps, timed only)."""
-    from odin_ns.bench import step_syncs
-
+    """The stream synchronizations of a training step (``bench.step_syncs``, in a process
+    of its own that imports the installed copy, as ``ns-train`` would; the CPU dry run: 3
+    steps, timed only)."""
     raster, built = _rasterizer(run, gsplat, run.left() - GPU_PLAN_S["step_syncs"])
     if run.cuda and raster != "gsplat":
         return {"ok": False, "error": f"gsplat not built: {built.get('error', built.get('rc'))}"}
     out = run.work / "step_syncs.json"
     steps, warmup = ("30", "10") if run.cuda else ("3", "1")
-    argv = ["--data", str(street_scene(run)), "--device", run.args.device, "--steps", steps]
-    argv += ["--warmup", warmup, "--out", str(out), "--", "--pipeline.model.rasterizer", raster]
-    result = step_syncs.main([*argv, *schedule_flags(warmup=50, refine_every=25)])
-    lines = dict(list(result["syncs_by_line"].items())[:10])
+    cmd = [sys.executable, "-m", "odin_ns.bench.step_syncs", "--data", str(street_scene(run))]
+    cmd += ["--device", run.args.device, "--steps", steps, "--warmup", warmup, "--out", str(out)]
+    cmd += ["--", "--pipeline.model.rasterizer", raster]
+    cmd += schedule_flags(warmup=50, refine_every=25)
+    proc = run_subprocess(run, cmd, run.left() - plan_after(run, "step_syncs"))
+    proc.pop("_output")
+    if proc["rc"] != 0:
+        return {"ok": False, "error": "step_syncs failed: see process.output_tail", "process": proc}
+    result = json.loads(out.read_text())
     return {
         "ok": (result["syncs_per_step"] is not None) == run.cuda,
         "rasterizer": raster,
         "steps": result["steps"],
         **{k: result[k] for k in result if k.startswith(("syncs_per_step", "seconds_per_step"))},
-        "syncs_by_line": lines,
+        "syncs_by_line": dict(list(result["syncs_by_line"].items())[:10]),
         "json": str(out),
+        "wall_s": proc["wall_s"],
     }
 
 
