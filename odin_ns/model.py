@@ -12,6 +12,10 @@ same densification strategy):
   plan's, and returns what the distributed session needs of the view (``RenderedView``);
 - ``eval_copy`` (sharded training, rank 0): evaluation and the viewer render this copy of
   the whole model (``odin_ns.distributed.sharded_eval``) instead of the rank's own table;
+- a training view reads nothing of the device before its forward: its intrinsics are made
+  on the device and its size read from host integers (``view_intrinsics``, ``view_size``),
+  and splatfacto's losses are made with their zero scale regulariser on the device
+  (``_splatfacto_losses``), the same bits as splatfacto's;
 - LPIPS is built lazily at evaluation and only from weights already on disk, so
   construction, training and evaluation never touch the network;
 - ``strategy="mcmc"`` swaps gsplat's ``DefaultStrategy`` for its ``MCMCStrategy``
@@ -29,6 +33,7 @@ from typing import Literal
 import torch
 from nerfstudio.cameras.cameras import Cameras
 from nerfstudio.engine.optimizers import Optimizers
+from nerfstudio.model_components.lib_bilagrid import total_variation_loss
 from nerfstudio.models.splatfacto import (
     RGB2SH,
     SplatfactoModel,
@@ -359,13 +364,45 @@ class OdinSplatfactoModel(SplatfactoModel):
                 noise.catch_up_all(self._noise_done_through)
 
     def get_loss_dict(self, outputs, batch, metrics_dict=None) -> dict[str, Tensor]:
-        loss_dict = super().get_loss_dict(outputs, batch, metrics_dict)
+        loss_dict = self._splatfacto_losses(outputs, batch)
         if self.training and self.config.opacity_reg > 0.0:
             # gsplat's MCMC regularisers (each row's gradient reads only that row)
             reg = torch.sigmoid(self.opacities).mean()
             loss_dict["opacity_reg"] = self.config.opacity_reg * reg
         if self.training and self.config.scale_reg > 0.0:
             loss_dict["mcmc_scale_reg"] = self.config.scale_reg * torch.exp(self.scales).mean()
+        return loss_dict
+
+    def _splatfacto_losses(self, outputs, batch) -> dict[str, Tensor]:
+        """splatfacto's losses (``SplatfactoModel.get_loss_dict``, nerfstudio 1.1.5): the
+        same terms and bits, its zero scale regulariser made on the device. splatfacto
+        copies a host zero there (``torch.tensor(0.0).to(device)``) at every step without
+        the regulariser (9 in 10 with it, all with splatfacto's default): a blocking copy,
+        one wait of the host for the device's queued work a view, on a GPU. Pinned against
+        splatfacto's by ``tests/test_gpu_paths.py``."""
+        gt_img = self.composite_with_background(
+            self.get_gt_img(batch["image"]), outputs["background"]
+        )
+        pred_img = outputs["rgb"]
+        if "mask" in batch:  # the masked part of both images black, as splatfacto does
+            mask = self._downscale_if_required(batch["mask"]).to(self.device)
+            assert mask.shape[:2] == gt_img.shape[:2] == pred_img.shape[:2]
+            gt_img, pred_img = gt_img * mask, pred_img * mask
+        l1 = torch.abs(gt_img - pred_img).mean()
+        ssim = self.ssim(gt_img.permute(2, 0, 1)[None, ...], pred_img.permute(2, 0, 1)[None, ...])
+        lam = self.config.ssim_lambda
+        if self.config.use_scale_regularization and self.step % 10 == 0:
+            scale_exp = torch.exp(self.scales)
+            ratio = scale_exp.amax(dim=-1) / scale_exp.amin(dim=-1)
+            limit = torch.tensor(self.config.max_gauss_ratio)  # (a host scalar: no copy)
+            scale_reg = 0.1 * (torch.maximum(ratio, limit) - self.config.max_gauss_ratio).mean()
+        else:
+            scale_reg = torch.zeros((), device=self.device)
+        loss_dict = {"main_loss": (1 - lam) * l1 + lam * (1 - ssim), "scale_reg": scale_reg}
+        if self.training:
+            self.camera_optimizer.get_loss_dict(loss_dict)
+            if self.config.use_bilateral_grid:
+                loss_dict["tv_loss"] = 10 * total_variation_loss(self.bil_grids.grids)
         return loss_dict
 
     def get_metrics_dict(self, outputs, batch) -> dict[str, Tensor]:

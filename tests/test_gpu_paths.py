@@ -209,3 +209,39 @@ def test_a_training_views_camera_is_prepared_without_reading_the_device(object_s
     for read in (theirs.get_intrinsics_matrices, theirs.width.item):
         with pytest.raises((NotImplementedError, RuntimeError)):
             read()
+
+
+@pytest.mark.parametrize(
+    "scale_regularization, step, mask",
+    [(False, 3, False), (True, 10, False), (True, 11, True)],
+)
+def test_losses_equal_splatfactos_with_the_zero_made_on_the_device(
+    scale_regularization, step, mask
+):
+    """The model's losses are splatfacto's, term for term and bit for bit (with and without
+    its scale regulariser, with a mask), but for where its zero regulariser is made: on the
+    device, not copied there from the host at every step (a blocking copy a view)."""
+    from nerfstudio.data.scene_box import SceneBox
+    from nerfstudio.models.splatfacto import SplatfactoModel
+
+    from odin_ns.model import OdinSplatfactoModelConfig
+
+    config = OdinSplatfactoModelConfig(
+        num_random=64,
+        rasterizer="torch",
+        num_downscales=0,
+        use_scale_regularization=scale_regularization,
+    )
+    box = SceneBox(aabb=torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]]))
+    model = config.setup(scene_box=box, num_train_data=2, metadata={})
+    model.step = step
+    gen = torch.Generator().manual_seed(step)
+    outputs = {"rgb": torch.rand(12, 16, 3, generator=gen), "background": torch.rand(3)}
+    batch = {"image": (torch.rand(12, 16, 3, generator=gen) * 255).to(torch.uint8)}
+    if mask:
+        batch["mask"] = torch.rand(12, 16, 1, generator=gen) > 0.3
+    ours = model.get_loss_dict(outputs, batch)
+    theirs = SplatfactoModel.get_loss_dict(model, outputs, batch)
+    assert set(ours) == set(theirs) | {"mcmc_scale_reg", "opacity_reg"} & set(ours)
+    for name, value in theirs.items():
+        assert torch.equal(ours[name].view(torch.int32), value.view(torch.int32)), name
