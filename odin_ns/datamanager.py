@@ -1,9 +1,12 @@
 """OdinDataManager: full-image data manager whose training views follow the AOT plan.
 
-One process: exactly nerfstudio's ``FullImageDatamanager`` (random order, every view
-once per epoch), plus input checks that fail with one clear line. Several processes:
+One process: nerfstudio's ``FullImageDatamanager``'s views in its order (random, every
+view once per epoch), plus input checks that fail with one clear line. Several processes:
 ``next_train(step)`` returns the view the plan assigns to this rank at ``step``, so the
-runtime's dependency table describes exactly what each rank reads and writes.
+runtime's dependency table describes exactly what each rank reads and writes. Either way a
+view reaches the model without a read of the device: its camera is a view of the train
+cameras, moved to the device once, with its size on the host (``set_host_size``), and its
+image is uploaded without waiting.
 
 With B views per rank per step (``--pipeline.views-per-rank``), ``next_train_views(step,
 B)`` returns the step's B views: the plan's ``views[t, rank, :]`` in plan order, or (one
@@ -73,10 +76,18 @@ class OdinDataManager(FullImageDatamanager):
 
     def next_train(self, step: int) -> tuple[Cameras, dict]:
         if self._plan_views is None:
-            camera, data = super().next_train(step)
-            set_host_size(camera, self.train_dataset.cameras, camera.metadata["cam_idx"])
-            return camera, data
+            return self._train_view(self._next_unseen_view())
         return self._train_view(self.plan_view(step))
+
+    def _next_unseen_view(self) -> int:
+        """One process: the next view of nerfstudio's order (``FullImageDatamanager.
+        next_train``'s: every view once per epoch, the epoch drawn by
+        ``sample_train_cameras``), which ``_train_view`` then hands over as the plan's views
+        are (``tests/test_gpu_paths.py`` pins the order to nerfstudio's)."""
+        image_idx = self.train_unseen_cameras.pop(0)
+        if not self.train_unseen_cameras:
+            self.train_unseen_cameras = self.sample_train_cameras()
+        return image_idx
 
     def next_train_views(self, step: int, count: int) -> list[tuple[Cameras, dict]]:
         """The ``count`` (= B) views of ``step``: (camera [1], batch) per view, in order.

@@ -211,6 +211,31 @@ def test_a_training_views_camera_is_prepared_without_reading_the_device(object_s
             read()
 
 
+def test_one_process_views_come_in_nerfstudios_order(object_scene):
+    """One process: the data manager's views are nerfstudio's ``FullImageDatamanager``'s,
+    in its order over two epochs, with the same images and cameras (its own ``next_train``
+    copies each view's camera to the device, and where the images are cached on the host
+    its image, with blocking copies; ours hands each view over as the plan's)."""
+    from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanagerConfig
+    from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
+
+    from odin_ns.datamanager import OdinDataManagerConfig
+
+    # (the images cached "on the device", the CPU: a host cache pins them, which needs CUDA)
+    parser = NerfstudioDataParserConfig(data=object_scene)
+    managers = [
+        kind(dataparser=parser).setup(device="cpu", test_mode="val")
+        for kind in (OdinDataManagerConfig, FullImageDatamanagerConfig)
+    ]
+    views = 2 * len(managers[0].train_dataset)
+    ours, theirs = ([m.next_train(s) for s in range(views)] for m in managers)
+    assert [c.metadata["cam_idx"] for c, _ in ours] == [c.metadata["cam_idx"] for c, _ in theirs]
+    for (camera, batch), (their_camera, their_batch) in zip(ours, theirs, strict=True):
+        assert torch.equal(batch["image"], their_batch["image"])
+        assert torch.equal(camera.camera_to_worlds, their_camera.camera_to_worlds)
+        assert torch.equal(camera.width, their_camera.width)
+
+
 @pytest.mark.parametrize(
     "scale_regularization, step, mask",
     [(False, 3, False), (True, 10, False), (True, 11, True)],
