@@ -83,7 +83,26 @@ def train_command(
     [dataparser ...]``; the run writes to :func:`run_dir` ``(out, experiment, name)``."""
     cmd = list(launcher) if launcher is not None else [str(BIN / "odin-ns-train")]
     cmd += ["--nproc-per-node", str(ranks), "--master-port", str(port or free_port())]
-    cmd += [*launcher_flags, method, "--data", str(data), "--output-dir", str(out)]
+    run = method_command(data, out, experiment=experiment, name=name, steps=steps, flags=flags,
+                         method=method, dataparser=dataparser)  # fmt: skip
+    return [*cmd, *launcher_flags, *run]
+
+
+def method_command(
+    data: Path | str,
+    out: Path | str,
+    *,
+    experiment: str,
+    name: str,
+    steps: int | None = None,
+    flags: Sequence[str] = (),
+    method: str = METHOD,
+    dataparser: Sequence[str] = (),
+) -> list[str]:
+    """``<method> --data ... --output-dir ... --experiment-name E --timestamp N
+    [--max-num-iterations S] <flags> [dataparser ...]``: what follows the launcher, and
+    ``ns-train``'s arguments; the run writes to :func:`run_dir` ``(out, experiment, name)``."""
+    cmd = [method, "--data", str(data), "--output-dir", str(out)]
     cmd += ["--experiment-name", experiment, "--timestamp", name]
     if steps is not None:
         cmd += ["--max-num-iterations", str(steps)]
@@ -115,6 +134,7 @@ __all__ = [
     "BIN",
     "METHOD",
     "free_port",
+    "method_command",
     "module_launcher",
     "quiet_flags",
     "run_dir",

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from odin_ns.bench.commands import quiet_flags
+from odin_ns.bench.commands import method_command, quiet_flags
 from odin_ns.bench.report import put_spread, save_figure, write_json
 
 SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's sync debug warning (c10)
@@ -140,14 +140,11 @@ def train_counting(argv: Sequence[str], warmup: int, cuda: bool) -> StepSyncs:
 def measure(args: argparse.Namespace) -> dict:
     cuda = args.device == "cuda"
     with tempfile.TemporaryDirectory(prefix="odin-step-syncs-") as out:
-        argv = [
-            "odin-splatfacto",
-            *("--data", str(args.data), "--output-dir", out),
-            *("--max-num-iterations", str(args.warmup + args.steps)),
-            *("--machine.device-type", args.device),
-            *quiet_flags(save_every=10**9),
-            *args.ns_train,
-        ]
+        flags = ["--machine.device-type", args.device, *quiet_flags(save_every=10**9)]
+        argv = method_command(
+            args.data, out, experiment="step-syncs", name="run",
+            steps=args.warmup + args.steps, flags=[*flags, *args.ns_train],
+        )  # fmt: skip
         counted = train_counting(argv, args.warmup, cuda)
     result: dict = {
         "source": f"measured on {args.device} (ns-train odin-splatfacto in one process)",

@@ -87,7 +87,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from odin_ns.bench.commands import quiet_flags, schedule_flags
+from odin_ns.bench.commands import method_command, quiet_flags, schedule_flags
 from odin_ns.bench.report import save_figure
 from odin_ns.cuda import gpu_wheels
 from odin_ns.cuda.cases import (  # SPLATFACTO_ROWS: re-exported for odin_ns.bench.ops
@@ -616,24 +616,8 @@ def street_scene(run: Run) -> Path:
 
 def _train_args(run: Run, data: Path, out: Path, name: str, steps: int, raster: str) -> list:
     device = "cuda" if run.cuda else "cpu"
-    return [
-        "odin-splatfacto",
-        "--data",
-        str(data),
-        "--output-dir",
-        str(out),
-        "--experiment-name",
-        "gpu-check",
-        "--timestamp",
-        name,
-        "--max-num-iterations",
-        str(steps),
-        "--machine.device-type",
-        device,
-        "--pipeline.model.rasterizer",
-        raster,
-        *TRAINING,
-    ]
+    flags = ["--machine.device-type", device, "--pipeline.model.rasterizer", raster, *TRAINING]
+    return method_command(data, out, experiment="gpu-check", name=name, steps=steps, flags=flags)
 
 
 def final_params(run_dir: Path) -> dict[str, Tensor]:
