@@ -498,7 +498,7 @@ def test_tables_made_ahead_are_the_tables_made_in_the_step():
     plan = ListPlan(random_footprints(n, steps, world, seed=4))
 
     def tables():
-        return (step for step, _, _ in step_rows(plan, replicated_layout(n, 1), world))
+        return step_rows(plan, replicated_layout(n, 1), world)
 
     def same(a, b) -> bool:
         if isinstance(a, dict):
@@ -562,7 +562,7 @@ def test_host_versions_are_written_when_asked(on_take, world, grouped, monkeypat
     plan = ListPlan(random_footprints(n, steps, world, seed=2))
     # the engine's step tables
     tables = step_rows(plan, replicated_layout(n, 0), world, group_writers=grouped)
-    writes = PhaseSteps((step for step, _, _ in tables), steps)
+    writes = PhaseSteps(tables, steps)
     made = [writes[t].writes.groups for t in range(steps)]
     assert all((g is not None) == grouped for g in made)
     made_need = [None if g is None else g[2].clone() for g in made]
@@ -753,7 +753,7 @@ def test_a_log_refuses_tables_moved_to_another_device():
     n, steps, world = 90, 3, 2
     plan = ListPlan(random_footprints(n, steps, world, seed=3))
     tables = step_rows(plan, replicated_layout(n, 0), world, device="meta")
-    writes = PhaseSteps((step for step, _, _ in tables), steps)
+    writes = PhaseSteps(tables, steps)
     rows = writes[0].writes
     assert rows.ids_data.device.type == "meta" and rows.ids_data.shape == rows.ids.shape
     assert [p.shape for p in rows.positions_data] == [p.shape for p in rows.positions]

@@ -360,7 +360,7 @@ def test_step_tables_agree_pairwise(ranks):
             mine = plan.step_footprint(t, r)
             need = mine[(owner[mine] != r) & (last[mine] >= 0)]
             pushed = np.concatenate(
-                [layouts[r].gids[rows] for rows in steps[t].push_in.values()] or [need[:0]]
+                [layouts[r].gids[p.rows] for p in steps[t].pushes_in] or [need[:0]]
             )
             assert np.array_equal(np.sort(pushed), need)
             last[np.unique(np.concatenate([plan.step_footprint(t, q) for q in range(ranks)]))] = t

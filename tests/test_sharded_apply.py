@@ -42,6 +42,32 @@ def test_a_row_waits_only_for_its_own_writers():
         assert torch.equal(a, b)
 
 
+def test_each_steps_tables_are_made_as_the_step_nears():
+    """No step's tables at the phase start: by step t's reads a rank has made those through
+    t - 1 + PUSH_LEAD (the pushes it registers, PUSH_LEAD past its last finished step; on
+    CPU ranks nothing is made ahead), so it holds a
+    few steps' tables, not a phase's, with the slow rank behind too; and the rows are a
+    run's without the slow rank, bitwise."""
+    from odin_ns.runtime.engine import PUSH_LEAD
+
+    footprints = [[list(range(8)) + [40], list(range(56, 64)) + [t % 8]] for t in range(T)]
+    plan = loopback_plan(footprints, N)
+
+    def run(slow_s: float):
+        hubs = [LoopbackHub(2), LoopbackHub(2)]
+        return run_sharded_loopback(
+            plan, OWNER, hubs, seed=3, slow_s=slow_s, observe=lambda e, t: e.steps.made
+        )
+
+    slow, out = run(SLOW_S)
+    for rank in out.values():
+        assert rank.observed == [min(t + PUSH_LEAD, T) for t in range(T)]
+        assert rank.engine.registered == T - 1  # every push registered by the end
+    fast, _ = run(0.0)
+    for a, b in zip(slow, fast, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_a_later_phase_reads_rows_an_earlier_phase_updated():
     """A phase that starts at step 20 with rows last updated anywhere in steps -1..19 (a
     phase start without a structural change): a row's first read in the phase needs no

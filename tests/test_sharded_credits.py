@@ -2,8 +2,10 @@
 
 Two ranks in threads run ``Engine`` over a hand-made plan in which both credit paths
 must bind: rank 1 runs ahead of a slow rank 0 and sends it a gradient row every step (its
-sends wait for rank 0 to take the previous one), and one of rank 1's applies readies three
-pushes to rank 0 at once (the later two are packed and queued). With a 1-byte cap the
+sends wait for rank 0 to take the previous one), and one of rank 1's applies makes three
+pushes to rank 0 current at once, read at steps 9-11: rank 1 registers them one a step
+(``engine.PUSH_LEAD`` steps past its last finished one), each while the previous one waits
+for rank 0 to post its receive, so the later two are packed and queued. With a 1-byte cap the
 owners' rows end bitwise equal to an uncapped run's, and no more than one message is ever
 in flight to a peer on a stream.
 """
@@ -15,18 +17,18 @@ import torch
 from harness.sharded_loopback import loopback_plan, run_sharded_loopback
 from harness.toy import LoopbackHub, LoopbackTransport
 
-N, T = 64, 10
+N, T = 64, 12
 OWNER = np.repeat([0, 1], N // 2).astype(np.int64)  # rank 0 owns 0..31, rank 1 owns 32..63
 
 
 def _footprints() -> list[list[list[int]]]:
-    """Rank 0: its rows 0..7, and rank 1's rows 48, 49, 50 at steps 5, 6, 7 (all written
+    """Rank 0: its rows 0..7, and rank 1's rows 48, 49, 50 at steps 9, 10, 11 (all written
     last by rank 1 at step 4: three pushes ready at once). Rank 1: its rows 56..63, rank 0's
     row 16 + t (a gradient message to rank 0 every step, never read again: no push), and
     48..50 at step 4."""
     steps = []
     for t in range(T):
-        r0 = list(range(8)) + {5: [48], 6: [49], 7: [50]}.get(t, [])
+        r0 = list(range(8)) + {9: [48], 10: [49], 11: [50]}.get(t, [])
         r1 = list(range(56, 64)) + [16 + t] + ([48, 49, 50] if t == 4 else [])
         steps.append([r0, r1])
     return steps

@@ -357,7 +357,7 @@ class ShardedRankUnderTest:
         sizes, times = [], []
         for _ in range(steps):
             tic = time.perf_counter()
-            st, _, _ = next(made)
+            st = next(made)
             times.append(1e3 * (time.perf_counter() - tic))
             sizes.append(step_table_bytes(st) / 1e6)
         return float(np.median(sizes)), float(np.median(times))

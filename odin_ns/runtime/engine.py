@@ -7,13 +7,16 @@ non-owned rows its phase reads; the replicated layout gives every row ``EVERY_RA
 rank holds the whole model, caches nothing, sends its gradient rows to every peer and
 applies every update: one step path, two maps.
 
-Per step ``t`` (all sizes and peers known from the plan: ``step_tables``):
+Per step ``t`` (all sizes and peers known from the plan: ``step_tables``, each step's
+made as the step nears):
 
 - **before**: wait until (a) every owned row of the read set has its last planned update
   before ``t`` applied here, and (b) every *push* for ``t`` has arrived: owner ``o`` sends
   reader ``r`` the rows ``r`` reads at ``t`` that some rank wrote earlier in the phase, as
-  soon as the last of those rows' updates is applied (pushes per pair go in (ready step,
-  t) order, so FIFO receives match);
+  soon as the last of those rows' updates is applied and its earlier pushes to ``r`` are
+  sent (pushes per pair go in ``r``'s step order, so FIFO receives match), once ``o`` has
+  registered it: a rank registers the pushes of the steps up to ``PUSH_LEAD`` past its
+  last finished one, so no rank needs a phase's tables to know a pair's order;
 - **after backward**: send the gradient rows of non-owned rows to their owners, one
   message per owner; file the own rows' gradients;
 - **apply** (owner, per row in version order): row p's step-``s`` update once every
@@ -78,10 +81,10 @@ from odin_ns.runtime.step_signal import StepSignal
 from odin_ns.runtime.step_tables import (
     TABLES_AHEAD,
     PhaseSteps,
+    Push,
     Step,
     groups_ahead,
     step_rows,
-    step_tables,
 )
 from odin_ns.runtime.transport import ALL_PEERS, Transport, has_credits
 from odin_ns.runtime.update_log import ApplyHook, UpdateLog, VersionTest
@@ -89,6 +92,11 @@ from odin_ns.runtime.uploads import upload, upload_together
 
 GRAD, PUSH = 0, 1
 NOTHING_LEFT = np.iinfo(np.int64).max  # the step a reader's next push waits on: none left
+# How many steps past its last finished one a rank registers pushes (``_register_pushes``):
+# an owner sends, and a reader posts receives for, the pushes read up to there, so a reader
+# runs at most PUSH_LEAD steps ahead of an owner whose push it reads, and a rank holds the
+# tables of about PUSH_LEAD steps (TABLES_AHEAD more beside an accelerator), not a phase's
+PUSH_LEAD = 4
 
 
 @dataclass
@@ -108,6 +116,12 @@ class StepPath:
     grad_sends: list[tuple[int, int, list[int]]]
     own_slice: slice  # where grad_rows holds the owned reads
     own_test: VersionTest  # the owned reads against their last update before the step
+    # per push the step's tables give (``Step.pushes_out``, ``pushes_in``), in their order:
+    # its id list on the device; an outgoing one's rows against their last update before
+    # the read
+    push_rows_out: list[Tensor]
+    push_tests: list[VersionTest]
+    push_rows_in: list[Tensor]
 
     @property
     def own_rows(self) -> Tensor:
@@ -144,13 +158,12 @@ class Engine:
             for every phase's engine); default a new ``RunLedger``.
         hook: the update log's ``ApplyHook`` (MCMC's noise); None: none.
         tables_thread: whether a thread of their own makes the step tables beside the
-            engine's: a layout without pushes (each step's tables made when first needed)
-            has them made ``TABLES_AHEAD`` steps ahead (``PhaseSteps``), each with its
-            ``StepPath`` (``PhaseSteps.derived``), one with pushes
-            (every step's tables made at the phase start) has each step's cut while the
-            next step's record is made (``step_rows``' ``aside``). None: beside an
-            accelerator, not on CPU ranks (the host runs the kernels there; a second thread
-            would take a core from them).
+            engine's, ``TABLES_AHEAD`` steps past the newest one asked for (``PhaseSteps``),
+            each with its ``StepPath`` (``PhaseSteps.derived``); a layout with pushes then
+            has each step's cut on another thread while the next step's record is made
+            (``step_rows``' ``aside``). Else each step's tables are made when first needed.
+            None: beside an accelerator, not on CPU ranks (the host runs the kernels there;
+            a second thread would take a core from them).
     """
 
     def __init__(
@@ -203,29 +216,22 @@ class Engine:
         num_steps = plan.num_steps if stop is None else min(plan.num_steps, max(0, stop))
         if tables_thread is None:  # beside an accelerator's kernels the host has time
             tables_thread = self.device.type != "cpu"
-        lazy = world_size == 1 or layout.replicated
-        if lazy:
-            # nothing is pushed: each step's tables are made when the step is first needed
-            made = step_rows(
-                plan, layout, world_size, num_steps, device=self.device,
-                group_writers=groups_ahead(layout, world_size, tables_thread),
-            )  # fmt: skip
-            steps = (step for step, _, _ in made)
-            self.out = {q: [] for q in range(world_size) if q != rank}
-            self.inn = {q: [] for q in range(world_size) if q != rank}
-        else:  # the pushes' order needs every step's tables now
-            made, self.out, self.inn = step_tables(
-                plan, layout, world_size, num_steps, aside=tables_thread, device=self.device
-            )
-            steps = iter(made)
-        self._tables_made = not lazy
+        # each step's tables made as the step nears (its pushes registered PUSH_LEAD steps
+        # ahead, ``_register_pushes``): beside an accelerator on a thread of their own
+        # TABLES_AHEAD steps further, each with its step path; a layout with owners then
+        # cuts each step's tables on another thread while the next step's record is made
+        steps = step_rows(
+            plan, layout, world_size, num_steps, aside=tables_thread, device=self.device,
+            group_writers=groups_ahead(layout, world_size, tables_thread),
+        )  # fmt: skip
         # the host kernels of the update log and of the step's version tests
         self.kernels = StepKernels.resolve()
-        # made ahead (a list is made already), with each step's path on the same thread
-        ahead = TABLES_AHEAD if lazy and tables_thread else 0
+        ahead = TABLES_AHEAD if tables_thread else 0
         self.steps = PhaseSteps(
             steps, num_steps, ahead=ahead, derive=self._make_path if ahead else None
         )
+        # the peers this rank may push to and be pushed by (a layout with owners)
+        self._readers = [] if layout.replicated else [q for q in range(world_size) if q != rank]
         self.num_steps = num_steps
         # the owned rows' pending updates, applied per row in version order
         o = layout.num_owned
@@ -238,7 +244,7 @@ class Engine:
             versions if versions.device.type == "cpu" else versions.cpu(),
             hook=hook,
             observe_sum=None if self.admission is None else self.admission.observe_apply,
-            versions_on_take=any(self.out.values()),  # pushes ask as rows are applied
+            versions_on_take=bool(self._readers),  # pushes ask as rows are applied
             kernels=self.kernels,
         )
         self._versions = self.log.versions.numpy()  # [O] host view (``settle_versions``)
@@ -248,23 +254,15 @@ class Engine:
         self.ledger.phases += 1
         self.done = -1  # own steps finished (gradients filed)
         self.readable = -1  # the last step ``before_step`` made readable
-        self.posted = -1  # receives posted for local steps up to this one
-        self.push_posted = dict.fromkeys(self.inn, 0)  # per owner: pushes posted (count)
-        self.push_sent = dict.fromkeys(self.out, 0)  # per reader: pushes sent (count)
-        self.push_recv = dict.fromkeys(self.inn, 0)  # per owner: pushes received (count)
-        self._deferred = {q: deque() for q in self.out}  # per reader: (k, packed push) queue
-        self._push_of = {(o, p.step): k for o, ps in self.inn.items() for k, p in enumerate(ps)}
+        self.posted = -1  # gradient receives posted for local steps up to this one
         self._prepare_step_path()
+        self._prepare_pushes()
 
     def _prepare_step_path(self) -> None:
-        """What the step path would otherwise rebuild at every message, made once per phase
-        from the push lists (the plan knows it all): every push's id list on the parameters'
-        device (uploaded once, not per message), each outgoing push's rows that wait for an
-        update with the version they need, per step the owners whose pushes to post there
-        (and how many), and the table's per-group [L, d] views. A step's own id lists
-        (``_path``) are made here too where every step's tables are (a layout with pushes),
-        else with its tables on their thread (made ahead) or when the step is first
-        needed."""
+        """What the step path would otherwise rebuild at every message, made once per
+        phase: the table's per-group [L, d] views and what a push carries of a row. A step's
+        own id lists and its pushes' (``_path``) are made with its tables on their thread
+        (made ahead) or when the step is first needed."""
         device, num_local = self.device, self.layout.num_local
         self._table = [
             g.param.data.view(num_local, d) for g, d in zip(self.groups, self.dims, strict=True)
@@ -279,36 +277,29 @@ class Engine:
         # visible rows outside their step's read set, summed over the phase on the device
         # where reading it would synchronize the step (``_check_visible``)
         self._outside = torch.zeros((), dtype=torch.int64, device=device)
-        self._push_rows_out = {q: self._upload([p.rows for p in ps]) for q, ps in self.out.items()}
-        self._push_rows_in = {o: self._upload([p.rows for p in ps]) for o, ps in self.inn.items()}
-        # per outgoing push: the owned rows that have an update before the read, with the
-        # global step each must have applied
-        self._push_tests = {
-            q: [self._version_test(p.rows, p.prev) for p in ps] for q, ps in self.out.items()
-        }
+
+    def _prepare_pushes(self) -> None:
+        """Each pair's push stream, empty until ``_register_pushes`` adds each step's: per
+        reader the pushes registered (``out``; a sent one's entries dropped) with their id
+        lists on the parameters' device and the tests of their rows; per owner likewise
+        (``inn``), each step's index in it (``_push_of``); counts sent, posted, received;
+        pushes queued for credits; what each reader's next unsent push waits on."""
+        self.out: dict[int, list[Push | None]] = {q: [] for q in self._readers}
+        self.inn: dict[int, list[Push | None]] = {o: [] for o in self._readers}
+        self._push_rows_out: dict[int, list[Tensor | None]] = {q: [] for q in self._readers}
+        self._push_tests: dict[int, list[VersionTest | None]] = {q: [] for q in self._readers}
+        self._push_rows_in: dict[int, list[Tensor | None]] = {o: [] for o in self._readers}
+        self._push_of: dict[tuple[int, int], int] = {}  # (owner, local step) -> its index
+        self.registered = -1  # the pushes of local steps up to this one are registered
+        self.push_sent = dict.fromkeys(self._readers, 0)  # per reader: pushes sent (count)
+        self.push_recv = dict.fromkeys(self._readers, 0)  # per owner: pushes received (count)
+        self._deferred = {q: deque() for q in self._readers}  # per reader: (k, packed push)
         # per reader (``self._readers[i]``), what its next unsent push waits on: a row and
-        # the step it needs (``VersionTest.waiting_on``), so that ``_flush_pushes`` tests
-        # only the pushes whose awaited row has its step, in one array read (readers this
-        # rank pushes nothing to are left out)
-        self._readers = [q for q, pushes in self.out.items() if pushes]
+        # the step it needs (``VersionTest.waiting_on``; none registered: NOTHING_LEFT), so
+        # that ``_flush_pushes`` tests only the pushes whose awaited row has its step, in
+        # one array read
         self._awaited_rows = np.zeros(len(self._readers), dtype=np.int64)
-        self._awaited_steps = np.zeros(len(self._readers), dtype=np.int64)
-        for i in range(len(self._readers)):
-            self._await_next_push(i)
-        # per local step s: (owner, how many of its pushes to have posted by s, all those
-        # read at steps <= s and the ones ordered before them) for the owners whose count
-        # rises at s, so that ``_post`` visits only owners with something to post
-        self._push_posts_at: list[list[tuple[int, int]]] = [[] for _ in range(self.num_steps)]
-        for o, ps in self.inn.items():
-            upto = np.zeros(max(self.num_steps, 1), dtype=np.int64)
-            for k, p in enumerate(ps):
-                upto[p.step] = k + 1
-            posted_by = np.maximum.accumulate(upto)
-            for s in np.flatnonzero(np.diff(posted_by, prepend=0)).tolist():
-                self._push_posts_at[s].append((o, int(posted_by[s])))
-        if self._tables_made:  # every step's tables exist: their paths too, off the steps
-            for t in range(self.num_steps):
-                self._path(t)
+        self._awaited_steps = np.full(len(self._readers), NOTHING_LEFT, dtype=np.int64)
 
     def _upload(self, lists: list[np.ndarray]) -> list[Tensor]:
         """Host id lists on the parameters' device, moved in one copy."""
@@ -342,8 +333,11 @@ class Engine:
         grad_rows = lists[0] if len(lists) == 1 else np.concatenate(lists)
         shared = [st.reads, st.reads_global, grad_rows]
         distinct = list({id(rows): rows for rows in shared}.values())  # a shared list once
-        moved = self._upload(distinct)
-        on_device = {id(rows): m for rows, m in zip(distinct, moved, strict=True)}
+        pushes = [p.rows for p in st.pushes_out] + [p.rows for p in st.pushes_in]
+        moved = self._upload(distinct + pushes)
+        on_device = {id(rows): m for rows, m in zip(distinct, moved[: len(distinct)], strict=True)}
+        pushed = moved[len(distinct) :]
+        sent = len(st.pushes_out)
         i = list(owners).index(id(st.own_rows))
         return StepPath(
             reads=on_device[id(st.reads)],
@@ -356,6 +350,9 @@ class Engine:
             ],
             own_slice=slice(starts[i], stops[i]),
             own_test=self._version_test(*st.own_waits),
+            push_rows_out=pushed[:sent],
+            push_tests=[self._version_test(p.rows, p.prev) for p in st.pushes_out],
+            push_rows_in=pushed[sent:],
         )
 
     def _version_test(self, rows: np.ndarray, prev: np.ndarray) -> VersionTest:
@@ -375,23 +372,50 @@ class Engine:
         return self._key(kind, t) % (1 << 30)
 
     def _post(self, t: int) -> None:
-        """Post gradient receives for local steps <= t and push receives read at <= t, each
-        step's once: from the peers that write rows this rank owns at the step, and from the
-        owners whose pushes are first read there (each peer's in step order; at R = 64 a
-        loop over every peer per step cost 0.3 ms)."""
+        """Post gradient receives for local steps <= t, each step's once: from the peers
+        that write rows this rank owns at the step; register the pushes read up to
+        ``PUSH_LEAD`` steps past the last finished step."""
         for s in range(self.posted + 1, t + 1):
             if not self.dense:  # the all-reduce arrives without a posted receive
                 for q, rows in enumerate(self.steps[s].writes.positions):
                     if q != self.rank and rows.numel():  # (a writer with no row sends none)
                         self.grads_tx.post_recv(q, self._key(GRAD, s), self._tag(GRAD, s),
                                                 rows.numel(), self.width)  # fmt: skip
-            for o, want in self._push_posts_at[s] if s < self.num_steps else ():
-                pushes = self.inn[o]
-                for k in range(self.push_posted[o], want):
-                    self.push_tx.post_recv(o, self._key(PUSH, k), self._tag(PUSH, k),
-                                           pushes[k].rows.size, self.pwidth)  # fmt: skip
-                self.push_posted[o] = max(self.push_posted[o], want)
         self.posted = max(self.posted, t)
+        self._register_pushes(self.done + PUSH_LEAD)
+
+    def _register_pushes(self, through: int) -> None:
+        """Add the pushes of local steps up to ``through`` to their pairs' streams, in step
+        order: post a receive for each push in and send each push out that is current. Both
+        sides of a pair register at the same point of their own progress (``_post``: the
+        last finished step plus ``PUSH_LEAD``), so an owner sends only what its reader has
+        registered by the same step, and after a drain at step t (every rank finished t)
+        both know the same streams without any step's tables past t + PUSH_LEAD."""
+        through = min(through, self.num_steps - 1)
+        if not self._readers:
+            return
+        added = False
+        for s in range(self.registered + 1, through + 1):
+            st, path = self.steps[s], self._path(s)
+            for p, rows, test in zip(
+                st.pushes_out, path.push_rows_out, path.push_tests, strict=True
+            ):
+                self.out[p.peer].append(p)
+                self._push_rows_out[p.peer].append(rows)
+                self._push_tests[p.peer].append(test)
+                added = True
+            for p, rows in zip(st.pushes_in, path.push_rows_in, strict=True):
+                k = len(self.inn[p.peer])
+                self._push_of[(p.peer, s)] = k
+                self.inn[p.peer].append(p)
+                self._push_rows_in[p.peer].append(rows)
+                self.push_tx.post_recv(p.peer, self._key(PUSH, k), self._tag(PUSH, k),
+                                       p.rows.size, self.pwidth)  # fmt: skip
+        self.registered = max(self.registered, through)
+        if added:  # a reader whose stream had nothing unsent waits on its new push now
+            for i in np.flatnonzero(self._awaited_steps == NOTHING_LEFT).tolist():
+                self._await_next_push(i)
+            self._flush_pushes()
 
     # ------------------------------------------------------------ progress
     def _poll(self, timeout: float = 0.0) -> int:
@@ -436,10 +460,9 @@ class Engine:
         if k != self.push_recv[owner]:
             raise RuntimeError(f"rank {self.rank}: push {k} from {owner} out of order")
         self.push_recv[owner] += 1
-        push = self.inn[owner][k]
-        return TakenPush(
-            owner, push.step, push.rows, self._push_rows_in[owner][k], upload(buf, self.device)
-        )
+        push, rows = self.inn[owner][k], self._push_rows_in[owner][k]
+        self.inn[owner][k] = self._push_rows_in[owner][k] = None  # (taken: not kept)
+        return TakenPush(owner, push.step, push.rows, rows, upload(buf, self.device))
 
     def lagging_owned_reads(self, t: int) -> tuple[np.ndarray, int | None]:
         """Local step t's owned reads whose last planned update before t is not applied yet
@@ -527,6 +550,8 @@ class Engine:
         parts = [self._push_rows_out[q][k] for q, k in pushes]
         rows = parts[0] if len(parts) == 1 else torch.cat(parts)
         packed = self._row_ops.pack_rows(rows, self._pushed_columns)
+        for q, k in pushes:  # (packed: not kept)
+            self.out[q][k] = self._push_rows_out[q][k] = self._push_tests[q][k] = None
         start = 0
         for (q, k), part in zip(pushes, parts, strict=True):
             stop = start + part.numel()
@@ -604,9 +629,9 @@ class Engine:
             return self.log.first_missing(t)
         if self.dense and self.log.oldest_unapplied(t) is not None:
             return self.log.first_missing(t)  # ddp: the sum of every earlier step, applied
-        for o in self.steps[t].push_in:
-            if self.push_recv[o] <= self._push_of[(o, t)]:
-                return o, self.offset + t
+        for p in self.steps[t].pushes_in:
+            if self.push_recv[p.peer] <= self._push_of[(p.peer, t)]:
+                return p.peer, self.offset + t
         if not self._everyone_finished_before(t):
             return -1, self.offset + t - 1
         return None
@@ -670,11 +695,11 @@ class Engine:
                     ),
                 )
             )
-        for o, rows in st.push_in.items():
-            k = self._push_of[(o, t)]
+        for p in st.pushes_in:
+            o, k = p.peer, self._push_of[(p.peer, t)]
             if self.push_recv[o] <= k:
-                s = self.admission.oldest_missing(rows)
-                out.append(PendingSource(o, rows, s, lambda o=o, k=k: self.push_recv[o] > k))
+                s = self.admission.oldest_missing(p.rows)
+                out.append(PendingSource(o, p.rows, s, lambda o=o, k=k: self.push_recv[o] > k))
         return out
 
     def _admit(self, t: int, what: str) -> None:
@@ -847,12 +872,7 @@ class Engine:
         if self.device.type != "cpu" and int(self._outside):  # ``_check_visible``'s count
             self._raise_outside(f"a step in {self.offset}..{self.offset + self.done}")
         last = self.done
-        self._post(last)
-        for q, pushes in self.inn.items():  # pushes already sent for later steps land too
-            for k in range(self.push_posted[q], len(pushes)):
-                self.push_tx.post_recv(q, self._key(PUSH, k), self._tag(PUSH, k),
-                                       pushes[k].rows.size, self.pwidth)  # fmt: skip
-            self.push_posted[q] = len(pushes)
+        self._post(last)  # (pushes registered through last + PUSH_LEAD, as every rank's)
         self._wait(
             lambda: (
                 None
@@ -882,13 +902,20 @@ class Engine:
         self.ledger.drain_s += time.perf_counter() - tic
 
     def absorb_sent_pushes(self, t: int) -> None:
-        """After every rank drained at local step t: take in every push whose rows were
-        current at t (``Push.ready <= t``: the owners sent them in their drains; ``drain``
-        posted their receives), and nothing else: no gradient is filed or applied, so an
-        in-place change of the table made next (the opacity reset) comes after them and
-        before any later update. Pushes sent since (packed after their owner's change) may
-        be taken in too."""
-        want = {o: sum(1 for p in pushes if p.ready <= t) for o, pushes in self.inn.items()}
+        """After every rank drained at local step t: take in every push the owners sent in
+        their drains, and nothing else: no gradient is filed or applied, so an in-place
+        change of the table made next (the opacity reset) comes after them and before any
+        later update. Each pair's stream is registered through t + ``PUSH_LEAD`` on both
+        sides and every update through t, and none after, is applied at its owner, so the
+        owner sent the stream up to its first push with a row current only after t
+        (``Push.ready > t``), packed before its change. Pushes sent since (packed after
+        their owner's change) may be taken in too."""
+        want = {}
+        for o, pushes in self.inn.items():
+            k = self.push_recv[o]  # (a push taken was current: its ready <= t)
+            while k < len(pushes) and pushes[k].ready <= t:
+                k += 1
+            want[o] = k
 
         def owners_missing() -> list[int]:
             return [o for o, n in want.items() if self.push_recv[o] < n]

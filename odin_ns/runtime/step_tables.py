@@ -38,6 +38,19 @@ def groups_ahead(layout: ShardLayout, world_size: int, tables_thread: bool) -> b
 
 
 @dataclass
+class Push:
+    """One push of owned rows to a reader, sent once each row's last update before the read
+    (``prev``) is applied. A pair's pushes go in the reader's step order (one per step at
+    most), so that a step's tables give the pushes of that step: no list of the phase."""
+
+    ready: int  # the latest of ``prev``: the step after which its rows no longer change
+    step: int  # local step at which the reader reads them
+    peer: int  # reader (push out) or owner (push in)
+    rows: np.ndarray  # local ids (owned rows out / cache rows in), global order
+    prev: np.ndarray  # [len(rows)] local step of each row's last write before ``step``
+
+
+@dataclass
 class Step:
     """What rank ``me`` does at one local step (host index arrays; local ids)."""
 
@@ -52,19 +65,8 @@ class Step:
     own_prev: np.ndarray  # [len(own_rows)] last planned write before t of each own read
     # the own reads that have a planned write before t: (local ids, that write's local step)
     own_waits: tuple[np.ndarray, np.ndarray]
-    push_in: dict[int, np.ndarray]  # owner -> local cache ids refreshed by its push
-
-
-@dataclass
-class Push:
-    """One push of owned rows to a reader, sent once each row's last update before the read
-    (``prev``) is applied."""
-
-    ready: int  # the latest of ``prev``: its order in the pair's push list
-    step: int  # local step at which the reader reads them
-    peer: int  # reader (push out) or owner (push in)
-    rows: np.ndarray  # local ids (owned rows out / cache rows in), global order
-    prev: np.ndarray  # [len(rows)] local step of each row's last write before ``step``
+    pushes_out: list[Push]  # what this rank pushes for the step: one per reader, rank order
+    pushes_in: list[Push]  # what it is pushed for the step: one per owner, rank order
 
 
 class PhaseSteps:
@@ -117,6 +119,12 @@ class PhaseSteps:
 
     def __len__(self) -> int:
         return self.num_steps
+
+    @property
+    def made(self) -> int:
+        """How many steps' tables were handed over so far (steps 0..made - 1), whether
+        made on the asking thread or ahead."""
+        return self._next
 
     def __getitem__(self, t: int) -> Step:
         if not 0 <= t < self.num_steps:
@@ -179,9 +187,9 @@ def step_rows(
     aside: bool = False,
     device: torch.device | str = "cpu",
     group_writers: bool = False,
-) -> Iterator[tuple[Step, list[Push], list[Push]]]:
-    """Per local step of the phase's plan, in order: (rank ``layout.rank``'s ``Step``, the
-    pushes it makes (one per reader), the pushes it receives (one per owner)).
+) -> Iterator[Step]:
+    """Rank ``layout.rank``'s ``Step`` of each local step of the phase's plan, in order,
+    with the pushes it makes for the step (one per reader) and receives (one per owner).
 
     A row read at t by r is pushed iff some rank wrote it in the phase before t (its previous
     write ``prev >= 0``); else the phase start's cache fill holds it. Per step, the update
@@ -218,7 +226,7 @@ def step_rows(
     peers = [q for q in range(num_ranks) if q != me]
 
     def cut(t: int, ids: Tensor, positions: list[Tensor], prev: Tensor):
-        """Step t's (Step, pushes out, pushes in) from its record."""
+        """Step t's ``Step`` from its record."""
         made = as_owner(ids, positions, prev, owner, local_of, me)
         writes = step_writes(*made[:3], device)
         out_rows, out_prev = _as_arrays(made[3:])
@@ -247,9 +255,10 @@ def step_rows(
             writes=writes,
             own_prev=own_prev,
             own_waits=_waits(own_rows, own_prev),
-            push_in={p.peer: p.rows for p in pushes_in},
+            pushes_out=pushes_out,
+            pushes_in=pushes_in,
         )
-        return step, pushes_out, pushes_in
+        return step
 
     cutter = None
     if aside and not layout.replicated:
@@ -261,7 +270,7 @@ def step_rows(
             ids, positions, prev = record(reads, last, t, held)  # the union [U], sorted
             if layout.replicated:  # no owner to look up (1.3 ms a step at R = 8, 1M rows)
                 writes = step_writes(ids, prev, positions, device, group)
-                yield replicated_step(writes, me, peers), [], []
+                yield replicated_step(writes, me, peers)
             elif cutter is None:
                 yield cut(t, ids, positions, prev)
             else:
@@ -381,7 +390,8 @@ def replicated_step(writes: StepRows, me: int, peers: list[int]) -> Step:
         writes=writes,
         own_prev=own_prev,
         own_waits=_waits(reads, own_prev),
-        push_in={},
+        pushes_out=[],
+        pushes_in=[],
     )
 
 
@@ -418,20 +428,13 @@ def step_tables(
     device: torch.device | str = "cpu",
 ):
     """(steps, pushes_out, pushes_in) of rank ``layout.rank`` for the phase's plan, all made
-    now (``step_rows``, ``aside`` and ``device`` as there): ``pushes_out[q]`` /
-    ``pushes_in[o]`` are lists sorted by (ready, step), the order the owner sends them in."""
-    steps: list[Step] = []
-    out: dict[int, list[Push]] = {q: [] for q in range(num_ranks) if q != layout.rank}
-    inn: dict[int, list[Push]] = {q: [] for q in range(num_ranks) if q != layout.rank}
-    for step, pushes_out, pushes_in in step_rows(plan, layout, num_ranks, num_steps, aside, device):
-        steps.append(step)
-        for push in pushes_out:
-            out[push.peer].append(push)
-        for push in pushes_in:
-            inn[push.peer].append(push)
-    for lists in (out, inn):
-        for q in lists:
-            lists[q].sort(key=lambda p: (p.ready, p.step))
+    now (``step_rows``, ``aside`` and ``device`` as there; tests and benchmarks: the engine
+    makes each step's tables as the step nears): ``pushes_out[q]`` / ``pushes_in[o]`` are
+    the pair's pushes in the reader's step order, the order the owner sends them in."""
+    steps = list(step_rows(plan, layout, num_ranks, num_steps, aside, device))
+    peers = [q for q in range(num_ranks) if q != layout.rank]
+    out = {q: [p for st in steps for p in st.pushes_out if p.peer == q] for q in peers}
+    inn = {o: [p for st in steps for p in st.pushes_in if p.peer == o] for o in peers}
     return steps, out, inn
 
 
