@@ -490,10 +490,10 @@ def test_version_order_across_peers():
 
 
 def test_tables_made_ahead_are_the_tables_made_in_the_step():
-    """``PhaseSteps(ahead=2)`` (a thread makes the next steps' tables while a step runs)
-    hands out the tables the step itself would make, step for step; a table that cannot be
-    made fails the step that asks for it, with the maker's error; the thread ends once the
-    last step has been asked for."""
+    """``PhaseSteps(ahead=2)`` (a thread makes the next steps' tables, started at the end of
+    each step by ``make_ahead``, nothing before) hands out the tables the step itself would
+    make, step for step; a table that cannot be made fails the step that asks for it, with
+    the maker's error; the thread ends once the last step has been asked for."""
     n, steps, world = 120, 9, 3
     plan = ListPlan(random_footprints(n, steps, world, seed=4))
 
@@ -514,6 +514,9 @@ def test_tables_made_ahead_are_the_tables_made_in_the_step():
     in_step, ahead = PhaseSteps(tables(), steps), PhaseSteps(tables(), steps, ahead=2)
     for t in range(steps):
         assert same(in_step[t], ahead[t]), t
+        assert t > 0 or not ahead._coming  # nothing started before the first step's end
+        ahead.make_ahead()  # the end of step t: steps t + 1, t + 2 made or being made
+        assert ahead.made == t + 1 and ahead.made + len(ahead._coming) == min(t + 3, steps)
         assert (ahead._maker is None) == (t + 2 >= steps - 1)  # last step asked: thread ends
 
     def failing():
@@ -523,6 +526,7 @@ def test_tables_made_ahead_are_the_tables_made_in_the_step():
     steps_ahead = PhaseSteps(failing(), steps, ahead=2)
     for t in range(3):
         steps_ahead[t]
+        steps_ahead.make_ahead()
     with pytest.raises(ValueError, match="row 999 outside"):
         steps_ahead[3]
 

@@ -70,21 +70,23 @@ Measured per step, R values interleaved step by step:
   loader, is not in it). A model of the host's place beside a GPU, stated as such, not a
   measurement on one; 20 ms is the short end of a gsplat step at 1M Gaussians;
 - ``bind_ms_per_plan_step``: the engine's phase start (``Engine``'s construction),
-  per step of the plan: a layout with pushes makes every step's tables there (their order
-  needs them all), ``sharded`` as beside an accelerator (a thread of their own cuts each
-  step's tables while the next step's record is made), ``sharded-in-step`` as on CPU ranks
-  (one thread); the replicated layout makes each step's tables as the step nears:
-  ``replicated``, beside an accelerator, on a thread of their own two steps ahead
-  (``TABLES_AHEAD``), off the step's path; ``replicated-in-step``, as on CPU ranks, in the
-  step, inside ``host_ms`` (through bb0d5d0 the benchmark made them before its timer
+  per step of the plan. Since 2026-12-07 (thirty-second session) neither layout makes step
+  tables there (a layout with pushes made every step's there before: their order needed
+  them all); each step's are made as the step nears: ``sharded`` and ``replicated`` as
+  beside an accelerator, on a thread of their own ``TABLES_AHEAD`` steps past the newest
+  one asked for (a layout with pushes asks ``engine.PUSH_LEAD`` steps ahead, and cuts each
+  step's tables on another thread while the next step's record is made), off the step's
+  path; ``sharded-in-step`` and ``replicated-in-step`` as on CPU ranks, in the step, inside
+  ``host_ms`` (through bb0d5d0 the benchmark made the replicated ones before its timer
   started: 5-8 ms a step at R = 8 left out of the replicated figures);
   ``host_and_phase_start_ms_per_step``: their sum, what the host spends per step of a
   phase on the step's thread, wherever it spends it;
 - ``tables_mb_per_step`` and ``tables_ms_per_step``: host memory of one step's tables
-  (``step_tables.Step``) and the time to make them, median over the first 10 steps: what a
-  rank holds per step in flight (a layout with pushes holds every step of the phase from
-  its start), and what the tables' thread spends per step (``replicated``: the host time
-  the step's thread no longer spends, the rows' writer groups included);
+  (``step_tables.Step``) and the time to make them one after another on one thread, median
+  over the first 10 steps: what a rank holds per step in flight (about ``PUSH_LEAD`` +
+  ``TABLES_AHEAD`` steps), and what the tables' thread spends per step (the host time the
+  step's thread no longer spends; the replicated rows' writer groups included; a layout
+  with pushes cuts on a second thread, so its thread's pace is below this);
 - ``split``: cProfile's own time per function of ``odin_ns`` over a few separate steps
   (shares of the profiled total; cProfile slows Python code, so shares, not milliseconds),
   and ``control_lines``: the integer / boolean operations' ms per step by source line.

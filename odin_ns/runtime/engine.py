@@ -778,6 +778,7 @@ class Engine:
         self.steps.forget_through(t)  # (the update log keeps what it still needs)
         for s in [s for s in self._paths if s <= t]:
             del self._paths[s]
+        self.steps.make_ahead()  # last: beside an accelerator, while it runs the next step
 
     def _check_visible(self, t: int, visible: Tensor) -> None:
         """Refuse a step whose visible rows leave its read set (a rank reads and writes
