@@ -412,9 +412,12 @@ class Engine:
                 self.push_tx.post_recv(p.peer, self._key(PUSH, k), self._tag(PUSH, k),
                                        p.rows.size, self.pwidth)  # fmt: skip
         self.registered = max(self.registered, through)
-        if added:  # a reader whose stream had nothing unsent waits on its new push now
-            for i in np.flatnonzero(self._awaited_steps == NOTHING_LEFT).tolist():
-                self._await_next_push(i)
+        # a reader whose stream had nothing unsent waits on its new push now, which may be
+        # current (a stream with pushes unsent waits on its oldest: nothing to test)
+        idle = np.flatnonzero(self._awaited_steps == NOTHING_LEFT).tolist() if added else []
+        for i in idle:
+            self._await_next_push(i)
+        if any(self._awaited_steps[i] != NOTHING_LEFT for i in idle):
             self._flush_pushes()
 
     # ------------------------------------------------------------ progress
