@@ -370,11 +370,12 @@ class HostWork:
     ``meta_ms`` when the file has it (the step's wall time with the data plane on a device
     without values: what the host does beside a GPU), else ``host_ms`` (the CPU run's time
     outside data operations, which also carries the CPU's allocation of row buffers); plus
-    the phase start per plan step where the file has it (``bind_ms_per_plan_step``: a
-    layout with pushes makes every step's tables there), counted as integer work. A layout
-    whose tables a thread makes ahead (``tables_ahead_<R>_<layout>`` > 0: the replicated
-    one beside a GPU) has their time apart (``tables_ms_per_step``): a pace, not step
-    work (``simulate.replay``'s ``tables_s``)."""
+    the phase start per plan step where the file has it (``bind_ms_per_plan_step``: until
+    2026-12-07 a layout with pushes made every step's tables there; now about 0), counted
+    as integer work. A layout whose tables a thread makes ahead
+    (``tables_ahead_<R>_<layout>`` > 0: both beside a GPU) has their time apart
+    (``tables_ms_per_step``, one thread's: the sharded cut runs on a second, so its pace is
+    priced high): a pace, not step work (``simulate.replay``'s ``tables_s``)."""
 
     ms: dict[tuple[str, int], tuple[float, float]]  # (layout, R) -> (host ms, control ms)
     rows_per_view: float
