@@ -511,13 +511,15 @@ def test_tables_made_ahead_are_the_tables_made_in_the_step():
             return same(vars(a), vars(b))
         return a == b
 
-    in_step, ahead = PhaseSteps(tables(), steps), PhaseSteps(tables(), steps, ahead=2)
+    made = tables()
+    in_step, ahead = PhaseSteps(tables(), steps), PhaseSteps(made, steps, ahead=2)
     for t in range(steps):
         assert same(in_step[t], ahead[t]), t
         assert t > 0 or not ahead._coming  # nothing started before the first step's end
         ahead.make_ahead()  # the end of step t: steps t + 1, t + 2 made or being made
         assert ahead.made == t + 1 and ahead.made + len(ahead._coming) == min(t + 3, steps)
         assert (ahead._maker is None) == (t + 2 >= steps - 1)  # last step asked: thread ends
+    assert made.gi_frame is None  # every step handed over: the tables' generator closed
 
     def failing():
         yield from itertools.islice(tables(), 3)

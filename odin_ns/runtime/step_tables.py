@@ -140,7 +140,7 @@ class PhaseSteps:
             self._made[self._next] = step
             self._next += 1
         if self._next == self.num_steps:  # every step handed over
-            self.close()
+            self._finish()
         step = self._made.get(t)
         if step is None:
             raise RuntimeError(f"local step {t} has run: its tables are forgotten")
@@ -179,6 +179,17 @@ class PhaseSteps:
         if self._maker is not None:
             self._maker.shutdown(wait=False)
             self._maker = None
+
+    def _finish(self) -> None:
+        """Every step handed over (nothing is being made): end the maker's thread, close the
+        tables' iterator (``step_rows`` then ends its cutting thread) and drop ``derive``
+        (the engine's bound method: the engine then goes with its last reference, not at
+        the next full collection, with its table)."""
+        self.close()
+        self._derive = None
+        closing = getattr(self._steps, "close", None)
+        if closing is not None:
+            closing()
 
     def forget_through(self, t: int) -> None:
         """Steps <= t have run: drop their tables."""
