@@ -280,15 +280,15 @@ class Engine:
 
     def _prepare_pushes(self) -> None:
         """Each pair's push stream, empty until ``_register_pushes`` adds each step's: per
-        reader the pushes registered (``out``; a sent one's entries dropped) with their id
-        lists on the parameters' device and the tests of their rows; per owner likewise
-        (``inn``), each step's index in it (``_push_of``); counts sent, posted, received;
-        pushes queued for credits; what each reader's next unsent push waits on."""
-        self.out: dict[int, list[Push | None]] = {q: [] for q in self._readers}
-        self.inn: dict[int, list[Push | None]] = {o: [] for o in self._readers}
-        self._push_rows_out: dict[int, list[Tensor | None]] = {q: [] for q in self._readers}
-        self._push_tests: dict[int, list[VersionTest | None]] = {q: [] for q in self._readers}
-        self._push_rows_in: dict[int, list[Tensor | None]] = {o: [] for o in self._readers}
+        reader each registered push's id list on the parameters' device and the test of
+        its rows (``out``; None once sent); per owner each registered push and its id list
+        on the device (``inn``; None once taken), each step's index in it (``_push_of``);
+        counts sent and received; pushes queued for credits; what each reader's next
+        unsent push waits on."""
+        self.out: dict[int, list[tuple[Tensor, VersionTest] | None]] = {
+            q: [] for q in self._readers
+        }
+        self.inn: dict[int, list[tuple[Push, Tensor] | None]] = {o: [] for o in self._readers}
         self._push_of: dict[tuple[int, int], int] = {}  # (owner, local step) -> its index
         self.registered = -1  # the pushes of local steps up to this one are registered
         self.push_sent = dict.fromkeys(self._readers, 0)  # per reader: pushes sent (count)
@@ -400,15 +400,12 @@ class Engine:
             for p, rows, test in zip(
                 st.pushes_out, path.push_rows_out, path.push_tests, strict=True
             ):
-                self.out[p.peer].append(p)
-                self._push_rows_out[p.peer].append(rows)
-                self._push_tests[p.peer].append(test)
+                self.out[p.peer].append((rows, test))
                 added = True
             for p, rows in zip(st.pushes_in, path.push_rows_in, strict=True):
                 k = len(self.inn[p.peer])
                 self._push_of[(p.peer, s)] = k
-                self.inn[p.peer].append(p)
-                self._push_rows_in[p.peer].append(rows)
+                self.inn[p.peer].append((p, rows))
                 self.push_tx.post_recv(p.peer, self._key(PUSH, k), self._tag(PUSH, k),
                                        p.rows.size, self.pwidth)  # fmt: skip
         self.registered = max(self.registered, through)
@@ -463,8 +460,8 @@ class Engine:
         if k != self.push_recv[owner]:
             raise RuntimeError(f"rank {self.rank}: push {k} from {owner} out of order")
         self.push_recv[owner] += 1
-        push, rows = self.inn[owner][k], self._push_rows_in[owner][k]
-        self.inn[owner][k] = self._push_rows_in[owner][k] = None  # (taken: not kept)
+        push, rows = self.inn[owner][k]
+        self.inn[owner][k] = None  # (taken: not kept)
         return TakenPush(owner, push.step, push.rows, rows, upload(buf, self.device))
 
     def lagging_owned_reads(self, t: int) -> tuple[np.ndarray, int | None]:
@@ -537,9 +534,9 @@ class Engine:
         current: list[tuple[int, int]] = []  # (reader, its push), in sending order
         for i in np.flatnonzero(moved).tolist():
             q = self._readers[i]
-            tests = self._push_tests[q]
+            stream = self.out[q]
             k = self.push_sent[q]
-            while k < len(tests) and tests[k].current(versions, through):
+            while k < len(stream) and stream[k][1].current(versions, through):
                 current.append((q, k))
                 k += 1
             self.push_sent[q] = k
@@ -550,11 +547,11 @@ class Engine:
     def _send_current_pushes(self, pushes: list[tuple[int, int]]) -> None:
         """Pack the rows of ``pushes`` ((reader, push index), current now) in one operation
         and send each (or queue it behind the pair's earlier ones)."""
-        parts = [self._push_rows_out[q][k] for q, k in pushes]
+        parts = [self.out[q][k][0] for q, k in pushes]
         rows = parts[0] if len(parts) == 1 else torch.cat(parts)
         packed = self._row_ops.pack_rows(rows, self._pushed_columns)
         for q, k in pushes:  # (packed: not kept)
-            self.out[q][k] = self._push_rows_out[q][k] = self._push_tests[q][k] = None
+            self.out[q][k] = None
         start = 0
         for (q, k), part in zip(pushes, parts, strict=True):
             stop = start + part.numel()
@@ -575,8 +572,8 @@ class Engine:
         a step no row reaches)."""
         q = self._readers[i]
         k = self.push_sent[q]
-        tests = self._push_tests[q]
-        row, step = tests[k].waiting_on() if k < len(tests) else (0, NOTHING_LEFT)
+        stream = self.out[q]
+        row, step = stream[k][1].waiting_on() if k < len(stream) else (0, NOTHING_LEFT)
         self._awaited_rows[i], self._awaited_steps[i] = row, step
 
     def _send_deferred(self) -> None:
@@ -917,7 +914,7 @@ class Engine:
         want = {}
         for o, pushes in self.inn.items():
             k = self.push_recv[o]  # (a push taken was current: its ready <= t)
-            while k < len(pushes) and pushes[k].ready <= t:
+            while k < len(pushes) and pushes[k][0].ready <= t:
                 k += 1
             want[o] = k
 
