@@ -639,14 +639,19 @@ class Engine:
     # ------------------------------------------------------------ step path
     def before_step(self, t: int) -> float:
         """Block until local step t's read set is current (throughput-first: current, or
-        lagging where ``sharded_admission`` admits it); returns seconds waited."""
+        lagging where ``sharded_admission`` admits it); returns the seconds waited for
+        peers (the apply of what arrived meanwhile, and the step's own bookkeeping before
+        it, its tables made and pushes registered, are the rank's work, not in it)."""
         if t != self.done + 1 or self.readable != self.done:
             raise ValueError(f"before_step({t}): expected local step {self.done + 1}")
         if t >= self.num_steps:
             raise ValueError(f"before_step({t}): outside the bound plan's {self.num_steps} steps")
         cur = self.ledger.begin_step(self.offset + t)
-        start = time.perf_counter()
+        # the step's own bookkeeping first, outside its wait (the seconds spent waiting for
+        # peers): receives posted, pushes registered, the tables and id lists made
         self._post(t)
+        self._path(t)
+        start = time.perf_counter()
         what = f"before_step({self.offset + t}) waiting for owners' rows"
         if self.admission is None:
             # what arrived is applied here only if the step waits for it or a reader may
