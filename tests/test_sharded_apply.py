@@ -81,21 +81,22 @@ def test_a_later_phase_reads_rows_an_earlier_phase_updated():
     assert int(out[1].engine.versions[40 - 32]) == 20 + T - 1
 
 
-def test_a_step_applied_before_its_own_after_backward():
-    """Rank 0 holds none of its owned rows in any step's footprint, and rank 1's gradient
-    rows of step t (for rank 0's rows 0, 1) arrive at once (peers injected, as a rank running
-    behind sees them): step t is applied and retired during before_step(t), and
-    after_backward(t) must go on (it asked for the retired step's record and failed)."""
-    from odin_ns.bench.control_plane import InjectedPeers
-    from odin_ns.runtime import ParamGroupState
-    from odin_ns.runtime.engine import Engine
+def _halves_layout(plan):
+    """Rank 0's view of 8 rows, rank 0 owning rows 0..3 and rank 1 rows 4..7, caching what
+    ``plan`` has it read of rank 1's."""
     from odin_ns.runtime.layout import ShardLayout, cache_of, phase_read_sets
 
     owner = np.repeat([0, 1], 4).astype(np.int64)
-    steps = 3
-    plan = loopback_plan([[[4, 5], [0, 1]] for _ in range(steps)], 8)
-    reads = phase_read_sets(plan, 2)[0]
-    layout = ShardLayout(owner, 0, cache_of(owner, 0, reads))
+    return ShardLayout(owner, 0, cache_of(owner, 0, phase_read_sets(plan, 2)[0]))
+
+
+def _rank0_with_injected_peers(plan, layout):
+    """Rank 0's engine over toy rows (8 of them, 2 ranks) whose peer answers every receive
+    at once (``bench.control_plane.InjectedPeers``)."""
+    from odin_ns.bench.control_plane import InjectedPeers
+    from odin_ns.runtime import ParamGroupState
+    from odin_ns.runtime.engine import Engine
+
     groups = [
         ParamGroupState(
             g.name, g.param[torch.from_numpy(layout.gids)].clone(),
@@ -104,15 +105,30 @@ def test_a_step_applied_before_its_own_after_backward():
         )
         for g in toy_groups(8, seed=1)
     ]  # fmt: skip
-    engine = Engine(
+    return Engine(
         groups, layout, plan, 0, 2, InjectedPeers(8, 32, 0), InjectedPeers(8, 32, 1),
         step_offset=0, versions=torch.full((layout.num_owned,), -1), timeout_s=5.0,
     )  # fmt: skip
+
+
+def _after_backward(engine, t: int) -> None:
+    """Step t's zero gradients, every row it reads visible."""
+    visible = torch.zeros(engine.layout.num_local, dtype=torch.bool)
+    visible[torch.from_numpy(engine.steps[t].reads)] = True
+    engine.after_backward(t, [torch.zeros_like(g.param) for g in engine.groups], visible)
+
+
+def test_a_step_applied_before_its_own_after_backward():
+    """Rank 0 holds none of its owned rows in any step's footprint, and rank 1's gradient
+    rows of step t (for rank 0's rows 0, 1) arrive at once (peers injected, as a rank running
+    behind sees them): step t is applied and retired during before_step(t), and
+    after_backward(t) must go on (it asked for the retired step's record and failed)."""
+    steps = 3
+    plan = loopback_plan([[[4, 5], [0, 1]] for _ in range(steps)], 8)
+    engine = _rank0_with_injected_peers(plan, _halves_layout(plan))
     for t in range(steps):
         engine.before_step(t)
-        visible = torch.zeros(layout.num_local, dtype=torch.bool)
-        visible[torch.from_numpy(engine.steps[t].reads)] = True
-        engine.after_backward(t, [torch.zeros_like(g.param) for g in groups], visible)
+        _after_backward(engine, t)
     engine.drain()
     assert engine.versions[:2].tolist() == [steps - 1] * 2  # rows 0, 1: rank 1's updates
     assert engine.versions[2:].tolist() == [-1, -1]  # rows 2, 3: nobody wrote them
@@ -126,10 +142,7 @@ def test_a_steps_wait_leaves_out_its_own_bookkeeping(monkeypatch, replicated):
     for, however slow the tables are (counted as wait, a 2-rank street run's hidden share
     of barrier's wait under stragglers read 8 points low: docs/benchmarks.md)."""
     import odin_ns.runtime.engine as engine_module
-    from odin_ns.bench.control_plane import InjectedPeers
-    from odin_ns.runtime import ParamGroupState
-    from odin_ns.runtime.engine import Engine
-    from odin_ns.runtime.layout import ShardLayout, cache_of, phase_read_sets, replicated_layout
+    from odin_ns.runtime.layout import replicated_layout
 
     slow_s, steps = 0.05, 6
     made = engine_module.step_rows
@@ -141,31 +154,14 @@ def test_a_steps_wait_leaves_out_its_own_bookkeeping(monkeypatch, replicated):
 
     monkeypatch.setattr(engine_module, "step_rows", slow_tables)
     plan = loopback_plan([[[4, 5, t % 4], [0, 1, 6]] for t in range(steps)], 8)
-    if replicated:
-        layout = replicated_layout(8, 0)
-    else:
-        owner = np.repeat([0, 1], 4).astype(np.int64)
-        layout = ShardLayout(owner, 0, cache_of(owner, 0, phase_read_sets(plan, 2)[0]))
-    groups = [
-        ParamGroupState(
-            g.name, g.param[torch.from_numpy(layout.gids)].clone(),
-            torch.zeros_like(g.param[: layout.num_owned]),
-            torch.zeros_like(g.param[: layout.num_owned]), lr_at=g.lr_at,
-        )
-        for g in toy_groups(8, seed=1)
-    ]  # fmt: skip
-    engine = Engine(
-        groups, layout, plan, 0, 2, InjectedPeers(8, 32, 0), InjectedPeers(8, 32, 1),
-        step_offset=0, versions=torch.full((layout.num_owned,), -1), timeout_s=5.0,
-    )  # fmt: skip
+    layout = replicated_layout(8, 0) if replicated else _halves_layout(plan)
+    engine = _rank0_with_injected_peers(plan, layout)
     waits, spent = [], []
     for t in range(steps):
         tic = time.perf_counter()
         waits.append(engine.before_step(t))
         spent.append(time.perf_counter() - tic)
-        visible = torch.zeros(layout.num_local, dtype=torch.bool)
-        visible[torch.from_numpy(engine.steps[t].reads)] = True
-        engine.after_backward(t, [torch.zeros_like(g.param) for g in groups], visible)
+        _after_backward(engine, t)
     engine.drain()
     assert spent[0] >= slow_s  # (the tables were slow, and made in before_step)
     assert max(waits) < slow_s, waits
