@@ -90,6 +90,12 @@ def test_sharded_checkpoint_equals_replicated_barrier(runs, ranks):
     summary = json.loads((runs[ranks, "sharded"] / "odin_run.json").read_text())
     counts = {p["num_gaussians"] for p in summary["ranks"][0]["phases"]}
     assert len(counts) > 1, counts  # crossed a densification
+    # a step's record carries the waits of its structural change's drain and rendezvous, and
+    # no other step's does (a phase start's drain is in the phase's record)
+    changed = {c["step"] for c in summary["ranks"][0]["structural_changes"]}
+    for r in summary["ranks"]:
+        assert all(s["drain_wait_s"] >= 0.0 for s in r["steps"])
+        assert all(s["drain_wait_s"] == 0.0 for s in r["steps"] if s["step"] not in changed)
     n = rep["pipeline"]["_model.gauss_params.means"].shape[0]
     owned = [r["owned_rows"] for r in summary["ranks"]]
     assert sum(owned) == n

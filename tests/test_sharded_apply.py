@@ -37,6 +37,10 @@ def test_a_row_waits_only_for_its_own_writers():
     slow, out = _run(SLOW_S)
     waited = sum(m.wait_s for m in out[1].engine.metrics)
     assert waited < 0.25 * T * SLOW_S, waited  # rank 1 ran on, rank 0 slept T x SLOW_S
+    # where rank 1 paid for running ahead: its drain waited for rank 0's last rows of row 40
+    drained = sum(m.drain_wait_s for m in out[1].engine.metrics)
+    assert drained > 0.5 * T * SLOW_S, drained
+    assert out[1].engine.ledger.summary(out[1].engine.config)["drain_wait_s_total"] == drained
     # rank 0's gradients of row 40 reached rank 1 and were applied, in step order
     assert out[1].engine.log.oldest_unapplied(T) is None
     assert int(out[1].engine.versions[40 - 32]) == T - 1

@@ -179,6 +179,20 @@ def test_snapshot_from_run_matches_reference():
     assert snap["plan"]["num_gaussians"] == 1234
 
 
+def test_a_drains_wait_counts_as_the_steps_wait():
+    """A rank that ran ahead waits at the next structural change's drain, after its step's
+    read gate: the panels count that wait (``drain_wait_s``) with the read gate's."""
+    run = saved_run()
+    plain = snapshot_from_run(run)
+    run["ranks"][1]["steps"][25]["drain_wait_s"] = 0.5  # rank 1 paid for its lead at step 25
+    snap = snapshot_from_run(run)
+    assert snap["odin_wait_s"] == pytest.approx(plain["odin_wait_s"] + 0.5 / 2, rel=1e-12)
+    assert snap["ranks"][1]["wait_s"][25] == pytest.approx(
+        run["ranks"][1]["steps"][25]["wait_s"] + 0.5
+    )
+    assert snap["ranks"][0]["wait_s"] == plain["ranks"][0]["wait_s"]
+
+
 def test_snapshot_from_run_tolerates_missing_keys():
     assert snapshot_from_run({}) == {}
     snap = snapshot_from_run({"ranks": [{}, {"rank": 1, "steps": [{"step": 3}]}]})

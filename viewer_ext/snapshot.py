@@ -52,6 +52,16 @@ def as_float(value: Any) -> float | None:
     return out if math.isfinite(out) else None
 
 
+def step_wait(record: dict) -> float | None:
+    """A step record's seconds waiting for peers: at its read gate (``wait_s``) and in the
+    drains and rendezvous after it (``drain_wait_s``, 0 in logs without it); None without
+    ``wait_s``."""
+    gate = as_float(record.get("wait_s"))
+    if gate is None:
+        return None
+    return gate + (as_float(record.get("drain_wait_s")) or 0.0)
+
+
 def as_int(value: Any) -> int | None:
     """An int, or None for missing / non-numeric values."""
     out = as_float(value)
@@ -204,7 +214,7 @@ def _barrier_estimate(ranks: list[dict]) -> tuple[float | None, float | None]:
     """(barrier critical-path wait estimate, Odin wait) from per-step logs, in seconds.
 
     Over the steps every rank logged: a barrier makes rank r wait ``max_q compute_q -
-    compute_r`` at each step; Odin's wait is the logged ``wait_s``. Both are averaged over
+    compute_r`` at each step; Odin's wait is the logged one (``step_wait``). Both are averaged over
     ranks and summed over steps (communication time is not modelled).
     """
     per_rank: list[dict[int, tuple[float, float]]] = []
@@ -217,7 +227,7 @@ def _barrier_estimate(ranks: list[dict]) -> tuple[float | None, float | None]:
             s, c, w = (
                 as_int(rec.get("step")),
                 as_float(rec.get("compute_s")),
-                as_float(rec.get("wait_s")),
+                step_wait(rec),
             )
             if s is not None and c is not None and w is not None:
                 table[s] = (c, w)
@@ -273,7 +283,7 @@ def snapshot_from_run(run: dict) -> dict:
             "rank": as_int(entry.get("rank")) if as_int(entry.get("rank")) is not None else i,
             "steps": [s if s is not None else j for j, s in enumerate(steps)],
             "compute_s": [as_float(s.get("compute_s")) for s in records],
-            "wait_s": [as_float(s.get("wait_s")) for s in records],
+            "wait_s": [step_wait(s) for s in records],
         }
         if any("bytes_sent" in s for s in records):
             series["bytes_sent"] = [as_float(s.get("bytes_sent")) for s in records]

@@ -32,6 +32,7 @@ import numpy as np
 from odin_ns.bench.commands import BIN, quiet_flags, run_dir, run_env, schedule_flags, train_command
 from odin_ns.bench.report import save_figure, write_json
 from odin_ns.schedule.ownership import ROW_FLOATS
+from odin_ns.viewer_ext.snapshot import step_wait
 
 MODES = {
     "replicated": ["--pipeline.sync.mode", "barrier"],
@@ -109,7 +110,7 @@ def run_figures(run: Path, skip: int) -> dict:
     out = {
         "steps_timed": n_steps,
         "views_per_s": len(ranks) * n_steps / max(end - start, 1e-9),
-        "wait_s_per_step": float(np.mean([x["wait_s"] for s in steps for x in s])),
+        "wait_s_per_step": float(np.mean([step_wait(x) for s in steps for x in s])),
         "bytes_per_rank_step_mean": float(np.mean(per_rank)),
         "bytes_per_rank_step_max": float(np.max(per_rank)),
         "num_gaussians": n,

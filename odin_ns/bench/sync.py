@@ -43,6 +43,10 @@ at tau 0.2, stale gradients dropped: the defaults before) and
 ``quality-first-shuffled`` (quality-first on a plan whose epochs' steps are shuffled, not
 ordered low-conflict: what the step order buys).
 
+A rank's wait is what its steps waited for peers: at each step's read gate and in the drains
+and rendezvous after a step (``drain_wait_s``: a refine's or reset's structural change, where
+a rank that ran ahead, as throughput-first's do, waits for the others; before 2026-12-07 it
+was left out, so throughput-first's share hidden read high and its no-wait ideal low).
 ``critical_path_wait_s`` is how much later a run ended than it would have if no rank had
 waited (``trace.critical_path_wait``), ``max_rank_wait_s`` the most any rank waited;
 ``wait_hidden_<mode>_vs_<base>`` and ``..._max_rank`` are the shares of the base's that a
@@ -82,6 +86,7 @@ from odin_ns.bench.commands import (
 from odin_ns.bench.report import put_spread, save_figure, spread, write_json
 from odin_ns.bench.trace import critical_path_wait, replay_run
 from odin_ns.runtime.ledger import merge_admission_summaries
+from odin_ns.viewer_ext.snapshot import step_wait
 
 SHORT = {"ddp": "ddp", "barrier": "barrier", "quality-first": "qf", "throughput-first": "tf"}
 CONTROL = "barrier-again"  # --control: barrier once more per round (the A/A control)
@@ -270,8 +275,10 @@ def mode_figures(summary: dict, skip_steps: int) -> dict:
     start = min(s[0]["start"] for s in steps)
     end = max(s[-1]["end"] for s in steps)
     views = sum(len(s) for s in steps)
-    busy = [sum(x["end"] - x["start"] - x["wait_s"] for x in s) for s in steps]
-    waits = [sum(x["wait_s"] for x in s) for s in steps]
+    # waiting: at the read gate and in the drains after a step (``step_wait``: a rank that
+    # ran ahead waits at the next structural change's drain)
+    waits = [sum(step_wait(x) for x in s) for s in steps]
+    busy = [sum(x["end"] - x["start"] for x in s) - w for s, w in zip(steps, waits, strict=True)]
     num_gaussians = np.mean([p["num_gaussians"] for p in ranks[0]["phases"]])
     row_floats = 59  # splatfacto (SH degree 3): 3+3+4+3+45+1 gradient floats per Gaussian
     world = len(ranks)
@@ -387,15 +394,20 @@ def plot_timeline(summaries: dict[str, dict], path: Path) -> None:
         t0 = min(r["steps"][0]["start"] for r in summary["ranks"])
         for r in summary["ranks"]:
             for s in r["steps"]:
+                # the read gate's wait first, a drain's (a structural change) last
+                drain = s.get("drain_wait_s", 0.0)
                 wait_end = s["start"] - t0 + s["wait_s"]
                 ax.barh(r["rank"], s["wait_s"], left=s["start"] - t0, color="tab:red", height=0.6)
                 ax.barh(
                     r["rank"],
-                    s["end"] - s["start"] - s["wait_s"],
+                    s["end"] - s["start"] - s["wait_s"] - drain,
                     left=wait_end,
                     color="tab:blue",
                     height=0.6,
                 )
+                if drain > 0:
+                    left = s["end"] - t0 - drain
+                    ax.barh(r["rank"], drain, left=left, color="tab:red", height=0.6)
         ax.set_title(f"{mode}: compute (blue) and wait (red) per rank")
         ax.set_ylabel("rank")
     axes[-1, 0].set_xlabel("seconds")

@@ -233,6 +233,7 @@ class SessionFlow:
                 "view": self.datamanager.plan_view(step),
                 "compute_s": compute_s,
                 "wait_s": timing.wait_s,
+                "drain_wait_s": metrics.drain_wait_s,
                 "start": timing.started,
                 "end": time.time(),
                 "footprint_rows": int(self._rows.numel()),
@@ -384,6 +385,7 @@ class SessionFlow:
         before the collectives that follow it."""
         begun = time.perf_counter()
         spent = self._meeting.meet(what)
+        self.ledger.drain_waited(spent)
         if self.silence.heard_since(begun):  # a busy peer was waited for
             self.ledger.busy_s += spent
 

@@ -871,7 +871,9 @@ class Engine:
         self._apply_ready()
 
     def drain(self) -> None:
-        """Apply every step of the phase run so far; wait for this rank's sends."""
+        """Apply every step of the phase run so far; wait for this rank's sends. The seconds
+        it waits for peers (its applies and its own bookkeeping left out) count in the
+        current step's ``drain_wait_s``."""
         if self.readable != self.done:
             raise ValueError("drain() between before_step() and after_backward() of a step")
         tic = time.perf_counter()
@@ -879,6 +881,8 @@ class Engine:
             self._raise_outside(f"a step in {self.offset}..{self.offset + self.done}")
         last = self.done
         self._post(last)  # (pushes registered through last + PUSH_LEAD, as every rank's)
+        cur = self.ledger.current
+        applied_s, waiting = cur.apply_s, time.perf_counter()
         self._wait(
             lambda: (
                 None
@@ -901,6 +905,7 @@ class Engine:
             return None
 
         self._wait(unsent, f"drain after step {self.offset + last} (sends)")
+        self.ledger.drain_waited(time.perf_counter() - waiting - (cur.apply_s - applied_s))
         self.log.settle_after_drain()
         if self.versions is not self.log.versions:  # the caller's copy on the device
             self.versions.copy_(self.log.versions)

@@ -30,7 +30,11 @@ class StepMetrics:
     ``max_inflight_bytes``), ``inflight_bytes_max`` (most bytes in flight to one peer after
     this step's sends), and in the sharded layout ``pushes_deferred`` / ``deferred_bytes_max``
     (pushes packed and queued for credits). ``busy_wait_s``: seconds of ``wait_s`` spent
-    waiting on a peer that said it was busy."""
+    waiting on a peer that said it was busy. ``drain_wait_s``: seconds waited for peers
+    after the step's read gate, in drains and rendezvous (a refine's or reset's structural
+    change at the step; a phase start, checkpoint or evaluation before the next step), the
+    drains' own applies left out: where a rank that runs ahead (throughput-first) pays for
+    its lead."""
 
     step: int
     wait_s: float = 0.0
@@ -48,6 +52,7 @@ class StepMetrics:
     inflight_bytes_max: int = 0
     pushes_deferred: int = 0
     deferred_bytes_max: int = 0
+    drain_wait_s: float = 0.0
 
 
 @dataclass
@@ -76,6 +81,10 @@ class RunLedger:
         self.current = StepMetrics(step=int(step))
         self.steps.append(self.current)
         return self.current
+
+    def drain_waited(self, seconds: float) -> None:
+        """A drain or rendezvous waited ``seconds`` for peers (in the current step's record)."""
+        self.current.drain_wait_s += seconds
 
     def credit_waited(self, seconds: float) -> None:
         """A send waited ``seconds`` for credits (in the step's record and the run's)."""
@@ -137,6 +146,7 @@ class RunLedger:
             "max_version_lag": int(max((m.max_version_lag for m in ms), default=0)),
             "drains": self.drains,
             "drain_s_total": self.drain_s,
+            "drain_wait_s_total": float(sum(m.drain_wait_s for m in every)),
             "max_inflight_bytes": int(config.max_inflight_bytes),
             "inflight_bytes_max": int(max((m.inflight_bytes_max for m in every), default=0)),
             "credit_wait_s_total": float(self.credit_s),
