@@ -84,6 +84,31 @@ def test_a_steps_compute_time_ends_where_the_device_finished_the_backward():
     assert compute_s >= 0.05 and recorded["compute_s"] == compute_s
 
 
+def test_a_phase_starts_wait_for_peers_is_the_steps_wait():
+    """A rank that ran ahead waits for the others in the phase start's drain and rendezvous
+    (counted by the ledger in the last step's record): the step's wait is that and its read
+    gate's; a step without a phase start waits at the gate alone."""
+    from types import SimpleNamespace
+
+    from odin_ns.runtime.ledger import RunLedger
+
+    ledger = RunLedger()
+    ledger.begin_step(9)  # the last step, logged already
+
+    def start_phase(step):  # the drain and the rendezvous wait 0.25 s for the peers
+        ledger.drain_waited(0.25)
+
+    session = SimpleNamespace(
+        ledger=ledger, phases=SimpleNamespace(due=lambda step: step == 10),
+        _start_phase=start_phase, noise=None,
+        engine=SimpleNamespace(offset=10, before_step=lambda t: 0.01,
+                               step_reads=lambda t: (torch.arange(2), torch.arange(2))),
+    )  # fmt: skip
+    assert SessionFlow.before_step(session, 10).wait_s == pytest.approx(0.26)
+    assert SessionFlow.before_step(session, 11).wait_s == 0.01
+    assert ledger.steps[-1].drain_wait_s == 0.25  # (the ledger's total counts it once)
+
+
 def test_a_steps_losses_and_gradients_are_checked_finite_in_one_read(monkeypatch):
     """Each view's loss flag (``RenderedView.loss_finite``, set by the trainer without
     reading it) is read with the gradients' flags after the backward, in one copy; a

@@ -33,7 +33,8 @@ class StepReads:
     Attributes:
         rows: [K] int64 rows of the model's table the step draws (the plan's footprint of
             the step's views, every one current for this step).
-        wait_s: seconds spent waiting for peers' updates those rows needed.
+        wait_s: seconds spent waiting for peers before the step reads: at a phase start
+            (its drain and rendezvous), then for the updates those rows needed.
     """
 
     rows: Tensor

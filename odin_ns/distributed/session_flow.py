@@ -154,12 +154,18 @@ class SessionFlow:
     def before_step(self, step: int) -> StepReads:
         """Start a phase if one is due, then wait until this step's reads (owned or cached
         rows of the local table) are current, applying peers' updates as they arrive.
-        Returns the rows the step draws and the seconds spent waiting."""
+        Returns the rows the step draws and the seconds spent waiting for peers: in a phase
+        start's drain and rendezvous (where a rank that ran ahead waits for the others;
+        the ledger counts them in the last step's ``drain_wait_s``), then at the read gate."""
+        phase_wait_s = 0.0
         if self.phases.due(step):
+            last = self.ledger.current  # (the last step's record)
+            waited = last.drain_wait_s
             self._start_phase(step)
+            phase_wait_s = last.drain_wait_s - waited
         assert self.engine is not None
         t = step - self.engine.offset
-        wait_s = self.engine.before_step(t)
+        wait_s = phase_wait_s + self.engine.before_step(t)
         # the rows the model draws (local ids), and the densifier's statistics' (global ids)
         self._rows, self._global_rows = self.engine.step_reads(t)
         if self.noise is not None:  # MCMC: the read set carries every earlier step's noise
@@ -233,6 +239,7 @@ class SessionFlow:
                 "view": self.datamanager.plan_view(step),
                 "compute_s": compute_s,
                 "wait_s": timing.wait_s,
+                # its structural change's waits (a phase start's are in its step's wait_s)
                 "drain_wait_s": metrics.drain_wait_s,
                 "start": timing.started,
                 "end": time.time(),
