@@ -1,5 +1,6 @@
 """bench.stragglers: the shares it sweeps and the figures it takes from bench.sync."""
 
+import numpy as np
 import pytest
 
 from odin_ns.bench import stragglers
@@ -64,3 +65,24 @@ def test_share_figures_take_same_round_spreads_against_barrier():
     )
     assert named["psnr_delta_tfi_vs_qf_jitter50"] == pytest.approx(-0.05)
     assert named["throughput_ratio_tfi_vs_qf_jitter50"] == 1.2
+
+
+def test_a_rank_that_ran_ahead_waits_at_the_drain_off_the_critical_path():
+    """bench.sync counts a drain's wait (``drain_wait_s``) as the rank's wait, not its work;
+    the rank that ran ahead and waited there ends no later than the one it waited for, so
+    the critical-path wait does not count it, and the most any rank waited does."""
+    from odin_ns.bench.sync import waits_and_busy
+    from odin_ns.bench.trace import critical_path_wait
+
+    def step(start, end, wait_s, drain_wait_s=0.0):
+        return {"start": start, "end": end, "wait_s": wait_s, "drain_wait_s": drain_wait_s}
+
+    behind = [step(0.0, 1.0, 0.0), step(1.0, 2.0, 0.0)]  # rank 0: never waits
+    ahead = [step(0.0, 0.6, 0.0), step(0.6, 2.0, 0.01, drain_wait_s=0.8)]  # rank 1
+    old = [{k: v for k, v in x.items() if k != "drain_wait_s"} for x in ahead]  # older logs
+    waits, busy = waits_and_busy([behind, ahead])
+    assert waits == pytest.approx([0.0, 0.81]) and busy == pytest.approx([2.0, 1.19])
+    assert waits_and_busy([behind, old])[0] == pytest.approx([0.0, 0.01])
+    ends = np.array([2.0, 2.0])
+    assert critical_path_wait(ends, np.array(waits)) == 0.0
+    assert max(waits) == pytest.approx(0.81)

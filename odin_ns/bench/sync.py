@@ -265,6 +265,16 @@ def plan_density(summary: dict) -> dict:
     }
 
 
+def waits_and_busy(steps: list[list[dict]]) -> tuple[list[float], list[float]]:
+    """Per rank of ``steps`` (each rank's step records): the seconds its steps waited for
+    peers, at their read gates and in the drains and rendezvous after them (``step_wait``:
+    a rank that ran ahead waits at the next structural change's drain), and the rest of
+    their wall time, busy."""
+    waits = [sum(step_wait(x) for x in s) for s in steps]
+    busy = [sum(x["end"] - x["start"] for x in s) - w for s, w in zip(steps, waits, strict=True)]
+    return waits, busy
+
+
 def mode_figures(summary: dict, skip_steps: int) -> dict:
     """Throughput, wait, bytes and the no-wait ideal of one run (first steps skipped), and
     its plan density (every step)."""
@@ -275,10 +285,7 @@ def mode_figures(summary: dict, skip_steps: int) -> dict:
     start = min(s[0]["start"] for s in steps)
     end = max(s[-1]["end"] for s in steps)
     views = sum(len(s) for s in steps)
-    # waiting: at the read gate and in the drains after a step (``step_wait``: a rank that
-    # ran ahead waits at the next structural change's drain)
-    waits = [sum(step_wait(x) for x in s) for s in steps]
-    busy = [sum(x["end"] - x["start"] for x in s) - w for s, w in zip(steps, waits, strict=True)]
+    waits, busy = waits_and_busy(steps)
     num_gaussians = np.mean([p["num_gaussians"] for p in ranks[0]["phases"]])
     row_floats = 59  # splatfacto (SH degree 3): 3+3+4+3+45+1 gradient floats per Gaussian
     world = len(ranks)
