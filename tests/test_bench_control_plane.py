@@ -62,6 +62,11 @@ def test_tiny_run_reports_every_key(tmp_path):
         for mode in ("quality", "throughput"):
             assert 0 <= result[f"device_reads_per_step_{key}_{mode}_max"] <= 2
         assert result[f"split_{key}"] and result[f"control_lines_{key}"]
+    # the host's own slowdown after the paced steps' gap, priced on work without the engine
+    assert result["host_reference_paced_ms"] > 0 and result["host_reference_warm_ms"] > 0
+    assert result["host_wake_factor"] == (
+        result["host_reference_paced_ms"] / result["host_reference_warm_ms"]
+    )
     assert 0 <= result["syncs_per_step_max"] <= 2
     assert 0 < result["share_per_view"] <= 0.05
     assert out.with_suffix(".png").exists()

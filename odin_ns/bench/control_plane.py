@@ -68,7 +68,12 @@ Measured per step, R values interleaved step by step:
   CPU rank's data operations sweep its caches between steps, as they do before ``meta_ms``;
   a GPU host's own work between the engine's calls, the model's launches and the data
   loader, is not in it). A model of the host's place beside a GPU, stated as such, not a
-  measurement on one; 20 ms is the short end of a gsplat step at 1M Gaussians;
+  measurement on one; 20 ms is the short end of a gsplat step at 1M Gaussians.
+  ``host_reference_paced_ms`` / ``host_reference_warm_ms`` (medians) and their ratio
+  ``host_wake_factor``: a fixed piece of host work without the engine (``HostReference``),
+  taking its turn among the paced ranks after the same gap, and run again right after: how
+  much slower this host runs any work after the gap (on this VM 1.5-3x, varying from hour
+  to hour: 2026-12-07), which ``meta_paced_ms`` carries too;
 - ``bind_ms_per_plan_step``: the engine's phase start (``Engine``'s construction),
   per step of the plan. Since 2026-12-07 (thirty-second session) neither layout makes step
   tables there (a layout with pushes made every step's there before: their order needed
@@ -591,15 +596,50 @@ def profile_split(rank: ShardedRankUnderTest, steps: int, top: int = 12) -> tupl
 
 
 # ------------------------------------------------------------------------ the run
+class HostReference:
+    """A fixed piece of host work with no engine in it, stepped like a rank in
+    ``meta_paced`` to price what an idle gap does to the host itself: a numpy gather of
+    100,000 of 300,000 floats and 2,000 dict look-ups, three times (about 1.4 ms back to
+    back on this 2-core VM). Its ``run_step`` right after a gap against right after
+    another run says how much slower the host runs any work after the gap."""
+
+    def __init__(self, seed: int):
+        rng = np.random.default_rng(seed)
+        self.values = rng.random(300_000)
+        self.picks = rng.integers(0, self.values.size, 100_000)
+        self.table = {i: i for i in range(2_000)}
+
+    def prepare_step(self) -> None:
+        pass
+
+    def run_step(self) -> float:
+        total = 0.0
+        for _ in range(3):
+            total += float(self.values[self.picks].sum())
+            total += sum(self.table[k] for k in range(2_000))
+        return total
+
+
+REFERENCE = "host_reference"  # meta_paced's key of the reference's runs after the gap
+REFERENCE_WARM = "host_reference_warm"  # ... and of its runs right after those
+
+
 def meta_paced(
-    ranks: dict[str, ShardedRankUnderTest], warmup: int, steps: int, gap_ms: float
+    ranks: dict[str, ShardedRankUnderTest | HostReference],
+    warmup: int,
+    steps: int,
+    gap_ms: float,
 ) -> dict[str, list]:
-    """Per rank of ``ranks`` (key -> rank with its data plane on the meta device), the wall
-    ms of ``steps`` steps, each begun at least ``gap_ms`` after the last step of any rank
-    ended (the ranks in turns, alternating order), after ``warmup`` such steps:
-    ``meta_paced_ms``."""
+    """Per rank of ``ranks`` (key -> rank with its data plane on the meta device, or a
+    ``HostReference`` under ``REFERENCE``), the wall ms of ``steps`` steps, each begun at
+    least ``gap_ms`` after the last step of any rank ended (the ranks in turns, alternating
+    order), after ``warmup`` such steps: ``meta_paced_ms``. The reference also runs again
+    right after each of its paced runs (``REFERENCE_WARM``): back to back, on a host just
+    woken."""
     keys = list(ranks)
     out: dict[str, list] = {key: [] for key in keys}
+    if REFERENCE in ranks:
+        out[REFERENCE_WARM] = []
     for i in range(warmup + steps):
         for key in keys if i % 2 == 0 else keys[::-1]:
             rank = ranks[key]
@@ -610,6 +650,11 @@ def meta_paced(
             rank.run_step()
             if i >= warmup:
                 out[key].append(1e3 * (time.perf_counter() - tic))
+            if key == REFERENCE:
+                tic = time.perf_counter()
+                rank.run_step()
+                if i >= warmup:
+                    out[REFERENCE_WARM].append(1e3 * (time.perf_counter() - tic))
     return out
 
 
@@ -734,13 +779,23 @@ def measure(args) -> dict:
             print(f"step {i + 1}/{args.steps}: " + ", ".join(
                 f"{k} engine {np.median(per[k]['engine']):.1f} ms" for k in keys))  # fmt: skip
     if args.paced:
+        paced_ranks = {key: without_values[key] for key in keys}
         paced = meta_paced(
-            {key: without_values[key] for key in keys}, args.warmup, args.steps, args.gap_ms
+            {**paced_ranks, REFERENCE: HostReference(args.seed)},
+            args.warmup,
+            args.steps,
+            args.gap_ms,
         )
         for key in keys:
             put_spread(result, f"meta_paced_ms_per_step_{key}", paced[key])
             result[f"series_meta_paced_ms_{key}"] = paced[key]
         result["gap_ms"] = args.gap_ms
+        # the host's own slowdown after the gap, in work without the engine
+        put_spread(result, "host_reference_paced_ms", paced[REFERENCE])
+        put_spread(result, "host_reference_warm_ms", paced[REFERENCE_WARM])
+        result["host_wake_factor"] = (
+            result["host_reference_paced_ms"] / result["host_reference_warm_ms"]
+        )
     for key in keys:
         rec = per[key]
         cost = instrument_overhead_s(without_values[key], args.calibration_steps)
@@ -933,11 +988,17 @@ def main(argv: list[str] | None = None) -> dict:
             + f"engine {result[f'engine_ms_per_step_{key}']:.1f} ms, "
             f"device reads max {result[f'device_reads_per_step_{key}_quality_max']}"
         )  # fmt: skip
+    if "host_wake_factor" in result:
+        print(
+            f"host reference (no engine) after the {args.gap_ms:g} ms gap "
+            f"{result['host_reference_paced_ms']:.2f} ms, right after "
+            f"{result['host_reference_warm_ms']:.2f} ms: x{result['host_wake_factor']:.2f}"
+        )
     print(f"-> {args.out}")
     return result
 
 
-__all__ = ["InjectedPeers", "OpTimer", "city_footprints", "main"]
+__all__ = ["HostReference", "InjectedPeers", "OpTimer", "city_footprints", "main"]
 
 if __name__ == "__main__":
     main()
