@@ -46,7 +46,8 @@ ordered low-conflict: what the step order buys).
 A rank's wait is what its steps waited for peers: at each step's read gate and in the drains
 and rendezvous after a step (``drain_wait_s``: a refine's or reset's structural change, where
 a rank that ran ahead, as throughput-first's do, waits for the others; before 2026-12-07 it
-was left out, so throughput-first's share hidden read high and its no-wait ideal low).
+counted as work: throughput-first's most-waited rank read 0.04 s on street where it waited
+0.54 s; the critical-path wait, which that rank is not on, read the same).
 ``critical_path_wait_s`` is how much later a run ended than it would have if no rank had
 waited (``trace.critical_path_wait``), ``max_rank_wait_s`` the most any rank waited;
 ``wait_hidden_<mode>_vs_<base>`` and ``..._max_rank`` are the shares of the base's that a
