@@ -320,6 +320,23 @@ def synthetic_table(waits: float, steps: int = 12) -> dict:
     }
 
 
+def test_a_drains_wait_is_no_step_overhead():
+    """A step whose structural change waited for peers (``drain_wait_s``, in its wall time)
+    replays with the overhead it had without that wait: the replay's phase boundary is
+    where the simulator makes ranks wait."""
+    from odin_ns.bench.scale import _phases_from_trace
+
+    table = synthetic_table(0.02)
+    drained = {**table, "end": table["end"].copy(), "drain_wait_s": np.zeros_like(table["end"])}
+    drained["end"][-1, 1] += 0.3  # rank 1's last step waited 0.3 s in its drain
+    drained["drain_wait_s"][-1, 1] = 0.3
+    (plain,), _ = _phases_from_trace(table)
+    (phase,), _ = _phases_from_trace(drained)
+    np.testing.assert_allclose(phase.overhead, plain.overhead, atol=1e-12)
+    unrecorded = {k: v for k, v in drained.items() if k != "drain_wait_s"}  # older logs
+    assert _phases_from_trace(unrecorded)[0][0].overhead[-1, 1] > plain.overhead[-1, 1] + 0.29
+
+
 def test_validation_reads_only_calibration_inputs():
     collective = Network("micro-benchmark", 0.005, 1e9)
     base = {"barrier": synthetic_table(0.02), "ddp": synthetic_table(0.03)}

@@ -136,6 +136,8 @@ def _phases_from_trace(
     }
     steps = table["step"][:, 0]
     overhead = table["end"] - table["start"] - table["wait_s"] - table["compute_s"]
+    if "drain_wait_s" in table:  # a structural change's wait for peers: not the step's work
+        overhead = overhead - table["drain_wait_s"]
     gap = np.zeros_like(overhead)
     gap[:-1] = table["start"][1:] - table["end"][:-1]
     phases_out = []

@@ -4,7 +4,7 @@
 
 Reads the run log ``odin_run.json`` (per rank: ``steps`` with ``step, view, compute_s,
 wait_s, start, end`` and, when the telemetry writes them, ``footprint_rows,
-visible_rows, pixels, bytes_sent, bytes_recv``; ``phases`` with ``start_step, num_steps,
+visible_rows, pixels, bytes_sent, bytes_recv, drain_wait_s``; ``phases`` with ``start_step, num_steps,
 num_gaussians`` and ``phase_start_s`` or, in older logs, ``plan_seconds``). Per-view fields
 the log lacks are computed from the run directory: footprints of the final checkpoint's
 Gaussians over the saved config's training cameras (``footprint_rows``, scaled per phase to
@@ -30,7 +30,14 @@ import scipy.sparse as sp
 from odin_ns.bench.report import save_figure, write_json
 
 STEP_FIELDS = ("step", "view", "compute_s", "wait_s", "start", "end")
-OPTIONAL_FIELDS = ("footprint_rows", "visible_rows", "pixels", "bytes_sent", "bytes_recv")
+OPTIONAL_FIELDS = (
+    "footprint_rows",
+    "visible_rows",
+    "pixels",
+    "bytes_sent",
+    "bytes_recv",
+    "drain_wait_s",
+)
 
 
 @dataclass

@@ -43,6 +43,7 @@ TABLE_ARRAYS = (
     "pixels",
     "num_rows",
     "admitted",
+    "drain_wait_s",
 )
 
 
