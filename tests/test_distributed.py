@@ -172,7 +172,7 @@ def test_ns_viewer_shows_the_runs_sync_panels(street_runs_2, tmp_path):
             # The viser page draws the scene in software WebGL on this CPU machine: on 2
             # busy cores its first render takes minutes, so the wait is generous.
             page.wait_for(
-                "document.body.innerText.includes('Critical-path wait hidden')", timeout_s=300
+                "document.body.innerText.includes('Wait hidden vs a barrier')", timeout_s=300
             )
             text = page.text()
             assert "quality-first" in text

@@ -318,7 +318,7 @@ def test_cli_serves_a_saved_run_and_rejects_a_missing_one(tmp_path):
 
 # ---------------------------------------------------------------------- real browser
 
-READY = "document.body && document.body.innerText.includes('Critical-path wait hidden')"
+READY = "document.body && document.body.innerText.includes('Wait hidden vs a barrier')"
 STEP = r"Step (\d+) · mode"
 # The GUI element a viser label names (its ``for`` is the element's id).
 BY_LABEL = (
@@ -353,7 +353,7 @@ def expected_lines(snap: dict) -> list[str]:
             f"{r['bytes_sent'][-1] / 1024:.1f} KiB\t{r['version_lag']}"
         )
     hidden = 1 - snap["odin_wait_s"] / snap["barrier_wait_estimate_s"]
-    lines.append(f"Critical-path wait hidden: {100 * hidden:.1f} %")
+    lines.append(f"Wait hidden vs a barrier: {100 * hidden:.1f} %")
     lines.append(f"admitted\t{snap['admitted']}")
     lines.append(f"fallback: overlap\t{snap['fallbacks']['overlap']}")
     lines.append(f"fallback: total\t{sum(snap['fallbacks'].values())}")
@@ -446,7 +446,7 @@ def test_panels_in_headless_chromium(tmp_path):
             hidden = 1 - snap["odin_wait_s"] / snap["barrier_wait_estimate_s"]
             for line in (
                 "Step 39 · mode throughput-first · ranks 2",
-                f"Critical-path wait hidden: {100 * hidden:.1f} %",
+                f"Wait hidden vs a barrier: {100 * hidden:.1f} %",
                 "admitted\t23",
                 "phase\t1",
                 "num gaussians\t1234",

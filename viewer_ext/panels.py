@@ -110,7 +110,7 @@ class OdinPanels:
             with gui.add_folder("Compute vs wait"):
                 self._cw_plot = self._add_plot(compute_wait_figure([])) if charts else None
                 self._cw_table = gui.add_markdown(compute_wait_markdown([]))
-            with gui.add_folder("Critical-path wait"):
+            with gui.add_folder("Wait hidden"):
                 self._hidden_text = gui.add_markdown(wait_hidden_markdown({}))
                 self._hidden_bar = gui.add_progress_bar(0.0, color="green")
             with gui.add_folder("Delayed reads"):

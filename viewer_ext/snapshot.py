@@ -19,7 +19,7 @@ SNAPSHOT_KEYS = (
     "world_size",  # int
     "ranks",  # [{"rank", "steps", "compute_s", "wait_s", "bytes_sent", "version_lag"}]
     # (a rank may carry "mean_bytes_sent" instead of a "bytes_sent" series: saved runs)
-    "wait_hidden",  # float | None: 1 - odin critical-path wait / barrier estimate
+    "wait_hidden",  # float | None: 1 - Odin's wait / a barrier's estimated wait (rank means)
     "barrier_wait_estimate_s",  # float | None
     "wait_note",  # str, optional: how the two waits were obtained
     "odin_wait_s",  # float | None
@@ -211,7 +211,7 @@ def _sum_opt(values: list[Any]) -> int | None:
 
 
 def _barrier_estimate(ranks: list[dict]) -> tuple[float | None, float | None]:
-    """(barrier critical-path wait estimate, Odin wait) from per-step logs, in seconds.
+    """(a barrier's estimated wait, Odin's wait) from per-step logs, in seconds.
 
     Over the steps every rank logged: a barrier makes rank r wait ``max_q compute_q -
     compute_r`` at each step; Odin's wait is the logged one (``step_wait``). Both are averaged over

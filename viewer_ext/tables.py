@@ -65,7 +65,9 @@ def compute_wait_markdown(stats: list[RankStats]) -> str:
 
 
 def wait_hidden_markdown(snapshot: dict) -> str:
-    """Critical-path wait hidden so far vs the barrier estimate."""
+    """The share of a barrier's wait hidden so far: Odin's wait against the wait a barrier
+    would have made of the same steps' compute (``wait_hidden``; both are per-rank means of
+    the ranks' summed waits, not critical-path waits)."""
     hidden = wait_hidden(snapshot)
     waits = _table(
         ("Odin wait s", "barrier estimate s"),
@@ -78,7 +80,8 @@ def wait_hidden_markdown(snapshot: dict) -> str:
     )
     note = snapshot.get("wait_note")
     note = f"\n\n*{note}*" if isinstance(note, str) and note else ""
-    return f"**Critical-path wait hidden:** {fmt_num(hidden, 1, 100.0, ' %')}\n\n{waits}{note}"
+    share = fmt_num(hidden, 1, 100.0, " %")
+    return f"**Wait hidden vs a barrier:** {share}\n\n{waits}\n\n*means over ranks*{note}"
 
 
 def wait_hidden_percent(snapshot: dict) -> float:
