@@ -4,8 +4,9 @@
 
 Reads the run log ``odin_run.json`` (per rank: ``steps`` with ``step, view, compute_s,
 wait_s, start, end`` and, when the telemetry writes them, ``footprint_rows,
-visible_rows, pixels, bytes_sent, bytes_recv, drain_wait_s``; ``phases`` with ``start_step, num_steps,
-num_gaussians`` and ``phase_start_s`` or, in older logs, ``plan_seconds``). Per-view fields
+visible_rows, pixels, bytes_sent, bytes_recv, drain_wait_s``; ``phases`` with
+``start_step, num_steps, num_gaussians`` and ``phase_start_s`` or, in older logs,
+``plan_seconds``). Per-view fields
 the log lacks are computed from the run directory: footprints of the final checkpoint's
 Gaussians over the saved config's training cameras (``footprint_rows``, scaled per phase to
 the phase's recorded ``mean_footprint_rows``), pixels from the cameras.
