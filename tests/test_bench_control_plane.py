@@ -26,6 +26,21 @@ def test_op_timer_splits_row_data_from_control_and_counts_syncs():
     assert timer.data_syncs == 0
 
 
+def test_device_op_timer_times_only_the_devices_operations():
+    """The meta step's data plane: operations with a meta tensor among their inputs or
+    outputs (a list of them too, an allocation on the device too), not the host's."""
+    ids = torch.tensor([0, 2, 3])
+    rows = torch.empty(5, 4, device="meta")
+    timer = control_plane.DeviceOpTimer()
+    with timer:
+        ids.add_(1)  # host control: not timed
+        picked = rows.index_select(0, ids.to("meta"))  # an upload, then a gather
+        torch.cat([picked, rows])  # a list of device tensors
+        torch.zeros(3, device="meta")  # an allocation on the device (no tensor input)
+    assert picked.shape == (3, 4)
+    assert timer.ops == 4 and timer.device_s > 0
+
+
 def test_tiny_run_reports_every_key(tmp_path):
     out = tmp_path / "cp.json"
     argv = ["--rows", "20000", "--ranks", "2", "--steps", "3", "--warmup", "1"]
@@ -49,6 +64,15 @@ def test_tiny_run_reports_every_key(tmp_path):
         # (after the gap a step runs slower than back to back: no bound against engine_ms)
         assert result[f"meta_paced_ms_per_step_{key}"] > 0
         assert len(result[f"series_meta_paced_ms_{key}"]) == 3 and result["gap_ms"] == 20
+        # the meta steps less their data-plane operations' time (a twin's, the same work),
+        # back to back and paced: below the wall time, which they are taken from
+        assert result[f"meta_data_ms_per_step_{key}"] > 0
+        assert result[f"meta_host_ms_per_step_{key}"] < result[f"meta_ms_per_step_{key}"]
+        assert result[f"meta_paced_data_ms_per_step_{key}"] > 0
+        assert len(result[f"series_meta_paced_host_ms_{key}"]) == 3
+        paced_host = result[f"meta_paced_host_ms_per_step_{key}"]
+        assert paced_host < result[f"meta_paced_ms_per_step_{key}"]
+        assert 0 < result[f"meta_cpu_ms_per_step_{key}"]
         # the twin's host time (no instrument in it; an estimate too: either side of zero)
         assert result[f"host_twin_ms_per_step_{key}"] < engine
         # the step's host-to-device copies, counted on the device without values

@@ -74,6 +74,20 @@ Measured per step, R values interleaved step by step:
   taking its turn among the paced ranks after the same gap, and run again right after: how
   much slower this host runs any work after the gap (on this VM 1.5-3x, varying from hour
   to hour: 2026-12-07), which ``meta_paced_ms`` carries too;
+- ``meta_host_ms`` and ``meta_paced_host_ms`` (2026-12-07, thirty-fifth session): those two
+  less the step's data-plane operations' own time, the host's time outside the data-plane
+  kernels, as the target defines it, read off the meta step. The meta device's kernels are
+  not a CUDA launch's cost: ``cat``, ``sum`` and the compiled ops' fake kernels are Python
+  there (15-150 µs a call on this CPU; sharded, R = 8: about 0.8 of a 2 ms step). Each meta
+  rank has a twin (the same plan: the same work, step for step), the two taking turns, one
+  stepped plain, the other under ``DeviceOpTimer`` (``meta_data_ms``,
+  ``meta_paced_data_ms``: the time inside operations on a meta tensor); a step's figure is
+  the plain one's wall time less the timed one's data-plane time. A GPU host pays a launch
+  (a few µs) for each of the ``device_ops_per_step`` instead, left out here.
+  ``meta_cpu_ms``: the plain meta step's thread CPU time: on this 2-core VM the step's
+  thread shares the cores with the tables' two threads (and the other ranks'), so its
+  wall time can exceed it; a GPU host (16 cores beside one GPU on the lent machines) has
+  cores for each;
 - ``bind_ms_per_plan_step``: the engine's phase start (``Engine``'s construction),
   per step of the plan. Since 2026-12-07 (thirty-second session) neither layout makes step
   tables there (a layout with pushes made every step's there before: their order needed
@@ -122,6 +136,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from odin_ns.bench.device_reads import DeviceReads
 from odin_ns.bench.report import put_spread, save_figure, write_json
@@ -450,6 +465,32 @@ class OpTimer(TorchDispatchMode):
         return out
 
 
+class DeviceOpTimer(TorchDispatchMode):
+    """Times the operations on a device's tensors (a tensor of ``device_type`` among the
+    inputs or the outputs, lists of them too): a step's data plane. On the meta device each
+    is a shape-only kernel, some of them Python (``cat``, ``sum``, the compiled ops' fake
+    kernels: 15-150 µs a call on this CPU, where a CUDA launch costs the host a few µs), so
+    the meta step's wall time less theirs is its host time outside the data-plane kernels."""
+
+    def __init__(self, device_type: str = "meta"):
+        super().__init__()
+        self.device_type = device_type
+        self.device_s = 0.0
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        tic = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        toc = time.perf_counter()
+        if any(
+            isinstance(t, torch.Tensor) and t.device.type == self.device_type
+            for t in tree_leaves((args, kwargs, out))
+        ):
+            self.device_s += toc - tic
+            self.ops += 1
+        return out
+
+
 class ControlSites(OpTimer):
     """Also attributes each integer / boolean operation's time to its line in ``odin_ns``."""
 
@@ -622,6 +663,19 @@ class HostReference:
 
 REFERENCE = "host_reference"  # meta_paced's key of the reference's runs after the gap
 REFERENCE_WARM = "host_reference_warm"  # ... and of its runs right after those
+DATA = "/data"  # meta_paced's key suffix of a twin's data-plane ms (``DeviceOpTimer``)
+
+
+def _step_after(rank, gap_ms: float, timer: TorchDispatchMode | None = None) -> tuple[float, float]:
+    """(wall, thread CPU) seconds of ``rank``'s next step (under ``timer`` if given), begun
+    ``gap_ms`` after its model's part (not counted)."""
+    rank.prepare_step()
+    if gap_ms > 0:
+        time.sleep(gap_ms / 1e3)
+    tic, cpu = time.perf_counter(), time.thread_time()
+    with timer if timer is not None else contextlib.nullcontext():
+        rank.run_step()
+    return time.perf_counter() - tic, time.thread_time() - cpu
 
 
 def meta_paced(
@@ -629,32 +683,39 @@ def meta_paced(
     warmup: int,
     steps: int,
     gap_ms: float,
+    twins: dict[str, ShardedRankUnderTest] | None = None,
 ) -> dict[str, list]:
     """Per rank of ``ranks`` (key -> rank with its data plane on the meta device, or a
     ``HostReference`` under ``REFERENCE``), the wall ms of ``steps`` steps, each begun at
     least ``gap_ms`` after the last step of any rank ended (the ranks in turns, alternating
     order), after ``warmup`` such steps: ``meta_paced_ms``. The reference also runs again
     right after each of its paced runs (``REFERENCE_WARM``): back to back, on a host just
-    woken."""
+    woken. A rank with a twin in ``twins`` (the same plan: the same work, step for step)
+    has it stepped after the same gap under ``DeviceOpTimer``, the two taking turns at it:
+    each step's data-plane ms under key + ``DATA``."""
+    twins = twins or {}
     keys = list(ranks)
     out: dict[str, list] = {key: [] for key in keys}
+    out.update({key + DATA: [] for key in twins})
     if REFERENCE in ranks:
         out[REFERENCE_WARM] = []
     for i in range(warmup + steps):
         for key in keys if i % 2 == 0 else keys[::-1]:
-            rank = ranks[key]
-            rank.prepare_step()
-            if gap_ms > 0:
-                time.sleep(gap_ms / 1e3)
-            tic = time.perf_counter()
-            rank.run_step()
+            rank, twin = ranks[key], twins.get(key)
+            if twin is not None and i % 2:
+                rank, twin = twin, rank
+            wall, _ = _step_after(rank, gap_ms)
             if i >= warmup:
-                out[key].append(1e3 * (time.perf_counter() - tic))
-            if key == REFERENCE:
-                tic = time.perf_counter()
-                rank.run_step()
+                out[key].append(1e3 * wall)
+            if twin is not None:
+                timer = DeviceOpTimer()
+                _step_after(twin, gap_ms, timer)
                 if i >= warmup:
-                    out[REFERENCE_WARM].append(1e3 * (time.perf_counter() - tic))
+                    out[key + DATA].append(1e3 * timer.device_s)
+            if key == REFERENCE:
+                wall, _ = _step_after(rank, 0.0)
+                if i >= warmup:
+                    out[REFERENCE_WARM].append(1e3 * wall)
     return out
 
 
@@ -705,6 +766,13 @@ def measure(args) -> dict:
         key: rank_of(key, "meta", answer_reads=args.late_peers, plan=tested[key].plan)
         for key in keys
     }
+    # ... and its twin (the same plan: the same work, step for step): the two take turns,
+    # one stepped plain (``meta_ms``), the other under ``DeviceOpTimer`` (``meta_data_ms``):
+    # the plain one's wall time less the timed one's data-plane time is ``meta_host_ms``
+    meta_twins = {
+        key: rank_of(key, "meta", answer_reads=args.late_peers, plan=tested[key].plan)
+        for key in keys
+    }
     # A twin of each rank (the same plan, seed and peers: the same work, step for step), run
     # without the timer beside it, the two taking turns under the timer: the untimed one's
     # wall time less the timed one's data time is the step's host time with nothing of the
@@ -714,8 +782,10 @@ def measure(args) -> dict:
         for key in (keys if args.twin and not cuda else [])  # (on a GPU: cpu_ms)
     }
     for key in keys:
+        warmed = [tested[key], without_values[key], meta_twins[key]]
+        warmed += [twins[key]] if twins else []
         for _ in range(args.warmup):
-            for rank in (tested[key], without_values[key], *([twins[key]] if twins else [])):
+            for rank in warmed:
                 rank.prepare_step()
                 rank.run_step()
     per: dict[str, dict[str, list]] = {
@@ -731,6 +801,9 @@ def measure(args) -> dict:
                 "data_syncs",
                 "ops",
                 "meta",
+                "meta_cpu",
+                "meta_data",
+                "meta_host",
                 "twin",
             )
         }  # fmt: skip
@@ -770,11 +843,16 @@ def measure(args) -> dict:
             if untimed is not None:
                 rec["twin"].append(1e3 * (plain - timer.data_s))
             names[key].update(timer.syncs)
-            meta = without_values[key]
-            meta.prepare_step()
-            tic = time.perf_counter()
-            meta.run_step()
-            rec["meta"].append(1e3 * (time.perf_counter() - tic))
+            meta, meta_timed = without_values[key], meta_twins[key]
+            if i % 2:  # the twins take turns under the timer
+                meta, meta_timed = meta_timed, meta
+            wall, thread_cpu = _step_after(meta, 0.0)
+            meta_timer = DeviceOpTimer()
+            _step_after(meta_timed, 0.0, meta_timer)
+            rec["meta"].append(1e3 * wall)
+            rec["meta_cpu"].append(1e3 * thread_cpu)
+            rec["meta_data"].append(1e3 * meta_timer.device_s)
+            rec["meta_host"].append(1e3 * (wall - meta_timer.device_s))
         if (i + 1) % 10 == 0:
             print(f"step {i + 1}/{args.steps}: " + ", ".join(
                 f"{k} engine {np.median(per[k]['engine']):.1f} ms" for k in keys))  # fmt: skip
@@ -785,10 +863,15 @@ def measure(args) -> dict:
             args.warmup,
             args.steps,
             args.gap_ms,
+            twins=meta_twins,
         )
         for key in keys:
             put_spread(result, f"meta_paced_ms_per_step_{key}", paced[key])
             result[f"series_meta_paced_ms_{key}"] = paced[key]
+            put_spread(result, f"meta_paced_data_ms_per_step_{key}", paced[key + DATA])
+            host = [w - d for w, d in zip(paced[key], paced[key + DATA], strict=True)]
+            put_spread(result, f"meta_paced_host_ms_per_step_{key}", host)
+            result[f"series_meta_paced_host_ms_{key}"] = host
         result["gap_ms"] = args.gap_ms
         # the host's own slowdown after the gap, in work without the engine
         put_spread(result, "host_reference_paced_ms", paced[REFERENCE])
@@ -812,6 +895,9 @@ def measure(args) -> dict:
             "host_trivial_calibration",
             "cpu",
             "meta",
+            "meta_cpu",
+            "meta_data",
+            "meta_host",
             "twin",
         ):
             if rec[name]:
@@ -869,6 +955,7 @@ def measure(args) -> dict:
         result[f"split_{key}"], result[f"control_lines_{key}"] = split, control
         result[f"series_host_ms_{key}"] = rec["host"]
         result[f"series_meta_ms_{key}"] = rec["meta"]
+        result[f"series_meta_host_ms_{key}"] = rec["meta_host"]
         if rec["twin"]:
             result[f"series_host_twin_ms_{key}"] = rec["twin"]
     result["syncs_per_step_max"] = max(
@@ -894,6 +981,8 @@ def plot(result: dict, path: Path) -> None:
         for series, style, what in (
             ("meta", "--", "data plane on meta"),
             ("meta_paced", ":", f"meta, {result.get('gap_ms', 0):g} ms idle before each"),
+            ("meta_host", "-.", "meta less its data-plane ops"),
+            ("meta_paced_host", (0, (1, 3)), "meta paced less its data-plane ops"),
         ):
             if f"series_{series}_ms_{key}" in result:
                 ax.plot(
@@ -984,6 +1073,12 @@ def main(argv: list[str] | None = None) -> dict:
                 f"paced {result[f'meta_paced_ms_per_step_{key}']:.2f}, "
                 if f"meta_paced_ms_per_step_{key}" in result
                 else ""
+            )
+            + f"meta less its data-plane ops {result[f'meta_host_ms_per_step_{key}']:.2f}"
+            + (
+                f" (paced {result[f'meta_paced_host_ms_per_step_{key}']:.2f}), "
+                if f"meta_paced_host_ms_per_step_{key}" in result
+                else ", "
             )
             + f"engine {result[f'engine_ms_per_step_{key}']:.1f} ms, "
             f"device reads max {result[f'device_reads_per_step_{key}_quality_max']}"
