@@ -71,6 +71,8 @@ def test_cpu_dry_run_of_the_script(tmp_path):
         # operations are timed directly)
         assert figures["host_ms_per_step"] < figures["engine_ms_per_step"]
         assert 0 < figures["control_ms_per_step"] < figures["engine_ms_per_step"]
+        assert figures["meta_host_ms_per_step"] < figures["meta_ms_per_step"]
+        assert "meta_paced_host_ms_per_step" in figures
         assert 0 < figures["uploads_per_step"] <= 3 and figures["upload_mb_per_step"] > 0
         assert 0 < figures["device_ops_per_step"] < figures["device_ops_per_step_throughput_first"]
         assert "cuda_syncs_per_step_max" not in figures

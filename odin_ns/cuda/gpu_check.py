@@ -36,7 +36,10 @@ whether a build was running beside it, and the run goes on):
 7. ``control_plane``: ``odin_ns.bench.control_plane`` on CUDA, after the builds: rank 0's
    engine in the replicated and the sharded layout at 1M Gaussians, R = 8 (peers injected),
    10 warm-up and 30 measured steps: host and wall ms per step, the stream synchronizations
-   per step (torch's sync debug mode) and the device operations a step dispatches.
+   per step (torch's sync debug mode) and the device operations a step dispatches; and the
+   same rank with its data plane on the meta device, on this machine's CPU, less its
+   data-plane operations (``meta_host_ms``, back to back and paced: the target's figure on
+   a GPU host's CPU).
 8. ``single_process``: ``ns-train odin-splatfacto`` on the gsplat backend, steps/s and
    final loss from its tensorboard events, then ``ns-eval`` PSNR.
 9. ``step_syncs``: ``odin_ns.bench.step_syncs``: ``ns-train odin-splatfacto`` in a process
@@ -129,7 +132,7 @@ GPU_PLAN_S = {  # from the H200 run of 2026-12-04 (bench/gpu_check_h200), rounde
     "two_ranks_one_gpu": 150.0,
     "raster": 20.0,
     "gsplat_speed": 40.0,
-    "control_plane": 80.0,  # (one layout took 31 s then; two now)
+    "control_plane": 90.0,  # (one layout took 31 s then; two now, and a second meta twin each)
     "single_process": 70.0,
     "step_syncs": 40.0,  # (not run on a GPU yet: set-up and 40 steps of single_process's)
     # (these two run with what is left: the checks before them do not keep time for them)
@@ -819,6 +822,15 @@ def _plane_figures(result: dict[str, Any], key: str, cuda: bool) -> dict[str, An
         f"{name}_ms_per_step": result[f"{name}_ms_per_step_{key}"]
         for name in ("engine", "data", "control", "host", "cpu")
     }
+    # the same rank with its data plane on the meta device, on this host's CPU: its step,
+    # and its step less the meta device's kernels (the host's time outside the data-plane
+    # kernels, the target's figure), back to back and after the paced gap
+    figures.update(
+        {
+            f"{name}_ms_per_step": result[f"{name}_ms_per_step_{key}"]
+            for name in ("meta", "meta_host", "meta_paced_host")
+        }
+    )
     if cuda:  # torch's sync debug mode, over the profiled steps
         for stat in ("max", "median"):
             figures[f"cuda_syncs_per_step_{stat}"] = result[f"cuda_syncs_per_step_{key}_{stat}"]
@@ -938,7 +950,7 @@ def write_figure(report: dict[str, Any], path: Path) -> None:
         ax.barh(labels, [c["gb_per_s"] for c in copies], color="tab:blue")
     ax.set(title="copy bandwidth", xlabel="GB/s", xscale="log")
     ax = axes[3]
-    names = ("host", "control", "data", "engine")
+    names = ("meta_host", "host", "control", "data", "engine")
     bars = [
         (label, checks[check][layout], checks[check])
         for check, (mode, _, _) in PLANE_CHECKS.items()
