@@ -78,9 +78,9 @@ Measured per step, R values interleaved step by step:
   less the step's data-plane operations' own time, the host's time outside the data-plane
   kernels, as the target defines it, read off the meta step. The meta device's kernels are
   not a CUDA launch's cost: ``cat``, ``sum`` and the compiled ops' fake kernels are Python
-  there (15-150 µs a call on this CPU; sharded, R = 8: about 0.8 of a 2 ms step). Each meta
-  rank has a twin (the same plan: the same work, step for step), the two taking turns, one
-  stepped plain, the other under ``DeviceOpTimer`` (``meta_data_ms``,
+  there (15-150 µs a call on this CPU; sharded, R = 8: 1.1-1.2 ms of a 3 ms meta step).
+  Each meta rank has a twin (the same plan: the same work, step for step), the two taking
+  turns, one stepped plain, the other under ``DeviceOpTimer`` (``meta_data_ms``,
   ``meta_paced_data_ms``: the time inside operations on a meta tensor); a step's figure is
   the plain one's wall time less the timed one's data-plane time. A GPU host pays a launch
   (a few µs) for each of the ``device_ops_per_step`` instead, left out here.
