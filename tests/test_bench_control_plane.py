@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import torch
 
@@ -42,6 +43,7 @@ def test_device_op_timer_times_only_the_devices_operations():
 
 
 def test_tiny_run_reports_every_key(tmp_path):
+    cores = os.sched_getaffinity(0)
     out = tmp_path / "cp.json"
     argv = ["--rows", "20000", "--ranks", "2", "--steps", "3", "--warmup", "1"]
     argv += ["--calibration-steps", "4"]
@@ -93,6 +95,14 @@ def test_tiny_run_reports_every_key(tmp_path):
     )
     assert 0 <= result["syncs_per_step_max"] <= 2
     assert 0 < result["share_per_view"] <= 0.05
+    # the timed steps' thread had a core of its own and the tables' threads the others
+    # (where there are two cores), and the caller's thread has every core back after
+    apart = result["threads_apart"]
+    if len(cores) > 1:
+        assert apart["step_core"] not in apart["helper_cores"] and apart["helpers"] >= 2
+    else:
+        assert apart is None
+    assert os.sched_getaffinity(0) == cores
     assert out.with_suffix(".png").exists()
 
 
