@@ -95,9 +95,9 @@ def test_tiny_run_reports_every_key(tmp_path):
     )
     assert 0 <= result["syncs_per_step_max"] <= 2
     assert 0 < result["share_per_view"] <= 0.05
-    # the timed steps' thread had a core of its own and the tables' threads the others
+    # the paced steps' thread had a core of its own and the tables' threads the others
     # (where there are two cores), and the caller's thread has every core back after
-    apart = result["threads_apart"]
+    apart = result["paced_threads_apart"]
     if len(cores) > 1:
         assert apart["step_core"] not in apart["helper_cores"] and apart["helpers"] >= 2
     else:

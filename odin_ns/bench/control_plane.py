@@ -88,10 +88,12 @@ Measured per step, R values interleaved step by step:
   thread shares the cores with the tables' two threads (and the other ranks'), so its
   wall time can exceed it; a GPU host (16 cores beside one GPU on the lent machines) has
   cores for each;
-- ``threads_apart`` (``--pin-threads``, on by default; 2026-12-07, thirty-fifth session):
-  the timed steps ran with their thread on a core of its own and the engines' helper
-  threads (the step tables') on the others, as on a GPU host (``helper_threads_apart``:
-  the cores and the helpers pinned; None where not pinned);
+- ``paced_threads_apart`` (``--pin-threads``, on by default; 2026-12-07, thirty-fifth
+  session): the paced steps ran with their thread on a core of its own and the engines'
+  helper threads (the step tables') on the others, part of the model of a GPU host they
+  are (``helper_threads_apart``: the cores and the helpers pinned; None where not pinned).
+  Not in the back-to-back steps: there every engine's helpers at once (eight in the
+  default run) would share what is left, one core on this VM, and fall behind;
 - ``bind_ms_per_plan_step``: the engine's phase start (``Engine``'s construction),
   per step of the plan. Since 2026-12-07 (thirty-second session) neither layout makes step
   tables there (a layout with pushes made every step's there before: their order needed
@@ -732,7 +734,7 @@ HELPERS = "odin-step-"  # the engines' helper threads' names (step_tables: table
 def helper_threads_apart(enabled: bool):
     """The step's thread (the caller's) on a core of its own and the engines' helper
     threads alive (``HELPERS``: the step tables' maker and cutter) on the others, while the
-    timed steps run (Linux, two cores or more; else nothing): as on a GPU host, which has a
+    paced steps run (Linux, two cores or more; else nothing): as on a GPU host, which has a
     core for each (16 beside one GPU on the lent machines). Unpinned on this 2-core VM, a
     helper woken by the step's last call took the step thread's core in 29-48 of 100
     sharded R = 8 meta steps, for 0.2-5 ms each; pinned, in none (2026-12-07). Threads the
@@ -826,79 +828,78 @@ def measure(args) -> dict:
             for rank in warmed:
                 rank.prepare_step()
                 rank.run_step()
-    # the timed steps with the step's thread on a core of its own, the helpers on the rest
-    with helper_threads_apart(args.pin_threads) as apart:
-        result["threads_apart"] = apart
-        per: dict[str, dict[str, list]] = {
-            key: {
-                k: []
-                for k in (
-                    "engine",
-                    "data",
-                    "control",
-                    "host_trivial_calibration",
-                    "cpu",
-                    "syncs",
-                    "data_syncs",
-                    "ops",
-                    "meta",
-                    "meta_cpu",
-                    "meta_data",
-                    "meta_host",
-                    "twin",
-                )
-            }  # fmt: skip
-            for key in keys
-        }
-        names: dict[str, Counter] = {key: Counter() for key in keys}
-        for i in range(args.steps):
-            order = keys if i % 2 == 0 else keys[::-1]  # interleaved, alternating order
-            for key in order:
-                timed, untimed = tested[key], twins.get(key)
-                if untimed is not None and i % 2:  # the two take turns under the timer
-                    timed, untimed = untimed, timed
-                if untimed is not None and (i // 2) % 2:  # and turns at going first
-                    plain = _untimed_step(untimed, device)
-                timed.prepare_step()
-                timer = OpTimer()
-                tic, cpu = time.perf_counter(), time.thread_time()
-                with timer:
-                    timed.run_step()
-                if cuda:
-                    torch.cuda.synchronize(device)  # the step's kernels count as its wall time
-                engine = time.perf_counter() - tic
-                if untimed is not None and not (i // 2) % 2:
-                    plain = _untimed_step(untimed, device)
-                cpu = time.thread_time() - cpu
-                rec = per[key]
-                rec["engine"].append(1e3 * engine)
-                rec["data"].append(1e3 * timer.data_s)
-                rec["control"].append(1e3 * timer.control_s)
-                rec["host_trivial_calibration"].append(
-                    1e3 * (engine - timer.data_s - timer.ops * overhead)
-                )
-                rec["cpu"].append(1e3 * cpu)
-                rec["syncs"].append(sum(timer.syncs.values()))
-                rec["data_syncs"].append(timer.data_syncs)
-                rec["ops"].append(timer.ops)
-                if untimed is not None:
-                    rec["twin"].append(1e3 * (plain - timer.data_s))
-                names[key].update(timer.syncs)
-                meta, meta_timed = without_values[key], meta_twins[key]
-                if i % 2:  # the twins take turns under the timer
-                    meta, meta_timed = meta_timed, meta
-                wall, thread_cpu = _step_after(meta, 0.0)
-                meta_timer = DeviceOpTimer()
-                _step_after(meta_timed, 0.0, meta_timer)
-                rec["meta"].append(1e3 * wall)
-                rec["meta_cpu"].append(1e3 * thread_cpu)
-                rec["meta_data"].append(1e3 * meta_timer.device_s)
-                rec["meta_host"].append(1e3 * (wall - meta_timer.device_s))
-            if (i + 1) % 10 == 0:
-                print(f"step {i + 1}/{args.steps}: " + ", ".join(
-                    f"{k} engine {np.median(per[k]['engine']):.1f} ms" for k in keys))  # fmt: skip
-        if args.paced:
-            paced_ranks = {key: without_values[key] for key in keys}
+    per: dict[str, dict[str, list]] = {
+        key: {
+            k: []
+            for k in (
+                "engine",
+                "data",
+                "control",
+                "host_trivial_calibration",
+                "cpu",
+                "syncs",
+                "data_syncs",
+                "ops",
+                "meta",
+                "meta_cpu",
+                "meta_data",
+                "meta_host",
+                "twin",
+            )
+        }  # fmt: skip
+        for key in keys
+    }
+    names: dict[str, Counter] = {key: Counter() for key in keys}
+    for i in range(args.steps):
+        order = keys if i % 2 == 0 else keys[::-1]  # interleaved, alternating order
+        for key in order:
+            timed, untimed = tested[key], twins.get(key)
+            if untimed is not None and i % 2:  # the two take turns under the timer
+                timed, untimed = untimed, timed
+            if untimed is not None and (i // 2) % 2:  # and turns at going first
+                plain = _untimed_step(untimed, device)
+            timed.prepare_step()
+            timer = OpTimer()
+            tic, cpu = time.perf_counter(), time.thread_time()
+            with timer:
+                timed.run_step()
+            if cuda:
+                torch.cuda.synchronize(device)  # the step's kernels count as its wall time
+            engine = time.perf_counter() - tic
+            if untimed is not None and not (i // 2) % 2:
+                plain = _untimed_step(untimed, device)
+            cpu = time.thread_time() - cpu
+            rec = per[key]
+            rec["engine"].append(1e3 * engine)
+            rec["data"].append(1e3 * timer.data_s)
+            rec["control"].append(1e3 * timer.control_s)
+            rec["host_trivial_calibration"].append(
+                1e3 * (engine - timer.data_s - timer.ops * overhead)
+            )
+            rec["cpu"].append(1e3 * cpu)
+            rec["syncs"].append(sum(timer.syncs.values()))
+            rec["data_syncs"].append(timer.data_syncs)
+            rec["ops"].append(timer.ops)
+            if untimed is not None:
+                rec["twin"].append(1e3 * (plain - timer.data_s))
+            names[key].update(timer.syncs)
+            meta, meta_timed = without_values[key], meta_twins[key]
+            if i % 2:  # the twins take turns under the timer
+                meta, meta_timed = meta_timed, meta
+            wall, thread_cpu = _step_after(meta, 0.0)
+            meta_timer = DeviceOpTimer()
+            _step_after(meta_timed, 0.0, meta_timer)
+            rec["meta"].append(1e3 * wall)
+            rec["meta_cpu"].append(1e3 * thread_cpu)
+            rec["meta_data"].append(1e3 * meta_timer.device_s)
+            rec["meta_host"].append(1e3 * (wall - meta_timer.device_s))
+        if (i + 1) % 10 == 0:
+            print(f"step {i + 1}/{args.steps}: " + ", ".join(
+                f"{k} engine {np.median(per[k]['engine']):.1f} ms" for k in keys))  # fmt: skip
+    if args.paced:
+        paced_ranks = {key: without_values[key] for key in keys}
+        # (the model of a GPU host: the step's thread and the tables' threads apart)
+        with helper_threads_apart(args.pin_threads) as apart:
             paced = meta_paced(
                 {**paced_ranks, REFERENCE: HostReference(args.seed)},
                 args.warmup,
@@ -906,20 +907,21 @@ def measure(args) -> dict:
                 args.gap_ms,
                 twins=meta_twins,
             )
-            for key in keys:
-                put_spread(result, f"meta_paced_ms_per_step_{key}", paced[key])
-                result[f"series_meta_paced_ms_{key}"] = paced[key]
-                put_spread(result, f"meta_paced_data_ms_per_step_{key}", paced[key + DATA])
-                host = [w - d for w, d in zip(paced[key], paced[key + DATA], strict=True)]
-                put_spread(result, f"meta_paced_host_ms_per_step_{key}", host)
-                result[f"series_meta_paced_host_ms_{key}"] = host
-            result["gap_ms"] = args.gap_ms
-            # the host's own slowdown after the gap, in work without the engine
-            put_spread(result, "host_reference_paced_ms", paced[REFERENCE])
-            put_spread(result, "host_reference_warm_ms", paced[REFERENCE_WARM])
-            result["host_wake_factor"] = (
-                result["host_reference_paced_ms"] / result["host_reference_warm_ms"]
-            )
+        result["paced_threads_apart"] = apart
+        for key in keys:
+            put_spread(result, f"meta_paced_ms_per_step_{key}", paced[key])
+            result[f"series_meta_paced_ms_{key}"] = paced[key]
+            put_spread(result, f"meta_paced_data_ms_per_step_{key}", paced[key + DATA])
+            host = [w - d for w, d in zip(paced[key], paced[key + DATA], strict=True)]
+            put_spread(result, f"meta_paced_host_ms_per_step_{key}", host)
+            result[f"series_meta_paced_host_ms_{key}"] = host
+        result["gap_ms"] = args.gap_ms
+        # the host's own slowdown after the gap, in work without the engine
+        put_spread(result, "host_reference_paced_ms", paced[REFERENCE])
+        put_spread(result, "host_reference_warm_ms", paced[REFERENCE_WARM])
+        result["host_wake_factor"] = (
+            result["host_reference_paced_ms"] / result["host_reference_warm_ms"]
+        )
     for key in keys:
         rec = per[key]
         cost = instrument_overhead_s(without_values[key], args.calibration_steps)
@@ -1098,8 +1100,8 @@ def main(argv: list[str] | None = None) -> dict:
     )  # fmt: skip
     parser.add_argument(
         "--pin-threads", action=argparse.BooleanOptionalAction, default=True,
-        help="the timed steps' thread on a core of its own, the engines' helper threads "
-        "(step tables) on the others, as on a GPU host (Linux, 2 cores or more)",
+        help="meta_paced: the steps' thread on a core of its own, the engines' helper "
+        "threads (step tables) on the others, as on a GPU host (Linux, 2 cores or more)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
