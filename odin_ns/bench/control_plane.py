@@ -745,8 +745,11 @@ def helper_threads_apart(enabled: bool):
         yield None
         return
     me = threading.get_native_id()
-    helpers = [t.native_id for t in threading.enumerate() if t.name.startswith(HELPERS)]
-    helpers = [tid for tid in helpers if tid is not None]
+    helpers = [
+        t.native_id
+        for t in threading.enumerate()
+        if t.name.startswith(HELPERS) and t.native_id is not None
+    ]
     pinned = [(me, {cores[0]})] + [(tid, set(cores[1:])) for tid in helpers]
     try:
         for tid, where in pinned:

@@ -818,19 +818,12 @@ def check_control_plane(
 
 def _plane_figures(result: dict[str, Any], key: str, cuda: bool) -> dict[str, Any]:
     """One variant's figures of a ``bench.control_plane`` result (``key``: r8_replicated)."""
-    figures = {
-        f"{name}_ms_per_step": result[f"{name}_ms_per_step_{key}"]
-        for name in ("engine", "data", "control", "host", "cpu")
-    }
-    # the same rank with its data plane on the meta device, on this host's CPU: its step,
-    # and its step less the meta device's kernels (the host's time outside the data-plane
-    # kernels, the target's figure), back to back and after the paced gap
-    figures.update(
-        {
-            f"{name}_ms_per_step": result[f"{name}_ms_per_step_{key}"]
-            for name in ("meta", "meta_host", "meta_paced_host")
-        }
-    )
+    # (meta, meta_host, meta_paced_host: the same rank with its data plane on the meta
+    # device, on this host's CPU: its step, and its step less the meta device's kernels, the
+    # host's time outside the data-plane kernels, the target's figure, back to back and
+    # after the paced gap)
+    names = ("engine", "data", "control", "host", "cpu", "meta", "meta_host", "meta_paced_host")
+    figures = {f"{name}_ms_per_step": result[f"{name}_ms_per_step_{key}"] for name in names}
     if cuda:  # torch's sync debug mode, over the profiled steps
         for stat in ("max", "median"):
             figures[f"cuda_syncs_per_step_{stat}"] = result[f"cuda_syncs_per_step_{key}_{stat}"]

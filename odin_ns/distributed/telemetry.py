@@ -249,7 +249,7 @@ class SyncTelemetry:
         out = dict(summary, live_snapshot=self.snapshot)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(out, indent=1, default=_json_scalar))
-        waits = [sum(step_wait(s) or 0.0 for s in r["steps"]) for r in summary["ranks"]]
+        waits = [sum(step_wait(s) for s in r["steps"]) for r in summary["ranks"]]
         writer.put_scalar("odin/total_wait_s_max_rank", max(waits), step=0)
         hidden = wait_hidden(snapshot_from_run(summary))
         if hidden is not None:
