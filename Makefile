@@ -87,6 +87,7 @@ bench: venv
 	$(PY) -m odin_ns.bench.schedule --views 2000 --primitives 200000 --ranks 8 --out bench/schedule.json
 	$(PY) -m odin_ns.bench.ops --out bench/ops.json
 	$(PY) -m odin_ns.bench.control_plane --rows 1000000 --ranks 8,64 --out bench/control_plane.json
+	$(PY) -m odin_ns.bench.tables_gil --switch-ms 5,1 --out bench/tables_gil.json
 	$(PY) -m odin_ns.bench.viewer_overhead --out bench/viewer_overhead.json
 	$(PY) -m odin_ns.data.synthetic --out $(DEMO_DIR) --layout street
 	$(PY) -m odin_ns.bench.sync --data $(DEMO_DIR) --ranks 2 --steps 300 --repeats 5 --control \
