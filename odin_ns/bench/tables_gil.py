@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from odin_ns.bench.control_plane import RANKS_UNDER_TEST, city_footprints
+from odin_ns.bench.control_plane import RANKS_UNDER_TEST, city_footprints, helper_threads_apart
 from odin_ns.bench.report import put_spread, save_figure, write_json
 from odin_ns.runtime.step_tables import TABLES_AHEAD
 
@@ -133,48 +133,35 @@ class Condition:
         return f"busy{self.busy:g}_switch{self.switch_ms:g}ms"
 
 
-def pace(rank, first: int, count: int, when: Condition, period_s: float, cores) -> dict:
+def pace(rank, first: int, count: int, when: Condition, period_s: float, pin: bool) -> dict:
     """``rank``'s engine getting ``count`` steps' tables (after the ones made ahead, from
     ``first``) while the calling thread holds the GIL ``when.busy`` of every ``period_s``,
     under ``when.switch_ms``: {"tables_ms": ms per step, "training_share": the calling
     thread's Python work a second it spent at it, against the same with nothing beside it
-    (measured first, on the same core and switch interval; None at busy 0)}. ``cores``: the
-    calling thread on the first, the others on the rest (None: nothing pinned). Affinity
-    and switch interval given back after."""
-    steps = rank.engine.steps
-    helpers = None if cores is None else set(cores[1:])
+    (measured first, on the same core and switch interval; None at busy 0), "pinned"}.
+    ``pin``: the calling thread on a core of its own, the tables' threads and the consumer
+    on the others (``control_plane.helper_threads_apart``). Affinities and switch interval
+    given back after."""
     interval = sys.getswitchinterval()
-    if cores is not None:
-        os.sched_setaffinity(0, {cores[0]})
-        for t in threading.enumerate():  # the engine's tables' threads (started already)
-            if t.name.startswith("odin-step-") and t.native_id is not None:
-                os.sched_setaffinity(t.native_id, helpers)
-    sys.setswitchinterval(when.switch_ms / 1e3)
-    try:
-        alone = python_rate(when.busy, period_s) if when.busy > 0 else None
-        consumer, out = start_consumer(steps, first, count, helpers)
-        done, spent = hold_gil(when.busy, period_s, consumer)
-        consumer.join()
-    finally:
-        sys.setswitchinterval(interval)
-        if cores is not None:
-            os.sched_setaffinity(0, set(cores))
+    with helper_threads_apart(pin) as apart:
+        cores = None if apart is None else set(apart["helper_cores"])
+        sys.setswitchinterval(when.switch_ms / 1e3)
+        try:
+            alone = python_rate(when.busy, period_s) if when.busy > 0 else None
+            consumer, out = start_consumer(rank.engine.steps, first, count, cores)
+            done, spent = hold_gil(when.busy, period_s, consumer)
+            consumer.join()
+        finally:
+            sys.setswitchinterval(interval)
     if "error" in out:
         raise out["error"]
     share = done / spent / alone if alone and spent else None
-    return {"tables_ms": 1e3 * out["s"] / count, "training_share": share}
+    return {"tables_ms": 1e3 * out["s"] / count, "training_share": share, "pinned": bool(apart)}
 
 
-def measure(args) -> dict:
+def measure(args, conditions: list[Condition]) -> dict:
     ranks = [int(r) for r in args.ranks.split(",")]
     layouts = args.layouts.split(",")
-    conditions = [
-        Condition(float(b), float(s))
-        for s in args.switch_ms.split(",")
-        for b in args.busy.split(",")
-    ]
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else []
-    cores = cores if len(cores) >= 2 else None
     F = city_footprints(args.rows, args.share, max(ranks) * 8, args.seed)
     # the steps one rank goes through: every round's every condition, each after the steps
     # made ahead of it, and the steps its engine made at its start
@@ -197,7 +184,7 @@ def measure(args) -> dict:
         for key in list(tested) if i % 2 == 0 else list(tested)[::-1]:
             rank = tested[key]
             for when in order:
-                run = pace(rank, taken[key], args.steps, when, args.period_ms / 1e3, cores)
+                run = pace(rank, taken[key], args.steps, when, args.period_ms / 1e3, True)
                 taken[key] += rank.engine.steps.ahead + args.steps
                 runs[(key, when)].append(run)
                 print(
@@ -212,7 +199,7 @@ def measure(args) -> dict:
         "switch_intervals_ms": sorted({when.switch_ms for when in conditions}),
         "steps": args.steps,
         "rounds": args.rounds,
-        "pinned": cores is not None,
+        "pinned": all(run["pinned"] for values in runs.values() for run in values),
         "source": "measured on cpu (rank 0's engine on meta, its own tables' threads)",
         "variants": list(tested),
     }
@@ -313,7 +300,7 @@ def main(argv: list[str] | None = None) -> dict:
     if unknown:
         parser.error(f"--layouts: unknown {sorted(unknown)}; use replicated, sharded")
     torch.set_num_threads(1)
-    result = measure(args)
+    result = measure(args, [Condition(b, sw) for sw in switches for b in shares])
     write_json(args.out, result)
     plot(result, args.out.with_suffix(".png"))
     for key in result["variants"]:
