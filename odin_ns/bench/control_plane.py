@@ -734,7 +734,8 @@ HELPERS = "odin-step-"  # the engines' helper threads' names (step_tables: table
 def helper_threads_apart(enabled: bool):
     """The step's thread (the caller's) on a core of its own and the engines' helper
     threads alive (``HELPERS``: the step tables' maker and cutter) on the others, while the
-    paced steps run (Linux, two cores or more; else nothing): as on a GPU host, which has a
+    measured work runs (here the paced steps; ``bench.tables_gil``'s training thread and
+    tables too; Linux, two cores or more; else nothing): as on a GPU host, which has a
     core for each (16 beside one GPU on the lent machines). Unpinned on this 2-core VM, a
     helper woken by the step's last call took the step thread's core in 29-48 of 100
     sharded R = 8 meta steps, for 0.2-5 ms each; pinned, in none (2026-12-07). Threads the
